@@ -1,0 +1,90 @@
+"""Command line: parse, call the library, map its typed errors to exit codes.
+
+The established form ``local-mutex NAME COMMAND [LOCK_DIR]`` takes a fast path that never
+imports click: nested calls in a loop pay only for what a plain run needs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from .errors import Interrupted, NotAcquired, SpawnError, ValidationError
+from .nesting import ENV_HELD
+from .notices import Reporter
+
+VERBS = frozenset({"run", "status", "list", "each", "hold", "release"})
+
+EXIT_USAGE = 2
+EXIT_NOT_ACQUIRED = 75  # as BSD lockf(1): "could not acquire the lock in time"
+EXIT_SPAWN_FAILED = 125  # as timeout(1): the wrapper itself failed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] not in VERBS and not args[0].startswith("-"):
+        return _positional(args)
+    from .commands import dispatch  # click lives there
+
+    return dispatch(args)
+
+
+def _positional(args: list[str]) -> int:
+    if len(args) not in (2, 3):
+        reporter = Reporter(nested=bool(os.environ.get(ENV_HELD)))
+        reporter.error(
+            f"expected 2 or 3 arguments (NAME COMMAND [LOCK_DIR]), got {len(args)}; "
+            "see local-mutex --help"
+        )
+        return EXIT_USAGE
+    return run_command(args[0], args[1], lock_dir=args[2] if len(args) == 3 else None)
+
+
+def run_command(
+    name: str,
+    command: str,
+    *,
+    lock_dir: str | None = None,
+    wait: float | None = None,
+    timeout: float | None = None,
+    kill_after: float = 5.0,
+    shared: bool = False,
+    allow_other_owner: bool | None = None,
+    quiet: bool = False,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """Run under the lock with user-facing lines; return the process exit status."""
+    from .wrap import run_locked
+
+    env = os.environ if env is None else env
+    reporter = Reporter(nested=bool(env.get(ENV_HELD)), quiet=quiet)
+    try:
+        return run_locked(
+            command,
+            name,
+            lock_dir=lock_dir,
+            wait=wait,
+            timeout=timeout,
+            kill_after=kill_after,
+            shared=shared,
+            allow_other_owner=allow_other_owner,
+            env=env,
+            reporter=reporter,
+        ).status
+    except ValidationError as exc:
+        reporter.error(str(exc))
+        return EXIT_USAGE
+    except NotAcquired as exc:
+        reporter.error(str(exc))
+        return EXIT_NOT_ACQUIRED
+    except Interrupted as exc:
+        reporter.error(
+            f"stopped waiting for the lock: received signal {exc.signum}; the command did not run"
+        )
+        return 128 + exc.signum
+    except SpawnError as exc:
+        reporter.error(str(exc))
+        return EXIT_SPAWN_FAILED
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,113 @@
+"""flock(2) on an open lock file: try, block with a ceiling, release.
+
+A blocked waiter sleeps inside flock(); the wait ceiling and the periodic progress callback
+come from an interval timer whose SIGALRM interrupts that sleep. There is no polling loop.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+from .errors import Interrupted
+
+# Signals that abandon a wait: the command has not started, so there is nothing to forward.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+class _Alarm(Exception):
+    pass
+
+
+def _mode(shared: bool) -> int:
+    return fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+
+
+def try_lock(fd: int, *, shared: bool = False) -> bool:
+    """Take the lock if nobody conflicting holds it; never blocks."""
+    try:
+        fcntl.flock(fd, _mode(shared) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def unlock(fd: int) -> None:
+    fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def wait_lock(
+    fd: int,
+    *,
+    shared: bool = False,
+    timeout: float | None = None,
+    tick: float | None = None,
+    on_tick: Callable[[float], None] | None = None,
+) -> bool:
+    """Block until the lock is ours (True) or ``timeout`` seconds passed (False).
+
+    ``on_tick(elapsed)`` runs every ``tick`` seconds while waiting. SIGINT, SIGTERM, SIGHUP
+    and SIGQUIT abandon the wait with ``Interrupted`` (unless they were ignored on entry).
+    """
+    start = time.monotonic()
+    deadline = None if timeout is None else start + timeout
+    next_tick = None if tick is None or on_tick is None else start + tick
+    with _signals_raise():
+        while True:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return try_lock(fd, shared=shared)
+            wake = min(t for t in (deadline, next_tick, now + 3600.0) if t is not None)
+            try:
+                with _alarm_in(max(wake - now, 0.001)):
+                    fcntl.flock(fd, _mode(shared))
+                return True
+            except _Alarm:
+                # The alarm may have landed just after flock() returned: a non-blocking
+                # retry on the same descriptor tells us whether we hold it now.
+                if try_lock(fd, shared=shared):
+                    return True
+            if next_tick is not None and on_tick is not None and time.monotonic() >= next_tick:
+                on_tick(time.monotonic() - start)
+                next_tick += tick or 0.0
+
+
+@contextmanager
+def _alarm_in(seconds: float) -> Iterator[None]:
+    armed = [True]
+
+    def fire(signum: int, frame: FrameType | None) -> None:
+        if armed[0]:
+            raise _Alarm
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        armed[0] = False  # a SIGALRM still in flight must not raise past this point
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@contextmanager
+def _signals_raise() -> Iterator[None]:
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(signum)
+
+    previous = {}
+    for sig in STOP_SIGNALS:
+        current = signal.getsignal(sig)
+        if current is signal.SIG_IGN:
+            continue  # e.g. nohup: the caller asked for this signal to be ignored
+        previous[sig] = current
+        signal.signal(sig, stop)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

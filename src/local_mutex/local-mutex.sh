@@ -1,0 +1,16 @@
+#!/bin/sh
+# LOCAL_MUTEX_CLI points here. Both `sh "$LOCAL_MUTEX_CLI" NAME CMD [DIR]` and
+# `"$LOCAL_MUTEX_CLI" NAME CMD [DIR]` run the same CLI as the console script, with the
+# interpreter that ran the enclosing local-mutex (LOCAL_MUTEX_PYTHON), else python3.
+# The package's parent directory goes on sys.path inside Python, not via PYTHONPATH,
+# so the command's environment is left exactly as the caller had it.
+case $0 in
+    */*) here=${0%/*} ;;
+    *) here=$(command -v -- "$0") && here=${here%/*} || here=. ;;
+esac
+exec "${LOCAL_MUTEX_PYTHON:-python3}" -c '
+import sys
+sys.path.insert(0, sys.argv.pop(1))
+from local_mutex.cli import main
+sys.exit(main())
+' "$here/.." "$@"

@@ -1,0 +1,49 @@
+"""Lock names: validation and the hashed lock-file name. Pure functions, no I/O."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from .errors import InvalidCommand, InvalidName
+
+LOCK_PREFIX = "local-mutex-"
+LOCK_SUFFIX = ".lock"
+
+# 0x00-0x1F and 0x7F: they would corrupt log lines and workflow commands.
+_CONTROL = frozenset(range(0x20)) | {0x7F}
+
+
+def name_bytes(name: str | bytes) -> bytes:
+    """The exact bytes a name stands for; str from argv round-trips via surrogateescape."""
+    return name if isinstance(name, bytes) else os.fsencode(name)
+
+
+def display(raw: bytes) -> str:
+    """A str that encodes back to ``raw`` byte for byte (see ``notices.write``)."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def validate_name(name: str | bytes) -> bytes:
+    """Return the name's bytes, or raise InvalidName saying what is wrong."""
+    raw = name_bytes(name)
+    if not raw:
+        raise InvalidName("lock name is empty")
+    bad = next((b for b in raw if b in _CONTROL), None)
+    if bad is not None:
+        raise InvalidName(f"lock name {display(raw)!r} holds control character 0x{bad:02X}")
+    if display(raw).isspace():
+        raise InvalidName("lock name is only whitespace")
+    return raw
+
+
+def validate_command(command: str) -> str:
+    if not command or command.isspace():
+        raise InvalidCommand("command is empty" if not command else "command is only whitespace")
+    return command
+
+
+def lock_filename(name: str | bytes) -> str:
+    """``local-mutex-<sha256 hex of the name's bytes>.lock``: names never reach a path raw."""
+    digest = hashlib.sha256(name_bytes(name)).hexdigest()
+    return f"{LOCK_PREFIX}{digest}{LOCK_SUFFIX}"

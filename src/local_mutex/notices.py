@@ -1,0 +1,165 @@
+"""Every line local-mutex shows a person, formatted in one place.
+
+Under GitHub Actions the bookends and errors are workflow commands (``::notice::``,
+``::error::``); elsewhere the same text prints plainly. Nested calls print plain lines even
+under Actions, because GitHub keeps only a few annotations per step and a loop takes many.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Mapping
+from typing import IO, Any
+
+PREFIX = "local-mutex: "
+_MAX_COMMAND = 120
+
+
+def utc_stamp(epoch: float | None = None) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+def duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+def one_line(text: str, limit: int = _MAX_COMMAND) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def describe_holder(holder: Mapping[str, Any], now: float | None = None) -> str:
+    """``pid 123 ('make deps' in /src on host, runner r1, since …, for 2m03s, <url>)``."""
+    parts = [f"pid {holder.get('pid', '?')}"]
+    details = []
+    if holder.get("command"):
+        details.append(repr(one_line(str(holder["command"]))))
+    if holder.get("cwd"):
+        details.append(f"in {holder['cwd']}")
+    if holder.get("host"):
+        details.append(f"on {holder['host']}")
+    if holder.get("runner"):
+        details.append(f"runner {holder['runner']}")
+    if holder.get("job"):
+        details.append(f"job {holder['job']}")
+    since = holder.get("since_epoch")
+    if isinstance(since, (int, float)):
+        held = (time.time() if now is None else now) - since
+        details.append(f"since {utc_stamp(since)}, for {duration(max(held, 0.0))}")
+    if holder.get("message"):
+        details.append(f"message {one_line(str(holder['message']))!r}")
+    if holder.get("run_url"):
+        details.append(str(holder["run_url"]))
+    if details:
+        parts.append("(" + ", ".join(details) + ")")
+    return " ".join(parts)
+
+
+def _escape_data(text: str) -> str:
+    # GitHub workflow-command data escaping.
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+class Reporter:
+    """Writes the user-facing lines to a stream (stderr by default)."""
+
+    def __init__(
+        self,
+        stream: IO[str] | None = None,
+        *,
+        actions: bool | None = None,
+        nested: bool = False,
+        quiet: bool = False,
+    ) -> None:
+        self.stream = stream
+        if actions is None:
+            actions = os.environ.get("GITHUB_ACTIONS") == "true"
+        self.actions = actions
+        self.annotate = actions and not nested
+        self.quiet = quiet
+
+    def write(self, text: str, kind: str | None = None) -> None:
+        """One line; ``kind`` is 'notice' or 'error' (a workflow command under Actions)."""
+        if (kind == "error" and self.actions) or (kind and self.annotate):
+            line = f"::{kind}::{_escape_data(PREFIX + text)}\n"
+        else:
+            line = f"{PREFIX}{text}\n"
+        stream = self.stream if self.stream is not None else sys.stderr
+        buffer = getattr(stream, "buffer", None)
+        if buffer is not None:
+            # Names are arbitrary bytes (kept in surrogateescape form): write them verbatim.
+            stream.flush()
+            buffer.write(line.encode("utf-8", "surrogateescape"))
+            buffer.flush()
+        else:
+            stream.write(line)
+            stream.flush()
+
+    # -- the lines ---------------------------------------------------------------------------------
+
+    def waiting(self, name: str, holder: Mapping[str, Any] | None) -> None:
+        if self.quiet:
+            return
+        text = f"waiting for lock {name} at {utc_stamp()}"
+        if holder is not None:
+            text += f" held by {describe_holder(holder)}"
+        self.write(text, "notice")
+
+    def still_waiting(
+        self, name: str, waited: float, holder: Mapping[str, Any] | None, position: str | None
+    ) -> None:
+        text = f"still waiting for lock {name} after {duration(waited)}"
+        extras = [position] if position else []
+        if holder is not None:
+            extras.append(f"held by {describe_holder(holder)}")
+        if extras:
+            text += " (" + "; ".join(extras) + ")"
+        self.write(text)
+
+    def acquired(self, name: str, waited: float) -> None:
+        if not self.quiet:
+            self.write(f"acquired lock {name} at {utc_stamp()} after waiting {duration(waited)}")
+
+    def reentrant_done(self, name: str, held: float, status: int) -> None:
+        if not self.quiet:
+            self.write(
+                f"done inside enclosing lock {name} at {utc_stamp()} "
+                f"(ran {duration(held)}, exit {status})"
+            )
+
+    def reentrant(self, name: str, pid: int) -> None:
+        if not self.quiet:
+            self.write(f"lock {name} is already held by enclosing pid {pid}; running inside it")
+
+    def released(self, name: str, waited: float, held: float, status: int) -> None:
+        if self.quiet:
+            return
+        self.write(
+            f"released {name} at {utc_stamp()} "
+            f"(waited {duration(waited)}, held {duration(held)}, exit {status})",
+            "notice",
+        )
+
+    def timed_out(self, name: str, timeout: float, killed: bool) -> None:
+        how = "SIGKILL (it ignored SIGTERM)" if killed else "SIGTERM"
+        self.write(
+            f"command under lock {name} ran past --timeout {timeout:g}s; stopped it with {how}",
+            "error",
+        )
+
+    def gave_up_on_group(self, name: str) -> None:
+        self.write(
+            f"a process of the command under lock {name} survived SIGKILL "
+            "(uninterruptible sleep?); releasing the lock anyway",
+            "error",
+        )
+
+    def error(self, message: str) -> None:
+        self.write(message, "error")

@@ -1,0 +1,318 @@
+"""Run one command under one named lock: the whole lifecycle, start to release."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from . import kernel, nesting, record
+from .errors import NestingError, NotAcquired
+from .lockdir import allow_other_owner_from_env, open_lock_file, resolve_lock_dir
+from .names import display, lock_filename, validate_command, validate_name
+from .notices import Reporter, describe_holder, duration
+from .supervise import Outcome, signals_held, supervise
+
+ENV_CLI = "LOCAL_MUTEX_CLI"
+ENV_PYTHON = "LOCAL_MUTEX_PYTHON"
+ENV_PROGRESS = "LOCAL_MUTEX_PROGRESS_SECONDS"
+DEFAULT_PROGRESS = 30.0
+SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "local-mutex.sh")
+
+
+class RunResult:
+    """What happened: the exit status plus the numbers the action reports."""
+
+    __slots__ = ("acquired", "held", "lock_file", "reentrant", "status", "timed_out", "waited")
+
+    def __init__(self, lock_file: str) -> None:
+        self.lock_file = lock_file
+        self.status = 0
+        self.acquired = False
+        self.reentrant = False
+        self.timed_out = False
+        self.waited = 0.0
+        self.held = 0.0
+
+
+class _Target:
+    """A validated name, its lock file, and an open descriptor on it."""
+
+    def __init__(
+        self,
+        name: str | bytes,
+        lock_dir: str | None,
+        allow_other_owner: bool | None,
+        env: Mapping[str, str],
+    ) -> None:
+        self.raw = validate_name(name)
+        self.label = display(self.raw)
+        self.lock_dir = resolve_lock_dir(lock_dir, env)
+        self.path = os.path.join(self.lock_dir, lock_filename(self.raw))
+        if allow_other_owner is None:
+            allow_other_owner = allow_other_owner_from_env(env)
+        self.fd = open_lock_file(self.path, allow_other_owner=allow_other_owner)
+        st = os.fstat(self.fd)
+        self.dev, self.ino = st.st_dev, st.st_ino
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # closing the last descriptor is what releases the lock
+            self.fd = -1
+
+
+def _busy_holder(target: _Target) -> dict[str, Any] | None:
+    """Who holds the lock right now, from its record or, failing that, from the kernel."""
+    rec = record.read_record(target.path)
+    if rec is not None:
+        return rec
+    from .lockstate import kernel_holders  # only paid for when the lock is busy
+
+    holders = kernel_holders(target.path)
+    return holders[0].as_dict() if holders else None
+
+
+def _acquire(
+    target: _Target,
+    *,
+    shared: bool,
+    wait: float | None,
+    reporter: Reporter | None,
+    progress: float | None,
+) -> float:
+    """Take the lock (announcing the wait); return seconds waited or raise NotAcquired."""
+    start = time.monotonic()
+    if kernel.try_lock(target.fd, shared=shared):
+        if reporter is not None:
+            reporter.waiting(target.label, None)
+        return 0.0
+    holder = _busy_holder(target)
+    if reporter is not None:
+        reporter.waiting(target.label, holder)
+    if wait is not None and wait <= 0:
+        raise NotAcquired(_not_acquired_text(target, 0.0, holder), holder, 0.0)
+
+    def tick(elapsed: float) -> None:
+        if reporter is None:
+            return
+        from .lockstate import queue_position
+
+        reporter.still_waiting(
+            target.label, elapsed, _busy_holder(target), queue_position(target.path)
+        )
+
+    got = kernel.wait_lock(target.fd, shared=shared, timeout=wait, tick=progress, on_tick=tick)
+    waited = time.monotonic() - start
+    if not got:
+        holder = _busy_holder(target)
+        raise NotAcquired(_not_acquired_text(target, waited, holder), holder, waited)
+    if reporter is not None:
+        reporter.acquired(target.label, waited)
+    return waited
+
+
+def _not_acquired_text(target: _Target, waited: float, holder: Mapping[str, Any] | None) -> str:
+    text = f"lock {target.label} not acquired after waiting {duration(waited)}"
+    return text + (f"; held by {describe_holder(holder)}" if holder else "")
+
+
+def _progress_interval(env: Mapping[str, str]) -> float:
+    try:
+        value = float(env.get(ENV_PROGRESS, "") or DEFAULT_PROGRESS)
+    except ValueError:
+        return DEFAULT_PROGRESS
+    return value if value > 0 else DEFAULT_PROGRESS
+
+
+def child_env(env: Mapping[str, str], lock_dir: str, held_entry: str | None) -> dict[str, str]:
+    """The caller's environment plus what nested calls need to join our lock domain."""
+    out = dict(env)
+    out[ENV_CLI] = SHIM
+    out["LOCAL_MUTEX_LOCK_DIR"] = lock_dir
+    out[ENV_PYTHON] = sys.executable
+    if held_entry is not None:
+        out[nesting.ENV_HELD] = nesting.extend(env, held_entry)
+    return out
+
+
+def run_locked(
+    command: str,
+    name: str | bytes,
+    *,
+    lock_dir: str | None = None,
+    wait: float | None = None,
+    timeout: float | None = None,
+    kill_after: float = 5.0,
+    shared: bool = False,
+    allow_other_owner: bool | None = None,
+    env: Mapping[str, str] | None = None,
+    reporter: Reporter | None = None,
+) -> RunResult:
+    """Run ``/bin/sh -c command`` while holding the named lock; see ``run`` for the rules."""
+    env = os.environ if env is None else env
+    validate_command(command)
+    target = _Target(name, lock_dir, allow_other_owner, env)
+    result = RunResult(target.path)
+    try:
+        enclosing = nesting.enclosing_hold(env, target.dev, target.ino)
+        if enclosing is not None:
+            pid, mode = enclosing
+            if mode == "s" and not shared:
+                raise NestingError(
+                    f"lock {target.label} is held shared by enclosing pid {pid}; an exclusive "
+                    "lock inside it would wait for itself forever"
+                )
+            target.close()
+            if reporter is not None:
+                reporter.reentrant(target.label, pid)
+            result.reentrant = True
+            with signals_held():
+                outcome = supervise(
+                    command,
+                    child_env(env, target.lock_dir, None),
+                    timeout=timeout,
+                    kill_after=kill_after,
+                )
+                return _finish(result, outcome, target, 0.0, reporter, timeout)
+
+        result.waited = _acquire(
+            target,
+            shared=shared,
+            wait=wait,
+            reporter=reporter,
+            progress=_progress_interval(env) if reporter is not None else None,
+        )
+        result.acquired = True
+        if not shared:
+            record.write_record(
+                target.fd, record.make_record(target.label, command, shared=False, env=env)
+            )
+        entry = nesting.entry(os.getpid(), target.dev, target.ino, shared)
+        with signals_held():
+            outcome = supervise(
+                command,
+                child_env(env, target.lock_dir, entry),
+                timeout=timeout,
+                kill_after=kill_after,
+            )
+            if not shared:
+                record.clear_record(target.fd)
+            target.close()
+            return _finish(result, outcome, target, result.waited, reporter, timeout)
+    finally:
+        target.close()
+
+
+def _finish(
+    result: RunResult,
+    outcome: Outcome,
+    target: _Target,
+    waited: float,
+    reporter: Reporter | None,
+    timeout: float | None,
+) -> RunResult:
+    result.status = outcome.status
+    result.timed_out = outcome.timed_out
+    result.held = time.monotonic() - outcome.started
+    if reporter is not None:
+        if outcome.timed_out and timeout is not None:
+            reporter.timed_out(target.label, timeout, outcome.kill_sent)
+        if outcome.gave_up:
+            reporter.gave_up_on_group(target.label)
+        if result.reentrant:
+            reporter.reentrant_done(target.label, result.held, result.status)
+        else:
+            reporter.released(target.label, waited, result.held, result.status)
+    return result
+
+
+def run(
+    command: str,
+    name: str | bytes,
+    *,
+    lock_dir: str | None = None,
+    wait: float | None = None,
+    timeout: float | None = None,
+    kill_after: float = 5.0,
+    shared: bool = False,
+    allow_other_owner: bool | None = None,
+    env: Mapping[str, str] | None = None,
+    reporter: Reporter | None = None,
+) -> int:
+    """Run ``/bin/sh -c command`` under the lock ``name`` and return its exit status.
+
+    ``wait``: seconds to wait for the lock (None: forever, 0: fail at once); on expiry
+    ``NotAcquired`` is raised and the command does not run. ``timeout``: run ceiling from
+    the command's start; on expiry the command's process group gets SIGTERM, then SIGKILL
+    ``kill_after`` seconds later, and the status is 124 or 137. A command killed by signal
+    N gives 128+N. ``shared`` takes a reader lock. Nothing is printed unless a
+    ``reporter`` is given. Must be called from the main thread (signals drive it).
+    """
+    return run_locked(
+        command,
+        name,
+        lock_dir=lock_dir,
+        wait=wait,
+        timeout=timeout,
+        kill_after=kill_after,
+        shared=shared,
+        allow_other_owner=allow_other_owner,
+        env=env,
+        reporter=reporter,
+    ).status
+
+
+class HeldLock:
+    """What ``with hold(...) as lock`` gives: the lock file and how long we waited."""
+
+    __slots__ = ("name", "path", "shared", "waited")
+
+    def __init__(self, name: str, path: str, shared: bool, waited: float) -> None:
+        self.name = name
+        self.path = path
+        self.shared = shared
+        self.waited = waited
+
+
+@contextmanager
+def hold(
+    name: str | bytes,
+    *,
+    lock_dir: str | None = None,
+    wait: float | None = None,
+    shared: bool = False,
+    allow_other_owner: bool | None = None,
+    message: str | None = None,
+) -> Iterator[HeldLock]:
+    """Hold the named lock in this process for the body of a ``with`` block.
+
+    Serializes against the CLI and the action on the same name and lock dir. Raises
+    ``NotAcquired`` when ``wait`` runs out. Commands started with ``run`` inside the block
+    on the same name run reentrantly instead of waiting for themselves.
+    """
+    env = os.environ
+    target = _Target(name, lock_dir, allow_other_owner, env)
+    try:
+        key = (target.dev, target.ino)
+        if key in nesting.held_here:
+            raise NestingError(f"lock {target.label} is already held by this process")
+        waited = _acquire(target, shared=shared, wait=wait, reporter=None, progress=None)
+        if not shared:
+            command = " ".join(sys.argv) or sys.executable
+            extra = {"message": message} if message else None
+            record.write_record(
+                target.fd,
+                record.make_record(target.label, command, shared=False, env=env, extra=extra),
+            )
+        nesting.held_here[key] = "s" if shared else "x"
+        try:
+            yield HeldLock(target.label, target.path, shared, waited)
+        finally:
+            del nesting.held_here[key]
+            if not shared:
+                record.clear_record(target.fd)
+    finally:
+        target.close()
