@@ -1,15 +1,14 @@
 """flock(2) on an open lock file: try, block with a ceiling, release.
 
-A blocked waiter sleeps inside flock(); the wait ceiling and the periodic progress callback
-come from an interval timer whose SIGALRM interrupts that sleep. There is no polling loop.
+A blocked waiter sleeps inside flock(), queued by the kernel; the wait ceiling is a one-shot
+timer whose SIGALRM interrupts that sleep. There is no polling loop.
 """
 
 from __future__ import annotations
 
 import fcntl
 import signal
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
@@ -40,40 +39,24 @@ def unlock(fd: int) -> None:
     fcntl.flock(fd, fcntl.LOCK_UN)
 
 
-def wait_lock(
-    fd: int,
-    *,
-    shared: bool = False,
-    timeout: float | None = None,
-    tick: float | None = None,
-    on_tick: Callable[[float], None] | None = None,
-) -> bool:
+def wait_lock(fd: int, *, shared: bool = False, timeout: float | None = None) -> bool:
     """Block until the lock is ours (True) or ``timeout`` seconds passed (False).
 
-    ``on_tick(elapsed)`` runs every ``tick`` seconds while waiting. SIGINT, SIGTERM, SIGHUP
-    and SIGQUIT abandon the wait with ``Interrupted`` (unless they were ignored on entry).
+    SIGINT, SIGTERM, SIGHUP and SIGQUIT abandon the wait with ``Interrupted`` (unless they
+    were ignored on entry). Main thread only: the ceiling is a SIGALRM.
     """
-    start = time.monotonic()
-    deadline = None if timeout is None else start + timeout
-    next_tick = None if tick is None or on_tick is None else start + tick
     with _signals_raise():
-        while True:
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                return try_lock(fd, shared=shared)
-            wake = min(t for t in (deadline, next_tick, now + 3600.0) if t is not None)
-            try:
-                with _alarm_in(max(wake - now, 0.001)):
-                    fcntl.flock(fd, _mode(shared))
-                return True
-            except _Alarm:
-                # The alarm may have landed just after flock() returned: a non-blocking
-                # retry on the same descriptor tells us whether we hold it now.
-                if try_lock(fd, shared=shared):
-                    return True
-            if next_tick is not None and on_tick is not None and time.monotonic() >= next_tick:
-                on_tick(time.monotonic() - start)
-                next_tick += tick or 0.0
+        if timeout is None:
+            fcntl.flock(fd, _mode(shared))
+            return True
+        try:
+            with _alarm_in(max(timeout, 0.001)):
+                fcntl.flock(fd, _mode(shared))
+            return True
+        except _Alarm:
+            # The alarm may have landed just after flock() returned: a non-blocking
+            # retry on the same descriptor tells whether we hold it now.
+            return try_lock(fd, shared=shared)
 
 
 @contextmanager

@@ -95,16 +95,8 @@ def _acquire(
     if wait is not None and wait <= 0:
         raise NotAcquired(_not_acquired_text(target, 0.0, holder), holder, 0.0)
 
-    def tick(elapsed: float) -> None:
-        if reporter is None:
-            return
-        from .lockstate import queue_position
-
-        reporter.still_waiting(
-            target.label, elapsed, _busy_holder(target), queue_position(target.path)
-        )
-
-    got = kernel.wait_lock(target.fd, shared=shared, timeout=wait, tick=progress, on_tick=tick)
+    with _progress(target, reporter, progress, start):
+        got = kernel.wait_lock(target.fd, shared=shared, timeout=wait)
     waited = time.monotonic() - start
     if not got:
         holder = _busy_holder(target)
@@ -112,6 +104,37 @@ def _acquire(
     if reporter is not None:
         reporter.acquired(target.label, waited)
     return waited
+
+
+@contextmanager
+def _progress(
+    target: _Target, reporter: Reporter | None, every: float | None, start: float
+) -> Iterator[None]:
+    """Repeat a progress line from a helper thread while the main thread stays queued in
+    flock(): interrupting the call to print would take us out of the kernel's queue."""
+    if reporter is None or every is None:
+        yield
+        return
+    import threading
+
+    done = threading.Event()
+
+    def tick() -> None:
+        from .lockstate import queue_position
+
+        while not done.wait(every):
+            reporter.still_waiting(
+                target.label, time.monotonic() - start, _busy_holder(target),
+                queue_position(target.path),
+            )
+
+    thread = threading.Thread(target=tick, name="local-mutex-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def _not_acquired_text(target: _Target, waited: float, holder: Mapping[str, Any] | None) -> str:

@@ -1,0 +1,102 @@
+"""Signals to the supervisor: the command's group goes first, then the lock."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import Procs, hold_until, lock_file, wait_for
+
+
+def _free(path: Path) -> bool:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def test_sigkill_to_the_supervisor_frees_the_lock_at_once(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    holder = procs.start(["k", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    path = lock_file(lock_dir, "k")
+    assert not _free(path)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(5)
+    killed_at = time.monotonic()
+    wait_for(lambda: _free(path), 5)
+    assert time.monotonic() - killed_at < 1.0
+    (marks / "h.go").touch()  # lets the orphaned command end
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_signal_stops_the_group_before_the_lock_frees(
+    procs: Procs, lock_dir: Path, marks: Path, tmp_path: Path, sig: signal.Signals
+) -> None:
+    log = tmp_path / "log"
+    # The command starts a background member of its group, then cleans up slowly on a signal.
+    cmd = (
+        f"sleep 300 & echo $! > '{marks}/bg.pid'; "
+        f"trap 'sleep 0.5; echo cleanup >> \"{log}\"; exit 9' INT TERM HUP; "
+        f"echo start >> '{log}'; touch '{marks}/ready'; wait"
+    )
+    holder = procs.start(["sig", cmd, str(lock_dir)])
+    wait_for(marks / "ready")
+    nxt = procs.start(["sig", f'echo next >> "{log}"; kill -0 "$(cat {marks}/bg.pid)" '
+                              f'2>/dev/null && echo bg-alive >> "{log}"; true', str(lock_dir)])
+    procs.wait_stderr(nxt, "waiting for lock sig")
+    holder.send_signal(sig)
+    assert holder.wait(15) == 9
+    assert nxt.wait(15) == 0
+    assert log.read_text().splitlines() == ["start", "cleanup", "next"]
+
+
+def test_command_ignoring_signals_is_killed_within_ten_seconds(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    cmd = f"trap '' INT TERM HUP; touch '{marks}/ready'; while :; do sleep 0.1; done"
+    holder = procs.start(["stubborn", cmd, str(lock_dir)])
+    wait_for(marks / "ready")
+    t0 = time.monotonic()
+    holder.send_signal(signal.SIGINT)
+    status = holder.wait(15)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 10.0, elapsed
+    assert status == 137
+    assert _free(lock_file(lock_dir, "stubborn"))
+
+
+def test_a_waiter_signalled_before_running_does_not_run(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    holder = procs.start(["w", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    waiter = procs.start(["w", f"touch '{marks}/ran'", str(lock_dir)])
+    procs.wait_stderr(waiter, "waiting for lock w")
+    waiter.send_signal(signal.SIGTERM)
+    assert waiter.wait(10) == 143
+    assert "did not run" in procs.stderr(waiter)
+    (marks / "h.go").touch()
+    assert holder.wait(10) == 0
+    assert not (marks / "ran").exists()
+
+
+def test_ignored_sigint_stays_ignored_for_the_command(lock_dir: Path) -> None:
+    # As after `nohup` or `cmd &` in a script: the caller ignores SIGINT; so must the command.
+    script = f"trap '' INT; exec \"$PY\" -m local_mutex n 'kill -INT $$; echo alive' '{lock_dir}'"
+    r = subprocess.run(["sh", "-c", script], env={**os.environ, "PY": sys.executable},
+                       capture_output=True, timeout=20)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == b"alive\n"
