@@ -8,7 +8,7 @@ import stat
 from collections.abc import Mapping
 
 from .errors import InvalidLockDir, UnsafeLockFile
-from .names import lock_filename
+from .names import lock_filename, validate_name
 
 DEFAULT_LOCK_DIR = "/tmp"
 ENV_LOCK_DIR = "LOCAL_MUTEX_LOCK_DIR"
@@ -46,8 +46,8 @@ def resolve_lock_dir(explicit: str | None, env: Mapping[str, str] | None = None)
 
 
 def lock_path(name: str | bytes, lock_dir: str | None = None) -> str:
-    """The lock file for ``name``; ``lock_dir`` is resolved and checked as the CLI does."""
-    return os.path.join(resolve_lock_dir(lock_dir), lock_filename(name))
+    """The lock file for ``name``; both are validated and resolved as the CLI does."""
+    return os.path.join(resolve_lock_dir(lock_dir), lock_filename(validate_name(name)))
 
 
 def allow_other_owner_from_env(env: Mapping[str, str] | None = None) -> bool:

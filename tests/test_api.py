@@ -1,0 +1,70 @@
+"""The Python API: the same lock as the CLI, typed errors, nothing printed by default."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import local_mutex
+from conftest import CLI, Procs, clean_env, hold_until, lock_file, wait_for
+
+
+def test_lock_path_matches_the_cli(lock_dir: Path) -> None:
+    assert local_mutex.lock_path("x/y", str(lock_dir)) == str(lock_file(lock_dir, "x/y"))
+    assert local_mutex.lock_path(b"\xff", str(lock_dir)) == str(lock_file(lock_dir, b"\xff"))
+    with pytest.raises(local_mutex.InvalidName):
+        local_mutex.lock_path("", str(lock_dir))
+    with pytest.raises(local_mutex.InvalidLockDir):
+        local_mutex.lock_path("x", "relative")
+
+
+def test_run_returns_the_status_and_prints_nothing(
+    lock_dir: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    assert local_mutex.run("exit 4", "api", lock_dir=str(lock_dir)) == 4
+    assert capfd.readouterr().err == ""
+
+
+def test_run_raises_typed_errors(lock_dir: Path) -> None:
+    with pytest.raises(local_mutex.InvalidCommand):
+        local_mutex.run(" ", "api", lock_dir=str(lock_dir))
+    with pytest.raises(local_mutex.InvalidName):
+        local_mutex.run("true", "a\nb", lock_dir=str(lock_dir))
+    with pytest.raises(local_mutex.ValidationError):
+        local_mutex.run("true", "api", lock_dir="/nonexistent/dir")
+
+
+def test_hold_serializes_against_the_cli(lock_dir: Path, marks: Path) -> None:
+    with local_mutex.hold("api", lock_dir=str(lock_dir), message="migrating") as held:
+        assert held.path == str(lock_file(lock_dir, "api"))
+        r = subprocess.run([*CLI, "--no-wait", "api", f"touch '{marks}/ran'", str(lock_dir)],
+                           env=clean_env(), capture_output=True, timeout=20)
+        assert r.returncode == 75
+        assert b"migrating" in r.stderr
+        # Inside the block a run on the same name is reentrant instead of deadlocking.
+        assert local_mutex.run("exit 0", "api", lock_dir=str(lock_dir)) == 0
+    assert not (marks / "ran").exists()
+    assert local_mutex.run("exit 0", "api", lock_dir=str(lock_dir), wait=0) == 0
+
+
+def test_hold_waits_for_the_cli_and_gives_up_with_not_acquired(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    holder = procs.start(["api", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    with pytest.raises(local_mutex.NotAcquired) as info, \
+            local_mutex.hold("api", lock_dir=str(lock_dir), wait=0.3):
+        pass
+    assert isinstance(info.value.holder, dict) and info.value.holder["pid"] == holder.pid
+    (marks / "h.go").touch()
+    with local_mutex.hold("api", lock_dir=str(lock_dir), wait=20) as held:
+        assert held.waited >= 0
+    assert holder.wait(20) == 0
+
+
+def test_run_locked_reports_numbers(lock_dir: Path) -> None:
+    result = local_mutex.run_locked("sleep 0.2", "api", lock_dir=str(lock_dir))
+    assert result.status == 0 and result.acquired and not result.timed_out
+    assert result.held >= 0.2 and result.waited < 5

@@ -1,0 +1,105 @@
+"""Wait and run ceilings, fail-fast, and shared (reader) locks."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from conftest import Procs, hold_until, run_cli, wait_for
+
+
+def test_wait_ceiling_expires_with_75_and_names_the_holder(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    holder = procs.start(["w", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    t0 = time.monotonic()
+    r = run_cli(["--wait", "0.5", "w", f"touch '{marks}/ran'", str(lock_dir)])
+    assert r.returncode == 75
+    assert 0.4 < time.monotonic() - t0 < 15
+    err = r.stderr.decode()
+    assert "not acquired after waiting" in err and f"held by pid {holder.pid}" in err
+    assert not (marks / "ran").exists()
+    (marks / "h.go").touch()
+    assert holder.wait(20) == 0
+
+
+def test_wait_ceiling_not_reached_runs_the_command(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    holder = procs.start(["w", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    waiter = procs.start(["run", "--wait", "60", "w", "echo ran", str(lock_dir)])
+    procs.wait_stderr(waiter, "waiting for lock w")
+    (marks / "h.go").touch()
+    assert waiter.wait(30) == 0
+    assert procs.stdout(waiter) == "ran\n"
+    assert holder.wait(5) == 0
+
+
+def test_no_wait_fails_fast_when_held_and_runs_when_free(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    r = run_cli(["--no-wait", "nw", "echo free", str(lock_dir)])
+    assert r.returncode == 0 and r.stdout == b"free\n"
+    holder = procs.start(["nw", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    r = run_cli(["--no-wait", "nw", f"touch '{marks}/ran'", str(lock_dir)])
+    assert r.returncode == 75
+    assert f"held by pid {holder.pid}" in r.stderr.decode()
+    assert not (marks / "ran").exists()
+    (marks / "h.go").touch()
+
+
+def test_timeout_stops_with_sigterm_124(lock_dir: Path) -> None:
+    r = run_cli(["--timeout", "0.5", "t", "sleep 30", str(lock_dir)])
+    assert r.returncode == 124
+    assert "ran past --timeout 0.5s; stopped it with SIGTERM" in r.stderr.decode()
+
+
+def test_timeout_escalates_to_sigkill_137(lock_dir: Path) -> None:
+    r = run_cli(["--timeout", "0.5", "--kill-after", "0.5", "t",
+                 "trap '' TERM; while :; do sleep 0.1; done", str(lock_dir)])
+    assert r.returncode == 137
+    assert "SIGKILL" in r.stderr.decode()
+
+
+def test_timeout_does_not_count_queue_time(procs: Procs, lock_dir: Path, marks: Path) -> None:
+    holder = procs.start(["q", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    waiter = procs.start(["--timeout", "1.5", "q", "sleep 0.2; echo done", str(lock_dir)])
+    procs.wait_stderr(waiter, "waiting for lock q")
+    time.sleep(2.0)  # queue time well past the run ceiling
+    (marks / "h.go").touch()
+    assert waiter.wait(30) == 0
+    assert procs.stdout(waiter) == "done\n"
+    assert holder.wait(5) == 0
+
+
+def test_shared_holders_overlap_and_exclusive_waits_for_them(
+    procs: Procs, lock_dir: Path, marks: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "log"
+    # Each reader waits until the other one is inside too: only possible if they overlap.
+    r1 = procs.start(["--shared", "db",
+                      f"touch '{marks}/r1'; while [ ! -e '{marks}/r2' ]; do sleep 0.02; done; "
+                      f"{hold_until(marks, 'x')}; echo r1-end >> '{log}'", str(lock_dir)])
+    r2 = procs.start(["--shared", "db",
+                      f"touch '{marks}/r2'; while [ ! -e '{marks}/r1' ]; do sleep 0.02; done; "
+                      f"{hold_until(marks, 'x')}; echo r2-end >> '{log}'", str(lock_dir)])
+    wait_for(marks / "r1")
+    wait_for(marks / "r2")
+    writer = procs.start(["db", f"echo writer >> '{log}'", str(lock_dir)])
+    procs.wait_stderr(writer, "waiting for lock db")
+    (marks / "x.go").touch()
+    assert r1.wait(20) == 0 and r2.wait(20) == 0 and writer.wait(20) == 0
+    assert log.read_text().splitlines()[-1] == "writer"
+
+
+def test_a_reader_waits_for_a_writer(procs: Procs, lock_dir: Path, marks: Path) -> None:
+    writer = procs.start(["db", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    r = run_cli(["--shared", "--no-wait", "db", "true", str(lock_dir)])
+    assert r.returncode == 75
+    (marks / "h.go").touch()
+    assert writer.wait(20) == 0

@@ -1,0 +1,105 @@
+"""LOCAL_MUTEX_CLI, nested calls and loops, and verified reentrancy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import Procs, hold_until, lock_file, run_cli, wait_for
+
+
+def test_cli_shim_runs_with_sh_and_directly(lock_dir: Path) -> None:
+    r = run_cli(["outer",
+                 'sh "$LOCAL_MUTEX_CLI" a "echo via-sh" && "$LOCAL_MUTEX_CLI" b "echo direct"',
+                 str(lock_dir)])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == b"via-sh\ndirect\n"
+    for name in ("outer", "a", "b"):
+        assert lock_file(lock_dir, name).exists()
+
+
+def test_shim_passes_exit_status_and_arg_errors(lock_dir: Path) -> None:
+    r = run_cli(["outer", 'sh "$LOCAL_MUTEX_CLI" a "exit 9"', str(lock_dir)])
+    assert r.returncode == 9
+    r = run_cli(["outer", 'sh "$LOCAL_MUTEX_CLI" only-one-arg', str(lock_dir)])
+    assert r.returncode == 2 and b"expected 2 or 3 arguments" in r.stderr
+
+
+def test_per_item_loop_with_items_kept_out_of_the_shell_text(lock_dir: Path,
+                                                             tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    items = "plain\nwith space\n$(touch pwned)\nquote'\"\n"
+    loop = (
+        'printf %s "$ITEMS" | while IFS= read -r key; do '
+        f'KEY="$key" sh "$LOCAL_MUTEX_CLI" "item-$key" \'printf "%s\\n" "$KEY" >> "{out}"\'; '
+        "done"
+    )
+    r = run_cli(["sweep", loop, str(lock_dir)], env={"ITEMS": items}, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert out.read_text() == items
+    assert not (tmp_path / "pwned").exists()
+    assert lock_file(lock_dir, "item-with space").exists()
+
+
+def test_nested_call_inherits_a_custom_lock_dir(lock_dir: Path) -> None:
+    r = run_cli(["--lock-dir", str(lock_dir), "outer", 'sh "$LOCAL_MUTEX_CLI" inner true'])
+    assert r.returncode == 0, r.stderr
+    assert lock_file(lock_dir, "inner").exists()
+
+
+def test_same_name_nested_is_reentrant(lock_dir: Path) -> None:
+    r = run_cli(["n", 'sh "$LOCAL_MUTEX_CLI" n "echo inner"', str(lock_dir)], timeout=20)
+    assert r.returncode == 0
+    assert r.stdout == b"inner\n"
+    assert b"already held by enclosing pid" in r.stderr
+
+
+def test_reentrancy_reaches_through_intermediate_processes(lock_dir: Path) -> None:
+    deep = "sh -c 'sh -c \"sh \\\"\\$LOCAL_MUTEX_CLI\\\" n \\\"echo deep\\\"\"'"
+    r = run_cli(["n", deep, str(lock_dir)], timeout=20)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == b"deep\n"
+
+
+def test_a_non_descendant_with_the_inherited_environment_still_waits(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    env_dump = marks / "env.json"
+    cmd = (f'printf "%s" "$LOCAL_MUTEX_HELD" > "{env_dump}.tmp"; mv "{env_dump}.tmp" '
+           f'"{env_dump}"; {hold_until(marks)}')
+    holder = procs.start(["n", cmd, str(lock_dir)])
+    wait_for(env_dump)
+    held = env_dump.read_text()
+    assert held.startswith(f"{holder.pid}:")
+    r = run_cli(["--no-wait", "n", f"touch '{marks}/ran'", str(lock_dir)],
+                env={"LOCAL_MUTEX_HELD": held})
+    assert r.returncode == 75
+    assert not (marks / "ran").exists()
+    (marks / "h.go").touch()
+    assert holder.wait(20) == 0
+
+
+def test_exclusive_inside_shared_is_an_error_not_a_hang(lock_dir: Path, marks: Path) -> None:
+    r = run_cli(["--shared", "n", f'sh "$LOCAL_MUTEX_CLI" n "touch {marks}/ran"', str(lock_dir)],
+                timeout=20)
+    assert r.returncode == 2
+    assert b"held shared by enclosing pid" in r.stderr
+    assert not (marks / "ran").exists()
+    r = run_cli(["n", f'"$LOCAL_MUTEX_CLI" --shared n "echo ok"', str(lock_dir)], timeout=20)
+    assert r.returncode == 0 and r.stdout == b"ok\n"
+
+
+def test_holder_record_is_in_the_lock_file_while_held(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    holder = procs.start(["rec", hold_until(marks), str(lock_dir)], cwd=marks,
+                         env={"GITHUB_RUN_ID": "77", "GITHUB_REPOSITORY": "o/r",
+                              "RUNNER_NAME": "runner-3", "GITHUB_JOB": "build"})
+    wait_for(marks / "h.held")
+    rec = json.loads(lock_file(lock_dir, "rec").read_text())
+    assert rec["pid"] == holder.pid and rec["name"] == "rec" and rec["cwd"] == str(marks)
+    assert rec["runner"] == "runner-3" and rec["job"] == "build"
+    assert rec["run_url"] == "https://github.com/o/r/actions/runs/77"
+    (marks / "h.go").touch()
+    assert holder.wait(20) == 0
+    assert lock_file(lock_dir, "rec").read_text() == ""

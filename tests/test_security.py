@@ -1,0 +1,82 @@
+"""A shared, world-writable lock dir must not be turned against the user."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from conftest import lock_file, run_cli
+
+
+def test_planted_symlink_to_an_existing_file_is_refused(lock_dir: Path, tmp_path: Path,
+                                                        marks: Path) -> None:
+    victim = tmp_path / "precious"
+    victim.write_bytes(b"keep me\n")
+    before = victim.stat()
+    lock_file(lock_dir, "n").symlink_to(victim)
+    r = run_cli(["n", f"touch '{marks}/ran'", str(lock_dir)])
+    assert r.returncode == 2
+    assert b"is a symlink" in r.stderr
+    assert victim.read_bytes() == b"keep me\n"
+    assert victim.stat().st_mtime_ns == before.st_mtime_ns
+    assert not (marks / "ran").exists()
+
+
+def test_dangling_symlink_is_refused_and_its_target_not_created(
+    lock_dir: Path, tmp_path: Path, marks: Path
+) -> None:
+    target = tmp_path / "would-be-created"
+    lock_file(lock_dir, "n").symlink_to(target)
+    r = run_cli(["n", f"touch '{marks}/ran'", str(lock_dir)])
+    assert r.returncode == 2
+    assert b"is a symlink" in r.stderr
+    assert not target.exists()
+    assert not (marks / "ran").exists()
+
+
+def test_fifo_or_directory_at_the_lock_path_is_refused(lock_dir: Path, marks: Path) -> None:
+    os.mkfifo(lock_file(lock_dir, "fifo"))
+    r = run_cli(["fifo", f"touch '{marks}/ran'", str(lock_dir)], timeout=20)
+    assert r.returncode == 2 and b"not a regular file" in r.stderr
+    lock_file(lock_dir, "dir").mkdir()
+    r = run_cli(["dir", f"touch '{marks}/ran'", str(lock_dir)])
+    assert r.returncode == 2
+    assert not (marks / "ran").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
+def test_lock_file_owned_by_another_user_is_refused_unless_allowed(
+    lock_dir: Path, marks: Path
+) -> None:
+    path = lock_file(lock_dir, "theirs")
+    path.touch()
+    os.chown(path, 12345, 12345)
+    r = run_cli(["theirs", f"touch '{marks}/ran'", str(lock_dir)])
+    assert r.returncode == 2
+    assert b"owned by uid 12345" in r.stderr and b"--allow-other-owner" in r.stderr
+    assert not (marks / "ran").exists()
+    r = run_cli(["--allow-other-owner", "theirs", "echo ok", str(lock_dir)])
+    assert r.returncode == 0 and r.stdout == b"ok\n"
+    r = run_cli(["theirs", "echo ok", str(lock_dir)], env={"LOCAL_MUTEX_ALLOW_OTHER_OWNER": "1"})
+    assert r.returncode == 0 and r.stdout == b"ok\n"
+    assert path.exists()  # never unlinked
+
+
+def test_new_lock_file_mode_follows_the_umask(lock_dir: Path) -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        ["sh", "-c", f'umask 022; exec "{sys.executable}" -m local_mutex n true "{lock_dir}"'],
+        capture_output=True, timeout=20,
+    )
+    assert r.returncode == 0, r.stderr
+    assert stat.S_IMODE(lock_file(lock_dir, "n").stat().st_mode) == 0o644
+
+
+def test_the_command_does_not_inherit_the_lock_descriptor(lock_dir: Path) -> None:
+    r = run_cli(["n", 'ls -l /proc/$$/fd/ | grep -c "local-mutex-" || true', str(lock_dir)])
+    assert r.stdout.strip() == b"0"

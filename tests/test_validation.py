@@ -1,0 +1,136 @@
+"""Every bad input: exit 2, a message saying what is wrong, and the command never runs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import CLI, clean_env, lock_file, run_cli
+
+
+def _assert_refused(args: list[str | bytes], marks: Path, needle: str,
+                    env: dict[str, str] | None = None) -> None:
+    r = run_cli(args, env=env)
+    err = r.stderr.decode("utf-8", "replace")
+    assert r.returncode == 2, (r.returncode, err)
+    assert needle in err, err
+    assert not (marks / "ran").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "needle"),
+    [
+        ("", "lock name is empty"),
+        ("   ", "only whitespace"),
+        ("\u3000", "only whitespace"),
+        ("a\nb", "control character 0x0A"),
+        ("tab\there", "control character 0x09"),
+        ("del\x7f", "control character 0x7F"),
+        ("bell\x07", "control character 0x07"),
+        ("cr\r", "control character 0x0D"),
+    ],
+)
+def test_bad_names(lock_dir: Path, marks: Path, name: str, needle: str) -> None:
+    _assert_refused([name, f"touch '{marks}/ran'", str(lock_dir)], marks, needle)
+    _assert_refused(["run", name, f"touch '{marks}/ran'", str(lock_dir)], marks, needle)
+    assert list(lock_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["", " ", "\n\t "])
+def test_empty_commands(lock_dir: Path, marks: Path, command: str) -> None:
+    _assert_refused(["n", command, str(lock_dir)], marks, "command is")
+    assert list(lock_dir.iterdir()) == []
+
+
+def test_bad_lock_dirs(tmp_path: Path, marks: Path) -> None:
+    cmd = f"touch '{marks}/ran'"
+    _assert_refused(["n", cmd, "relative/dir"], marks, "is not an absolute path")
+    _assert_refused(["n", cmd, "  "], marks, "is not an absolute path")
+    _assert_refused(["n", cmd, str(tmp_path / "missing")], marks, "does not exist")
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    _assert_refused(["n", cmd, str(a_file)], marks, "is not a directory")
+    _assert_refused(["n", cmd], marks, "is not an absolute path",
+                    env={"LOCAL_MUTEX_LOCK_DIR": "rel"})
+    _assert_refused(["--lock-dir", "rel", "n", cmd], marks, "is not an absolute path")
+
+
+def test_unwritable_lock_dir(tmp_path: Path, marks: Path) -> None:
+    locked = tmp_path / "ro"
+    locked.mkdir()
+    marks.chmod(0o777)
+    cmd = f"touch '{marks}/ran'"
+    if os.geteuid() == 0:
+        # root may write anywhere: run the CLI as nobody against a root-owned 0755 dir.
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("setpriv(1) needed to drop root for this test")
+        import subprocess
+
+        import tempfile
+
+        # pytest's own tmp root is 0700: use a dir nobody can reach but not write.
+        locked = Path(tempfile.mkdtemp(prefix="lm-ro-"))
+        locked.chmod(0o755)
+        r = subprocess.run(
+            [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", *CLI, "n", cmd,
+             str(locked)],
+            env=clean_env({"PYTHONPATH": os.pathsep.join(sys.path)}), capture_output=True,
+            timeout=30, cwd="/",
+        )
+        assert r.returncode == 2, r.stderr
+        assert b"is not writable" in r.stderr
+        assert not (marks / "ran").exists()
+        locked.rmdir()
+    else:
+        locked.chmod(0o555)
+        _assert_refused(["n", cmd, str(locked)], marks, "is not writable")
+
+
+@pytest.mark.parametrize("args", [["only-name"], ["a", "b", "/tmp", "extra"]])
+def test_wrong_argument_count(marks: Path, args: list[str]) -> None:
+    r = run_cli(args)
+    assert r.returncode == 2
+    assert "expected 2 or 3 arguments (NAME COMMAND [LOCK_DIR]), got" in r.stderr.decode()
+
+
+@pytest.mark.parametrize(
+    ("opts", "needle"),
+    [
+        (["--wait", "-1"], "--wait"),
+        (["--wait", "nan"], "--wait"),
+        (["--wait", "soon"], "not a number"),
+        (["--timeout", "0"], "more than 0"),
+        (["--wait", "1", "--no-wait"], "exclude each other"),
+        (["--bogus"], "No such option"),
+    ],
+)
+def test_bad_options(lock_dir: Path, marks: Path, opts: list[str], needle: str) -> None:
+    _assert_refused([*opts, "n", f"touch '{marks}/ran'", str(lock_dir)], marks, needle)
+
+
+def test_lock_dir_given_twice_and_different(lock_dir: Path, tmp_path: Path, marks: Path) -> None:
+    _assert_refused(["--lock-dir", str(tmp_path), "n", f"touch '{marks}/ran'", str(lock_dir)],
+                    marks, "disagree")
+
+
+def test_a_lock_named_like_a_verb_needs_run(lock_dir: Path) -> None:
+    r = run_cli(["run", "status", "echo verb-named", str(lock_dir)])
+    assert r.returncode == 0 and r.stdout == b"verb-named\n"
+    assert lock_file(lock_dir, "status").exists()
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["a/b", "../../etc/passwd", b"\xff\xfe invalid utf-8", "x" * 1000, ".", "..", "名前 ünï"],
+)
+def test_odd_names_land_at_the_hashed_path(lock_dir: Path, name: str | bytes) -> None:
+    r = run_cli([name, "true", str(lock_dir)])
+    assert r.returncode == 0, r.stderr
+    assert [p.name for p in lock_dir.iterdir()] == [lock_file(lock_dir, name).name]
+    raw = name if isinstance(name, bytes) else name.encode()
+    assert b"waiting for lock " + raw + b" at " in r.stderr  # the raw name, byte for byte
