@@ -52,38 +52,33 @@ class Procs:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.started: list[subprocess.Popen[bytes]] = []
+        self.logs: dict[int, tuple[Path, Path]] = {}
 
     def start(
         self,
         args: Sequence[str | bytes],
         env: Mapping[str, str] | None = None,
         cwd: str | Path | None = None,
-        **kw: object,
     ) -> subprocess.Popen[bytes]:
         n = len(self.started)
-        out = open(self.tmp / f"proc{n}.out", "wb")  # noqa: SIM115
-        err = open(self.tmp / f"proc{n}.err", "wb")  # noqa: SIM115
-        p = subprocess.Popen(
-            [*CLI, *args], env=clean_env(env), cwd=cwd, stdout=out, stderr=err,
-            stdin=subprocess.DEVNULL, **kw,  # type: ignore[call-overload]
-        )
-        out.close()
-        err.close()
-        p.out_path = self.tmp / f"proc{n}.out"  # type: ignore[attr-defined]
-        p.err_path = self.tmp / f"proc{n}.err"  # type: ignore[attr-defined]
+        out_path, err_path = self.tmp / f"proc{n}.out", self.tmp / f"proc{n}.err"
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            p = subprocess.Popen(
+                [*CLI, *args], env=clean_env(env), cwd=cwd, stdout=out, stderr=err,
+                stdin=subprocess.DEVNULL,
+            )
         self.started.append(p)
+        self.logs[p.pid] = (out_path, err_path)
         return p
 
-    @staticmethod
-    def stderr(p: subprocess.Popen[bytes]) -> str:
-        return p.err_path.read_bytes().decode("utf-8", "replace")  # type: ignore[attr-defined,no-any-return]
+    def stderr(self, p: subprocess.Popen[bytes]) -> str:
+        return self.logs[p.pid][1].read_bytes().decode("utf-8", "replace")
 
-    @staticmethod
-    def stdout(p: subprocess.Popen[bytes]) -> str:
-        return p.out_path.read_bytes().decode("utf-8", "replace")  # type: ignore[attr-defined,no-any-return]
+    def stdout(self, p: subprocess.Popen[bytes]) -> str:
+        return self.logs[p.pid][0].read_bytes().decode("utf-8", "replace")
 
     def wait_stderr(self, p: subprocess.Popen[bytes], text: str, timeout: float = 20.0) -> None:
-        wait_for(lambda: text in self.stderr(p), timeout, f"{text!r} on stderr of {p.args}")
+        wait_for(lambda: text in self.stderr(p), timeout, f"{text!r} on stderr of pid {p.pid}")
 
     def stop_all(self) -> None:
         for p in self.started:
@@ -134,5 +129,5 @@ def run_cli(
 def lock_file(lock_dir: Path, name: str | bytes) -> Path:
     import hashlib
 
-    raw = name.encode() if isinstance(name, str) else name
+    raw = name.encode("utf-8", "surrogateescape") if isinstance(name, str) else name
     return lock_dir / f"local-mutex-{hashlib.sha256(raw).hexdigest()}.lock"

@@ -85,7 +85,7 @@ def test_exclusive_inside_shared_is_an_error_not_a_hang(lock_dir: Path, marks: P
     assert r.returncode == 2
     assert b"held shared by enclosing pid" in r.stderr
     assert not (marks / "ran").exists()
-    r = run_cli(["n", f'"$LOCAL_MUTEX_CLI" --shared n "echo ok"', str(lock_dir)], timeout=20)
+    r = run_cli(["n", '"$LOCAL_MUTEX_CLI" --shared n "echo ok"', str(lock_dir)], timeout=20)
     assert r.returncode == 0 and r.stdout == b"ok\n"
 
 

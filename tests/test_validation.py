@@ -70,7 +70,6 @@ def test_unwritable_lock_dir(tmp_path: Path, marks: Path) -> None:
         if setpriv is None:
             pytest.skip("setpriv(1) needed to drop root for this test")
         import subprocess
-
         import tempfile
 
         # pytest's own tmp root is 0700: use a dir nobody can reach but not write.

@@ -27,8 +27,11 @@ def choose_lock_dir(explicit: str | None, env: Mapping[str, str] | None = None) 
     return from_env or DEFAULT_LOCK_DIR
 
 
-def resolve_lock_dir(explicit: str | None, env: Mapping[str, str] | None = None) -> str:
-    """The lock directory to use, checked: absolute, an existing directory, writable."""
+def resolve_lock_dir(
+    explicit: str | None, env: Mapping[str, str] | None = None, *, writable: bool = True
+) -> str:
+    """The lock directory to use, checked: absolute, an existing directory, writable
+    (``writable=False`` for readers such as ``status``, which never create a file)."""
     path = choose_lock_dir(explicit, env)
     if not os.path.isabs(path):
         raise InvalidLockDir(f"lock dir {path!r} is not an absolute path")
@@ -40,7 +43,7 @@ def resolve_lock_dir(explicit: str | None, env: Mapping[str, str] | None = None)
         raise InvalidLockDir(f"lock dir {path!r} cannot be used: {exc.strerror}") from None
     if not stat.S_ISDIR(st.st_mode):
         raise InvalidLockDir(f"lock dir {path!r} is not a directory")
-    if not os.access(path, os.W_OK | os.X_OK):
+    if writable and not os.access(path, os.W_OK | os.X_OK):
         raise InvalidLockDir(f"lock dir {path!r} is not writable")
     return path
 

@@ -334,13 +334,13 @@ def status_of_path(path: str, name: str | None = None) -> LockStatus:
 def status(name: str | bytes, lock_dir: str | None = None) -> LockStatus:
     """Who holds the lock ``name`` (in ``lock_dir``) and who waits for it."""
     raw = validate_name(name)
-    path = os.path.join(resolve_lock_dir(lock_dir), lock_filename(raw))
+    path = os.path.join(resolve_lock_dir(lock_dir, writable=False), lock_filename(raw))
     return status_of_path(path, display(raw))
 
 
 def list_locks(lock_dir: str | None = None, *, include_free: bool = False) -> list[LockStatus]:
     """Every local-mutex lock file in the directory that is held (or all of them)."""
-    directory = resolve_lock_dir(lock_dir)
+    directory = resolve_lock_dir(lock_dir, writable=False)
     locks = read_proc_locks()
     if locks is None:
         found = [

@@ -1,0 +1,199 @@
+"""status and list: the truth from the kernel, without taking or creating the lock."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import local_mutex
+from conftest import CLI, Procs, clean_env, hold_until, lock_file, run_cli, wait_for
+
+linux_only = pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="needs /proc/locks")
+
+
+def _status(name: str, lock_dir: Path) -> tuple[int, dict[str, Any]]:
+    r = run_cli(["status", name, "--lock-dir", str(lock_dir), "--json"], timeout=20)
+    return r.returncode, json.loads(r.stdout)
+
+
+def test_missing_lock_file_is_free_and_not_created(lock_dir: Path) -> None:
+    code, st = _status("nobody-home", lock_dir)
+    assert code == 0 and st["state"] == "free" and st["holders"] == []
+    assert list(lock_dir.iterdir()) == []
+    r = run_cli(["status", "nobody-home", "--lock-dir", str(lock_dir)])
+    assert r.returncode == 0 and r.stdout.decode().startswith("nobody-home: free")
+
+
+@linux_only
+def test_held_lock_shows_the_holder(procs: Procs, lock_dir: Path, marks: Path) -> None:
+    holder = procs.start(["deploy", hold_until(marks), str(lock_dir)], cwd=marks,
+                         env={"RUNNER_NAME": "r7"})
+    wait_for(marks / "h.held")
+    code, st = _status("deploy", lock_dir)
+    assert code == 1 and st["state"] == "held" and st["mode"] == "exclusive"
+    (h,) = st["holders"]
+    assert h["pid"] == holder.pid and h["source"] == "record"
+    assert "touch" in h["command"] and h["cwd"] == str(marks) and h["runner"] == "r7"
+    assert h["since"].endswith("Z") and h["held_seconds"] >= 0
+    human = run_cli(["status", "deploy", "--lock-dir", str(lock_dir)])
+    assert human.returncode == 1
+    assert f"deploy: held (exclusive) by pid {holder.pid}" in human.stdout.decode()
+    api = local_mutex.status("deploy", str(lock_dir))
+    assert api.held and api.holders[0].pid == holder.pid
+    (marks / "h.go").touch()
+    assert holder.wait(20) == 0
+    assert _status("deploy", lock_dir)[0] == 0
+
+
+@linux_only
+def test_holder_started_through_the_cli_shim(procs: Procs, lock_dir: Path, marks: Path) -> None:
+    procs.start(["outer", 'sh "$LOCAL_MUTEX_CLI" inner "$INNER"', str(lock_dir)],
+                env={"INNER": hold_until(marks)})
+    wait_for(marks / "h.held")
+    code, st = _status("inner", lock_dir)
+    assert code == 1
+    (h,) = st["holders"]
+    assert h["source"] == "record" and "touch" in h["command"]
+    with open(f"/proc/{h['pid']}/cmdline", "rb") as f:
+        assert b"inner" in f.read()
+    (marks / "h.go").touch()
+
+
+@linux_only
+def test_waiters_are_listed_in_queue_order(procs: Procs, lock_dir: Path, marks: Path) -> None:
+    procs.start(["q", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    waiters = []
+    for i in range(3):
+        w = procs.start(["q", f"echo {i}", str(lock_dir)])
+        waiters.append(w)
+        wait_for(lambda w=w: w.pid in [x["pid"] for x in _status("q", lock_dir)[1]["waiters"]])
+    _, st = _status("q", lock_dir)
+    assert [x["pid"] for x in st["waiters"]] == [w.pid for w in waiters]
+    assert [x["position"] for x in st["waiters"]] == [1, 2, 3]
+    assert st["queue_length"] == 3
+    assert all(x["mode"] == "exclusive" and "echo" in x["command"] for x in st["waiters"])
+    (marks / "h.go").touch()
+    assert [w.wait(20) for w in waiters] == [0, 0, 0]
+
+
+@linux_only
+@pytest.mark.skipif(shutil.which("flock") is None, reason="flock(1) not installed")
+def test_plain_flock_holder_is_seen(lock_dir: Path, marks: Path) -> None:
+    path = lock_file(lock_dir, "legacy")
+    holder = subprocess.Popen(["flock", "-x", str(path), "sh", "-c", hold_until(marks)])
+    try:
+        wait_for(marks / "h.held")
+        code, st = _status("legacy", lock_dir)
+        assert code == 1
+        (h,) = st["holders"]
+        assert h["pid"] == holder.pid and h["source"] == "kernel"
+        assert h["command"].startswith("flock -x ")
+    finally:
+        (marks / "h.go").touch()
+        holder.wait(20)
+
+
+def test_sigkilled_holder_is_free_at_once_despite_its_record(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    holder = procs.start(["k", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(10)
+    assert json.loads(lock_file(lock_dir, "k").read_text())["pid"] == holder.pid
+    code, st = _status("k", lock_dir)
+    assert code == 0 and st["state"] == "free" and st["holders"] == []
+    (marks / "h.go").touch()
+
+
+@linux_only
+def test_concurrent_status_calls_disturb_nobody(procs: Procs, lock_dir: Path,
+                                                marks: Path, tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    holder = procs.start(["c", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    waiter = procs.start(["c", f"echo waiter-ran >> '{log}'", str(lock_dir)])
+    procs.wait_stderr(waiter, "waiting for lock c")
+    pollers = [subprocess.Popen([*CLI, "status", "c", "--lock-dir", str(lock_dir), "--json"],
+                                env=clean_env(), stdout=subprocess.PIPE) for _ in range(10)]
+    results = [(p.wait(30), json.loads(p.communicate()[0])) for p in pollers]
+    assert all(code == 1 and st["holders"][0]["pid"] == holder.pid for code, st in results)
+    assert waiter.poll() is None and not log.exists()  # still queued, not let through
+    (marks / "h.go").touch()
+    assert holder.wait(20) == 0 and waiter.wait(20) == 0
+    assert log.read_text() == "waiter-ran\n"
+    assert all(_status("c", lock_dir)[0] == 0 for _ in range(5))
+
+
+@linux_only
+def test_list_shows_held_locks_and_all(procs: Procs, lock_dir: Path, marks: Path) -> None:
+    for name in ("one", "two"):
+        procs.start([name, hold_until(marks, name), str(lock_dir)])
+        wait_for(marks / f"{name}.held")
+    assert run_cli(["free-one", "true", str(lock_dir)]).returncode == 0
+    (lock_dir / "unrelated.txt").write_text("not a lock")
+    r = run_cli(["list", "--lock-dir", str(lock_dir), "--json"])
+    assert r.returncode == 0
+    held = json.loads(r.stdout)
+    assert [s["name"] for s in held] == ["one", "two"]  # longest-held first
+    assert all(s["state"] == "held" and s["queue_length"] == 0 for s in held)
+    r = run_cli(["list", "--lock-dir", str(lock_dir), "--json", "--all"])
+    everything = json.loads(r.stdout)
+    assert len(everything) == 3 and everything[-1]["state"] == "free"
+    human = run_cli(["list", "--lock-dir", str(lock_dir)]).stdout.decode()
+    assert "one: held (exclusive)" in human and "two: held" in human
+    assert [s.name for s in local_mutex.list_locks(str(lock_dir))] == ["one", "two"]
+    for name in ("one", "two"):
+        (marks / f"{name}.go").touch()
+
+
+def test_status_bad_input(lock_dir: Path, tmp_path: Path) -> None:
+    r = run_cli(["status", "", "--lock-dir", str(lock_dir)])
+    assert r.returncode == 2 and b"lock name is empty" in r.stderr
+    r = run_cli(["status", "x", "--lock-dir", str(tmp_path / "missing")])
+    assert r.returncode == 2 and b"does not exist" in r.stderr
+    r = run_cli(["list", "--lock-dir", "relative"])
+    assert r.returncode == 2 and b"not an absolute path" in r.stderr
+
+
+def _hidden_proc(args: list[str], user: bool = False) -> subprocess.CompletedProcess[bytes]:
+    """Run the CLI with an empty tmpfs over /proc (a private mount namespace)."""
+    drop = "setpriv --reuid=65534 --regid=65534 --clear-groups " if user else ""
+    script = "mount -t tmpfs none /proc && exec " + drop + " ".join(
+        f"'{a}'" for a in [*CLI, *args])
+    return subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True,
+                          timeout=30, env=clean_env({"PYTHONPATH": os.pathsep.join(sys.path)}))
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and unshare(1) to hide /proc")
+def test_unreadable_proc_falls_back_to_a_probe_or_cannot_tell(
+    procs: Procs, marks: Path
+) -> None:
+    shared_dir = Path(tempfile.mkdtemp(prefix="lm-status-"))
+    shared_dir.chmod(0o755)
+    try:
+        holder = procs.start(["p", hold_until(marks), str(shared_dir)])
+        wait_for(marks / "h.held")
+        r = _hidden_proc(["status", "p", "--lock-dir", str(shared_dir), "--json"])
+        assert r.returncode == 1, r.stderr
+        st = json.loads(r.stdout)
+        assert st["method"] == "probe" and st["holders"][0]["pid"] == holder.pid
+        lock_file(shared_dir, "p").chmod(0o600)
+        r = _hidden_proc(["status", "p", "--lock-dir", str(shared_dir)], user=True)
+        assert r.returncode == 3, r.stderr
+        assert b"cannot open lock file" in r.stderr
+        (marks / "h.go").touch()
+        assert holder.wait(20) == 0
+    finally:
+        shutil.rmtree(shared_dir)
