@@ -68,3 +68,26 @@ def test_run_locked_reports_numbers(lock_dir: Path) -> None:
     result = local_mutex.run_locked("sleep 0.2", "api", lock_dir=str(lock_dir))
     assert result.status == 0 and result.acquired and not result.timed_out
     assert result.held >= 0.2 and result.waited < 5
+
+
+def test_hold_with_a_wait_ceiling_works_off_the_main_thread(lock_dir: Path) -> None:
+    import threading
+
+    outcome: list[object] = []
+
+    def worker() -> None:
+        try:
+            with local_mutex.hold("thread", lock_dir=str(lock_dir), wait=0.2):
+                outcome.append("held")
+        except Exception as exc:  # reported to the main thread below
+            outcome.append(exc)
+
+    with local_mutex.hold("thread", lock_dir=str(lock_dir)):
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join(20)
+    assert len(outcome) == 1 and isinstance(outcome[0], local_mutex.NotAcquired)
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join(20)
+    assert outcome[1] == "held"

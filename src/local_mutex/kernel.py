@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import signal
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -42,21 +43,41 @@ def unlock(fd: int) -> None:
 def wait_lock(fd: int, *, shared: bool = False, timeout: float | None = None) -> bool:
     """Block until the lock is ours (True) or ``timeout`` seconds passed (False).
 
-    SIGINT, SIGTERM, SIGHUP and SIGQUIT abandon the wait with ``Interrupted`` (unless they
-    were ignored on entry). Main thread only: the ceiling is a SIGALRM.
+    Main thread only when ``timeout`` is set: the ceiling is a SIGALRM. Wrap the call in
+    ``interruptible()`` to turn the usual stop signals into ``Interrupted``.
     """
-    with _signals_raise():
-        if timeout is None:
+    if timeout is None:
+        fcntl.flock(fd, _mode(shared))
+        return True
+    if not _main_thread():
+        return _poll_lock(fd, shared, timeout)
+    try:
+        with _alarm_in(max(timeout, 0.001)):
             fcntl.flock(fd, _mode(shared))
-            return True
-        try:
-            with _alarm_in(max(timeout, 0.001)):
-                fcntl.flock(fd, _mode(shared))
-            return True
-        except _Alarm:
-            # The alarm may have landed just after flock() returned: a non-blocking
-            # retry on the same descriptor tells whether we hold it now.
-            return try_lock(fd, shared=shared)
+        return True
+    except _Alarm:
+        # The alarm may have landed just after flock() returned: a non-blocking
+        # retry on the same descriptor tells whether we hold it now.
+        return try_lock(fd, shared=shared)
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _poll_lock(fd: int, shared: bool, timeout: float) -> bool:
+    """Only for threads other than the main one, which cannot take a SIGALRM."""
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while not try_lock(fd, shared=shared):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        time.sleep(min(delay, remaining))
+        delay = min(delay * 2, 0.25)
+    return True
 
 
 @contextmanager
@@ -78,9 +99,15 @@ def _alarm_in(seconds: float) -> Iterator[None]:
 
 
 @contextmanager
-def _signals_raise() -> Iterator[None]:
+def interruptible() -> Iterator[None]:
+    """SIGINT/SIGTERM/SIGHUP/SIGQUIT raise ``Interrupted`` inside the block (unless the
+    caller ignored them), so a waiter that is told to stop exits without running anything."""
     def stop(signum: int, frame: FrameType | None) -> None:
         raise Interrupted(signum)
+
+    if not _main_thread():
+        yield
+        return
 
     previous = {}
     for sig in STOP_SIGNALS:

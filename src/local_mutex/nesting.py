@@ -7,6 +7,7 @@ that merely inherited (or copied) the environment still waits like anyone else.
 
 from __future__ import annotations
 
+import _thread
 import os
 import sys
 from collections.abc import Mapping
@@ -14,8 +15,13 @@ from collections.abc import Mapping
 ENV_HELD = "LOCAL_MUTEX_HELD"
 _MAX_DEPTH = 4096
 
-# Locks held in this very process by ``with local_mutex.hold(...)``: (dev, ino) -> mode.
-held_here: dict[tuple[int, int], str] = {}
+# Locks held in this process by ``with local_mutex.hold(...)``: (dev, ino, thread) -> mode.
+# Per thread: another thread of ours asking for the same lock simply waits its turn.
+held_here: dict[tuple[int, int, int], str] = {}
+
+
+def here_key(dev: int, ino: int) -> tuple[int, int, int]:
+    return (dev, ino, _thread.get_ident())
 
 
 def entry(pid: int, dev: int, ino: int, shared: bool) -> str:
@@ -29,7 +35,7 @@ def extend(env: Mapping[str, str], new_entry: str) -> str:
 
 def enclosing_hold(env: Mapping[str, str], dev: int, ino: int) -> tuple[int, str] | None:
     """(pid, mode) of the enclosing holder of this inode, verified; else None."""
-    mode = held_here.get((dev, ino))
+    mode = held_here.get(here_key(dev, ino))
     if mode is not None:
         return os.getpid(), mode
     for item in env.get(ENV_HELD, "").split(";"):

@@ -85,18 +85,18 @@ def _acquire(
 ) -> float:
     """Take the lock (announcing the wait); return seconds waited or raise NotAcquired."""
     start = time.monotonic()
-    if kernel.try_lock(target.fd, shared=shared):
+    with kernel.interruptible():
+        if kernel.try_lock(target.fd, shared=shared):
+            if reporter is not None:
+                reporter.waiting(target.label, None)
+            return 0.0
+        holder = _busy_holder(target)
         if reporter is not None:
-            reporter.waiting(target.label, None)
-        return 0.0
-    holder = _busy_holder(target)
-    if reporter is not None:
-        reporter.waiting(target.label, holder)
-    if wait is not None and wait <= 0:
-        raise NotAcquired(_not_acquired_text(target, 0.0, holder), holder, 0.0)
-
-    with _progress(target, reporter, progress, start):
-        got = kernel.wait_lock(target.fd, shared=shared, timeout=wait)
+            reporter.waiting(target.label, holder)
+        if wait is not None and wait <= 0:
+            raise NotAcquired(_not_acquired_text(target, 0.0, holder), holder, 0.0)
+        with _progress(target, reporter, progress, start):
+            got = kernel.wait_lock(target.fd, shared=shared, timeout=wait)
     waited = time.monotonic() - start
     if not got:
         holder = _busy_holder(target)
@@ -319,7 +319,7 @@ def hold(
     env = os.environ
     target = _Target(name, lock_dir, allow_other_owner, env)
     try:
-        key = (target.dev, target.ino)
+        key = nesting.here_key(target.dev, target.ino)
         if key in nesting.held_here:
             raise NestingError(f"lock {target.label} is already held by this process")
         waited = _acquire(target, shared=shared, wait=wait, reporter=None, progress=None)
