@@ -5,8 +5,6 @@ Light on purpose: a nested ``local-mutex NAME CMD`` imports this package on ever
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ._version import __version__
 from .errors import (
     CannotTell,
@@ -22,10 +20,36 @@ from .errors import (
     ValidationError,
 )
 from .lockdir import lock_path
-from .wrap import HeldLock, RunResult, hold, run, run_locked
+from .wrap import RunResult, run, run_locked
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from .inprocess import HeldLock
     from .lockstate import LockStatus
+
+
+def hold(
+    name: str | bytes,
+    *,
+    lock_dir: str | None = None,
+    wait: float | None = None,
+    shared: bool = False,
+    allow_other_owner: bool | None = None,
+    message: str | None = None,
+) -> AbstractContextManager[HeldLock]:
+    """``with hold(name): ...`` holds the lock in this process (see ``inprocess.hold``)."""
+    from .inprocess import hold as _hold
+
+    return _hold(
+        name,
+        lock_dir=lock_dir,
+        wait=wait,
+        shared=shared,
+        allow_other_owner=allow_other_owner,
+        message=message,
+    )
 
 
 def status(name: str | bytes, lock_dir: str | None = None) -> LockStatus:
@@ -44,7 +68,6 @@ def list_locks(lock_dir: str | None = None, *, include_free: bool = False) -> li
 
 __all__ = [
     "CannotTell",
-    "HeldLock",
     "Interrupted",
     "InvalidCommand",
     "InvalidLockDir",

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
 
 from .errors import Interrupted, NotAcquired, SpawnError, ValidationError
 from .nesting import ENV_HELD
 from .notices import Reporter
+
+# Type-only imports: typing and collections cost a plain run measurable startup time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
 
 VERBS = frozenset({"run", "status", "list", "each", "hold", "release"})
 

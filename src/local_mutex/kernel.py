@@ -7,13 +7,16 @@ timer whose SIGALRM interrupts that sleep. There is no polling loop.
 from __future__ import annotations
 
 import fcntl
-import signal
+import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from types import FrameType
 
 from .errors import Interrupted
+from .fastsignal import signal
+
+# Type-only imports: typing and collections cost a plain run measurable startup time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import FrameType
 
 # Signals that abandon a wait: the command has not started, so there is nothing to forward.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -52,7 +55,7 @@ def wait_lock(fd: int, *, shared: bool = False, timeout: float | None = None) ->
     if not _main_thread():
         return _poll_lock(fd, shared, timeout)
     try:
-        with _alarm_in(max(timeout, 0.001)):
+        with _AlarmIn(max(timeout, 0.001)):
             fcntl.flock(fd, _mode(shared))
         return True
     except _Alarm:
@@ -62,9 +65,9 @@ def wait_lock(fd: int, *, shared: bool = False, timeout: float | None = None) ->
 
 
 def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
+    # Without the threading module loaded there are no other Python threads to be in.
+    threading = sys.modules.get("threading")
+    return threading is None or threading.current_thread() is threading.main_thread()
 
 
 def _poll_lock(fd: int, shared: bool, timeout: float) -> bool:
@@ -80,44 +83,52 @@ def _poll_lock(fd: int, shared: bool, timeout: float) -> bool:
     return True
 
 
-@contextmanager
-def _alarm_in(seconds: float) -> Iterator[None]:
-    armed = [True]
+class _AlarmIn:
+    """Raise ``_Alarm`` in the main thread after ``seconds`` (a one-shot ITIMER_REAL)."""
 
-    def fire(signum: int, frame: FrameType | None) -> None:
-        if armed[0]:
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.armed = False
+        self.previous: object = None
+
+    def _fire(self, signum: int, frame: FrameType | None) -> None:
+        if self.armed:
             raise _Alarm
 
-    previous = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        armed[0] = False  # a SIGALRM still in flight must not raise past this point
+    def __enter__(self) -> None:
+        self.armed = True
+        self.previous = signal.signal(signal.SIGALRM, self._fire)
+        signal.setitimer(signal.ITIMER_REAL, self.seconds)
+
+    def __exit__(self, *exc: object) -> None:
+        self.armed = False  # a SIGALRM still in flight must not raise past this point
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.signal(signal.SIGALRM, self.previous)  # type: ignore[arg-type]
 
 
-@contextmanager
-def interruptible() -> Iterator[None]:
+class interruptible:  # noqa: N801 - used like a function: ``with interruptible():``
     """SIGINT/SIGTERM/SIGHUP/SIGQUIT raise ``Interrupted`` inside the block (unless the
-    caller ignored them), so a waiter that is told to stop exits without running anything."""
-    def stop(signum: int, frame: FrameType | None) -> None:
+    caller ignored them), so a waiter that is told to stop exits without running anything.
+    Outside the main thread, where Python cannot take signals, it does nothing."""
+
+    def __init__(self) -> None:
+        self.previous: dict[int, object] = {}
+
+    @staticmethod
+    def _stop(signum: int, frame: FrameType | None) -> None:
         raise Interrupted(signum)
 
-    if not _main_thread():
-        yield
-        return
+    def __enter__(self) -> None:
+        if not _main_thread():
+            return
+        for sig in STOP_SIGNALS:
+            current = signal.getsignal(sig)
+            if current == signal.SIG_IGN or current is None:
+                continue  # e.g. nohup: the caller asked for this signal to be ignored
+            self.previous[sig] = current
+            signal.signal(sig, self._stop)
 
-    previous = {}
-    for sig in STOP_SIGNALS:
-        current = signal.getsignal(sig)
-        if current is signal.SIG_IGN:
-            continue  # e.g. nohup: the caller asked for this signal to be ignored
-        previous[sig] = current
-        signal.signal(sig, stop)
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self.previous.clear()

@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
+import sys
+
+# hashlib loads OpenSSL, which costs every plain run a few milliseconds; the built-in
+# SHA-256 module gives the same digest. Fall back to hashlib where it is missing.
+try:
+    if sys.version_info >= (3, 12):
+        from _sha2 import sha256
+    else:
+        from _sha256 import sha256  # type: ignore[import-not-found,unused-ignore]
+except ImportError:
+    from hashlib import sha256  # type: ignore[assignment,no-redef,unused-ignore]
 
 from .errors import InvalidCommand, InvalidName
 
@@ -45,5 +55,5 @@ def validate_command(command: str) -> str:
 
 def lock_filename(name: str | bytes) -> str:
     """``local-mutex-<sha256 hex of the name's bytes>.lock``: names never reach a path raw."""
-    digest = hashlib.sha256(name_bytes(name)).hexdigest()
+    digest = sha256(name_bytes(name)).hexdigest()
     return f"{LOCK_PREFIX}{digest}{LOCK_SUFFIX}"

@@ -10,7 +10,11 @@ from __future__ import annotations
 import _thread
 import os
 import sys
-from collections.abc import Mapping
+
+# Type-only imports: typing and collections cost a plain run measurable startup time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 ENV_HELD = "LOCAL_MUTEX_HELD"
 _MAX_DEPTH = 4096

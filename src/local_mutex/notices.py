@@ -10,8 +10,12 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Mapping
-from typing import IO, Any
+
+# Type-only imports: typing and collections cost a plain run measurable startup time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import IO, Any
 
 PREFIX = "local-mutex: "
 _MAX_COMMAND = 120

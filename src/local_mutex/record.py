@@ -6,12 +6,14 @@ left behind by a holder that was SIGKILLed means nothing once the lock is free.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import time
-from collections.abc import Mapping
-from typing import Any
+
+# Type-only imports: typing and collections cost a plain run measurable startup time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
 
 RECORD_VERSION = 1
 _MAX_READ = 64 * 1024
@@ -67,9 +69,48 @@ def _cwd() -> str:
         return "?"
 
 
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _json_str(text: str) -> str:
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif 0x20 <= code < 0x7F:
+            out.append(ch)
+        elif code > 0xFFFF:  # outside the BMP: a UTF-16 surrogate pair, as JSON wants
+            code -= 0x10000
+            out.append(f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}")
+        else:  # control characters, non-ASCII, and surrogateescape'd raw bytes
+            out.append(f"\\u{code:04x}")
+    return '"' + "".join(out) + '"'
+
+
+def dump_json(record: Mapping[str, Any]) -> str:
+    """Compact ASCII JSON for flat records of str/int/float/bool/None values.
+
+    The json module (and the re module it pulls in) costs a plain run more startup time
+    than everything else it does; a holder record needs only this much of it.
+    """
+    items = []
+    for key, value in record.items():
+        if value is None:
+            text = "null"
+        elif value is True or value is False:
+            text = "true" if value else "false"
+        elif isinstance(value, (int, float)):
+            text = repr(value)
+        else:
+            text = _json_str(str(value))
+        items.append(f"{_json_str(key)}:{text}")
+    return "{" + ",".join(items) + "}"
+
+
 def write_record(fd: int, record: Mapping[str, Any]) -> None:
     """Replace the file's content with the record; best effort (a read-only fd skips it)."""
-    line = json.dumps(record, ensure_ascii=True, separators=(",", ":")) + "\n"
+    line = dump_json(record) + "\n"
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, line.encode("ascii"), 0)
@@ -78,8 +119,10 @@ def write_record(fd: int, record: Mapping[str, Any]) -> None:
 
 
 def clear_record(fd: int) -> None:
-    with contextlib.suppress(OSError):
+    try:
         os.ftruncate(fd, 0)
+    except OSError:
+        pass  # a read-only descriptor never wrote a record
 
 
 def read_record(path: str) -> dict[str, Any] | None:
@@ -98,6 +141,8 @@ def read_record(path: str) -> dict[str, Any] | None:
     if not line:
         return None
     try:
+        import json  # only readers pay for it; writers use dump_json
+
         record = json.loads(line)
     except ValueError:
         return None

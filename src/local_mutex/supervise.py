@@ -9,13 +9,16 @@ around ``supervise()`` releases it only after this returns, i.e. after the group
 from __future__ import annotations
 
 import os
-import signal
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, suppress
-from types import FrameType
 
 from .errors import SpawnError
+from .fastsignal import signal
+
+# Type-only imports: typing and collections cost a plain run measurable startup time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from types import FrameType
 
 SHELL = "/bin/sh"
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -103,8 +106,10 @@ class _Supervisor:
             return
         if sig == signal.SIGKILL and group_alive(self.pgid):
             self.outcome.kill_sent = True
-        with suppress(ProcessLookupError, PermissionError):
+        try:
             os.killpg(self.pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass  # the group is already gone
 
     def start(self, command: str, env: Mapping[str, str]) -> int:
         try:
@@ -157,7 +162,7 @@ def supervise(
 
     ``timeout`` bounds the run from the moment it starts: SIGTERM to the group, SIGKILL
     ``kill_after`` seconds later. Returns with the forwarded signals still blocked (see
-    ``signals_held``) so a late signal cannot kill the caller before it releases the lock.
+    ``SignalsHeld``) so a late signal cannot kill the caller before it releases the lock.
     """
     sup = _Supervisor(timeout, kill_after)
     saved = _install(sup)
@@ -184,12 +189,14 @@ def supervise(
     return out
 
 
-@contextmanager
-def signals_held() -> Iterator[None]:
-    """Unblock the forwarded signals on exit: anything pending is delivered then."""
-    try:
-        yield
-    finally:
+class SignalsHeld:
+    """``with SignalsHeld():`` around ``supervise()`` and the lock's release: the forwarded
+    signals it leaves blocked are unblocked (and anything pending delivered) on exit."""
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc: object) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
 
 
@@ -208,7 +215,7 @@ def _wait_child(pid: int, tty: int | None) -> int:
 def _install(sup: _Supervisor) -> dict[int, object]:
     saved: dict[int, object] = {signal.SIGALRM: signal.signal(signal.SIGALRM, sup.on_alarm)}
     for sig in FORWARDED:
-        if signal.getsignal(sig) is signal.SIG_IGN:
+        if signal.getsignal(sig) == signal.SIG_IGN:
             continue  # ignored by our caller (nohup, `&`): the command inherits that
         saved[sig] = signal.signal(sig, sup.on_signal)
     return saved
@@ -236,11 +243,14 @@ def _give_terminal(tty: int | None, pgid: int, *, resume: bool = True) -> None:
         return
     previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
     try:
-        with suppress(OSError):
-            os.tcsetpgrp(tty, pgid)
+        os.tcsetpgrp(tty, pgid)
+    except OSError:
+        pass  # not our terminal after all (e.g. we lost it): the command still runs
     finally:
         signal.signal(signal.SIGTTOU, previous)
     if resume:
         # The command may have tried the terminal before it was its own and been stopped.
-        with suppress(OSError):
+        try:
             os.killpg(pgid, signal.SIGCONT)
+        except OSError:
+            pass

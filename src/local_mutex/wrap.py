@@ -5,16 +5,19 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from typing import Any
 
 from . import kernel, nesting, record
 from .errors import NestingError, NotAcquired
 from .lockdir import allow_other_owner_from_env, open_lock_file, resolve_lock_dir
 from .names import display, lock_filename, validate_command, validate_name
 from .notices import Reporter, describe_holder, duration
-from .supervise import Outcome, signals_held, supervise
+from .supervise import Outcome, SignalsHeld, supervise
+
+# Type-only imports: typing and collections cost a plain run measurable startup time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Any
 
 ENV_CLI = "LOCAL_MUTEX_CLI"
 ENV_PYTHON = "LOCAL_MUTEX_PYTHON"
@@ -38,7 +41,7 @@ class RunResult:
         self.held = 0.0
 
 
-class _Target:
+class Target:
     """A validated name, its lock file, and an open descriptor on it."""
 
     def __init__(
@@ -64,7 +67,7 @@ class _Target:
             self.fd = -1
 
 
-def _busy_holder(target: _Target) -> dict[str, Any] | None:
+def _busy_holder(target: Target) -> dict[str, Any] | None:
     """Who holds the lock right now, from its record or, failing that, from the kernel."""
     rec = record.read_record(target.path)
     if rec is not None:
@@ -75,8 +78,8 @@ def _busy_holder(target: _Target) -> dict[str, Any] | None:
     return holders[0].as_dict() if holders else None
 
 
-def _acquire(
-    target: _Target,
+def acquire(
+    target: Target,
     *,
     shared: bool,
     wait: float | None,
@@ -95,7 +98,7 @@ def _acquire(
             reporter.waiting(target.label, holder)
         if wait is not None and wait <= 0:
             raise NotAcquired(_not_acquired_text(target, 0.0, holder), holder, 0.0)
-        with _progress(target, reporter, progress, start):
+        with _Progress(target, reporter, progress, start):
             got = kernel.wait_lock(target.fd, shared=shared, timeout=wait)
     waited = time.monotonic() - start
     if not got:
@@ -106,38 +109,50 @@ def _acquire(
     return waited
 
 
-@contextmanager
-def _progress(
-    target: _Target, reporter: Reporter | None, every: float | None, start: float
-) -> Iterator[None]:
+class _Progress:
     """Repeat a progress line from a helper thread while the main thread stays queued in
     flock(): interrupting the call to print would take us out of the kernel's queue."""
-    if reporter is None or every is None:
-        yield
-        return
-    import threading
 
-    done = threading.Event()
+    def __init__(
+        self, target: Target, reporter: Reporter | None, every: float | None, start: float
+    ) -> None:
+        self.target, self.reporter, self.every, self.start = target, reporter, every, start
+        self.stop: Callable[[], None] | None = None
 
-    def tick() -> None:
-        from .lockstate import queue_position
+    def __enter__(self) -> None:
+        reporter, every = self.reporter, self.every
+        if reporter is None or every is None:
+            return
+        import threading
 
-        while not done.wait(every):
-            reporter.still_waiting(
-                target.label, time.monotonic() - start, _busy_holder(target),
-                queue_position(target.path),
-            )
+        done = threading.Event()
 
-    thread = threading.Thread(target=tick, name="local-mutex-progress", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
+        def tick() -> None:
+            from .lockstate import queue_position
+
+            while not done.wait(every):
+                reporter.still_waiting(
+                    self.target.label,
+                    time.monotonic() - self.start,
+                    _busy_holder(self.target),
+                    queue_position(self.target.path),
+                )
+
+        thread = threading.Thread(target=tick, name="local-mutex-progress", daemon=True)
+        thread.start()
+
+        def stop() -> None:
+            done.set()
+            thread.join()
+
+        self.stop = stop
+
+    def __exit__(self, *exc: object) -> None:
+        if self.stop is not None:
+            self.stop()
 
 
-def _not_acquired_text(target: _Target, waited: float, holder: Mapping[str, Any] | None) -> str:
+def _not_acquired_text(target: Target, waited: float, holder: Mapping[str, Any] | None) -> str:
     text = f"lock {target.label} not acquired after waiting {duration(waited)}"
     return text + (f"; held by {describe_holder(holder)}" if holder else "")
 
@@ -177,7 +192,7 @@ def run_locked(
     """Run ``/bin/sh -c command`` while holding the named lock; see ``run`` for the rules."""
     env = os.environ if env is None else env
     validate_command(command)
-    target = _Target(name, lock_dir, allow_other_owner, env)
+    target = Target(name, lock_dir, allow_other_owner, env)
     result = RunResult(target.path)
     try:
         enclosing = nesting.enclosing_hold(env, target.dev, target.ino)
@@ -192,7 +207,7 @@ def run_locked(
             if reporter is not None:
                 reporter.reentrant(target.label, pid)
             result.reentrant = True
-            with signals_held():
+            with SignalsHeld():
                 outcome = supervise(
                     command,
                     child_env(env, target.lock_dir, None),
@@ -201,7 +216,7 @@ def run_locked(
                 )
                 return _finish(result, outcome, target, 0.0, reporter, timeout)
 
-        result.waited = _acquire(
+        result.waited = acquire(
             target,
             shared=shared,
             wait=wait,
@@ -214,7 +229,7 @@ def run_locked(
                 target.fd, record.make_record(target.label, command, shared=False, env=env)
             )
         entry = nesting.entry(os.getpid(), target.dev, target.ino, shared)
-        with signals_held():
+        with SignalsHeld():
             outcome = supervise(
                 command,
                 child_env(env, target.lock_dir, entry),
@@ -232,7 +247,7 @@ def run_locked(
 def _finish(
     result: RunResult,
     outcome: Outcome,
-    target: _Target,
+    target: Target,
     waited: float,
     reporter: Reporter | None,
     timeout: float | None,
@@ -286,56 +301,3 @@ def run(
         env=env,
         reporter=reporter,
     ).status
-
-
-class HeldLock:
-    """What ``with hold(...) as lock`` gives: the lock file and how long we waited."""
-
-    __slots__ = ("name", "path", "shared", "waited")
-
-    def __init__(self, name: str, path: str, shared: bool, waited: float) -> None:
-        self.name = name
-        self.path = path
-        self.shared = shared
-        self.waited = waited
-
-
-@contextmanager
-def hold(
-    name: str | bytes,
-    *,
-    lock_dir: str | None = None,
-    wait: float | None = None,
-    shared: bool = False,
-    allow_other_owner: bool | None = None,
-    message: str | None = None,
-) -> Iterator[HeldLock]:
-    """Hold the named lock in this process for the body of a ``with`` block.
-
-    Serializes against the CLI and the action on the same name and lock dir. Raises
-    ``NotAcquired`` when ``wait`` runs out. Commands started with ``run`` inside the block
-    on the same name run reentrantly instead of waiting for themselves.
-    """
-    env = os.environ
-    target = _Target(name, lock_dir, allow_other_owner, env)
-    try:
-        key = nesting.here_key(target.dev, target.ino)
-        if key in nesting.held_here:
-            raise NestingError(f"lock {target.label} is already held by this process")
-        waited = _acquire(target, shared=shared, wait=wait, reporter=None, progress=None)
-        if not shared:
-            command = " ".join(sys.argv) or sys.executable
-            extra = {"message": message} if message else None
-            record.write_record(
-                target.fd,
-                record.make_record(target.label, command, shared=False, env=env, extra=extra),
-            )
-        nesting.held_here[key] = "s" if shared else "x"
-        try:
-            yield HeldLock(target.label, target.path, shared, waited)
-        finally:
-            del nesting.held_here[key]
-            if not shared:
-                record.clear_record(target.fd)
-    finally:
-        target.close()
