@@ -13,8 +13,14 @@ from pathlib import Path
 import pytest
 
 CLI = [sys.executable, "-m", "local_mutex"]
-SCRUB = ("GITHUB_ACTIONS", "LOCAL_MUTEX_LOCK_DIR", "LOCAL_MUTEX_HELD", "LOCAL_MUTEX_CLI",
-         "LOCAL_MUTEX_ALLOW_OTHER_OWNER", "LOCAL_MUTEX_PROGRESS_SECONDS")
+SCRUB = (
+    "GITHUB_ACTIONS",
+    "LOCAL_MUTEX_LOCK_DIR",
+    "LOCAL_MUTEX_HELD",
+    "LOCAL_MUTEX_CLI",
+    "LOCAL_MUTEX_ALLOW_OTHER_OWNER",
+    "LOCAL_MUTEX_PROGRESS_SECONDS",
+)
 
 
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -42,8 +48,10 @@ def hold_until(marker_dir: Path, tag: str = "h") -> str:
     Bounded (60 s) so a failed test never leaves it running for long.
     """
     held, go = marker_dir / f"{tag}.held", marker_dir / f"{tag}.go"
-    return (f"touch '{held}'; i=0; while [ ! -e '{go}' ] && [ $i -lt 1200 ]; "
-            f"do sleep 0.05; i=$((i+1)); done")
+    return (
+        f"touch '{held}'; i=0; while [ ! -e '{go}' ] && [ $i -lt 1200 ]; "
+        f"do sleep 0.05; i=$((i+1)); done"
+    )
 
 
 class Procs:
@@ -64,7 +72,11 @@ class Procs:
         out_path, err_path = self.tmp / f"proc{n}.out", self.tmp / f"proc{n}.err"
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             p = subprocess.Popen(
-                [*CLI, *args], env=clean_env(env), cwd=cwd, stdout=out, stderr=err,
+                [*CLI, *args],
+                env=clean_env(env),
+                cwd=cwd,
+                stdout=out,
+                stderr=err,
                 stdin=subprocess.DEVNULL,
             )
         self.started.append(p)
@@ -121,7 +133,11 @@ def run_cli(
     input: bytes | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
-        [*CLI, *args], env=clean_env(env), cwd=cwd, capture_output=True, timeout=timeout,
+        [*CLI, *args],
+        env=clean_env(env),
+        cwd=cwd,
+        capture_output=True,
+        timeout=timeout,
         input=input if input is not None else b"",
     )
 

@@ -39,8 +39,12 @@ def test_run_raises_typed_errors(lock_dir: Path) -> None:
 def test_hold_serializes_against_the_cli(lock_dir: Path, marks: Path) -> None:
     with local_mutex.hold("api", lock_dir=str(lock_dir), message="migrating") as held:
         assert held.path == str(lock_file(lock_dir, "api"))
-        r = subprocess.run([*CLI, "--no-wait", "api", f"touch '{marks}/ran'", str(lock_dir)],
-                           env=clean_env(), capture_output=True, timeout=20)
+        r = subprocess.run(
+            [*CLI, "--no-wait", "api", f"touch '{marks}/ran'", str(lock_dir)],
+            env=clean_env(),
+            capture_output=True,
+            timeout=20,
+        )
         assert r.returncode == 75
         assert b"migrating" in r.stderr
         # Inside the block a run on the same name is reentrant instead of deadlocking.
@@ -54,8 +58,10 @@ def test_hold_waits_for_the_cli_and_gives_up_with_not_acquired(
 ) -> None:
     holder = procs.start(["api", hold_until(marks), str(lock_dir)])
     wait_for(marks / "h.held")
-    with pytest.raises(local_mutex.NotAcquired) as info, \
-            local_mutex.hold("api", lock_dir=str(lock_dir), wait=0.3):
+    with (
+        pytest.raises(local_mutex.NotAcquired) as info,
+        local_mutex.hold("api", lock_dir=str(lock_dir), wait=0.3),
+    ):
         pass
     assert isinstance(info.value.holder, dict) and info.value.holder["pid"] == holder.pid
     (marks / "h.go").touch()

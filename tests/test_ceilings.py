@@ -58,8 +58,17 @@ def test_timeout_stops_with_sigterm_124(lock_dir: Path) -> None:
 
 
 def test_timeout_escalates_to_sigkill_137(lock_dir: Path) -> None:
-    r = run_cli(["--timeout", "0.5", "--kill-after", "0.5", "t",
-                 "trap '' TERM; while :; do sleep 0.1; done", str(lock_dir)])
+    r = run_cli(
+        [
+            "--timeout",
+            "0.5",
+            "--kill-after",
+            "0.5",
+            "t",
+            "trap '' TERM; while :; do sleep 0.1; done",
+            str(lock_dir),
+        ]
+    )
     assert r.returncode == 137
     assert "SIGKILL" in r.stderr.decode()
 
@@ -81,12 +90,24 @@ def test_shared_holders_overlap_and_exclusive_waits_for_them(
 ) -> None:
     log = tmp_path / "log"
     # Each reader waits until the other one is inside too: only possible if they overlap.
-    r1 = procs.start(["--shared", "db",
-                      f"touch '{marks}/r1'; while [ ! -e '{marks}/r2' ]; do sleep 0.02; done; "
-                      f"{hold_until(marks, 'x')}; echo r1-end >> '{log}'", str(lock_dir)])
-    r2 = procs.start(["--shared", "db",
-                      f"touch '{marks}/r2'; while [ ! -e '{marks}/r1' ]; do sleep 0.02; done; "
-                      f"{hold_until(marks, 'x')}; echo r2-end >> '{log}'", str(lock_dir)])
+    r1 = procs.start(
+        [
+            "--shared",
+            "db",
+            f"touch '{marks}/r1'; while [ ! -e '{marks}/r2' ]; do sleep 0.02; done; "
+            f"{hold_until(marks, 'x')}; echo r1-end >> '{log}'",
+            str(lock_dir),
+        ]
+    )
+    r2 = procs.start(
+        [
+            "--shared",
+            "db",
+            f"touch '{marks}/r2'; while [ ! -e '{marks}/r1' ]; do sleep 0.02; done; "
+            f"{hold_until(marks, 'x')}; echo r2-end >> '{log}'",
+            str(lock_dir),
+        ]
+    )
     wait_for(marks / "r1")
     wait_for(marks / "r2")
     writer = procs.start(["db", f"echo writer >> '{log}'", str(lock_dir)])

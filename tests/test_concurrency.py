@@ -85,8 +85,10 @@ def test_waiting_line_names_the_holder(procs: Procs, lock_dir: Path, marks: Path
 def test_progress_line_repeats_while_waiting(procs: Procs, lock_dir: Path, marks: Path) -> None:
     holder = procs.start(["slow", hold_until(marks), str(lock_dir)])
     wait_for(marks / "h.held")
-    waiter = procs.start(["slow", "true", str(lock_dir)],
-                         env={"LOCAL_MUTEX_PROGRESS_SECONDS": "0.5", "GITHUB_ACTIONS": "true"})
+    waiter = procs.start(
+        ["slow", "true", str(lock_dir)],
+        env={"LOCAL_MUTEX_PROGRESS_SECONDS": "0.5", "GITHUB_ACTIONS": "true"},
+    )
     wait_for(lambda: procs.stderr(waiter).count("still waiting for lock slow") >= 2)
     lines = [x for x in procs.stderr(waiter).splitlines() if "still waiting" in x]
     # A plain log line (never an annotation), with the wait, the queue place and the holder.

@@ -9,9 +9,13 @@ from conftest import Procs, hold_until, lock_file, run_cli, wait_for
 
 
 def test_cli_shim_runs_with_sh_and_directly(lock_dir: Path) -> None:
-    r = run_cli(["outer",
-                 'sh "$LOCAL_MUTEX_CLI" a "echo via-sh" && "$LOCAL_MUTEX_CLI" b "echo direct"',
-                 str(lock_dir)])
+    r = run_cli(
+        [
+            "outer",
+            'sh "$LOCAL_MUTEX_CLI" a "echo via-sh" && "$LOCAL_MUTEX_CLI" b "echo direct"',
+            str(lock_dir),
+        ]
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout == b"via-sh\ndirect\n"
     for name in ("outer", "a", "b"):
@@ -25,8 +29,9 @@ def test_shim_passes_exit_status_and_arg_errors(lock_dir: Path) -> None:
     assert r.returncode == 2 and b"expected 2 or 3 arguments" in r.stderr
 
 
-def test_per_item_loop_with_items_kept_out_of_the_shell_text(lock_dir: Path,
-                                                             tmp_path: Path) -> None:
+def test_per_item_loop_with_items_kept_out_of_the_shell_text(
+    lock_dir: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
     items = "plain\nwith space\n$(touch pwned)\nquote'\"\n"
     loop = (
@@ -55,7 +60,7 @@ def test_same_name_nested_is_reentrant(lock_dir: Path) -> None:
 
 
 def test_reentrancy_reaches_through_intermediate_processes(lock_dir: Path) -> None:
-    deep = "sh -c 'sh -c \"sh \\\"\\$LOCAL_MUTEX_CLI\\\" n \\\"echo deep\\\"\"'"
+    deep = 'sh -c \'sh -c "sh \\"\\$LOCAL_MUTEX_CLI\\" n \\"echo deep\\""\''
     r = run_cli(["n", deep, str(lock_dir)], timeout=20)
     assert r.returncode == 0, r.stderr
     assert r.stdout == b"deep\n"
@@ -65,14 +70,17 @@ def test_a_non_descendant_with_the_inherited_environment_still_waits(
     procs: Procs, lock_dir: Path, marks: Path
 ) -> None:
     env_dump = marks / "env.json"
-    cmd = (f'printf "%s" "$LOCAL_MUTEX_HELD" > "{env_dump}.tmp"; mv "{env_dump}.tmp" '
-           f'"{env_dump}"; {hold_until(marks)}')
+    cmd = (
+        f'printf "%s" "$LOCAL_MUTEX_HELD" > "{env_dump}.tmp"; mv "{env_dump}.tmp" '
+        f'"{env_dump}"; {hold_until(marks)}'
+    )
     holder = procs.start(["n", cmd, str(lock_dir)])
     wait_for(env_dump)
     held = env_dump.read_text()
     assert held.startswith(f"{holder.pid}:")
-    r = run_cli(["--no-wait", "n", f"touch '{marks}/ran'", str(lock_dir)],
-                env={"LOCAL_MUTEX_HELD": held})
+    r = run_cli(
+        ["--no-wait", "n", f"touch '{marks}/ran'", str(lock_dir)], env={"LOCAL_MUTEX_HELD": held}
+    )
     assert r.returncode == 75
     assert not (marks / "ran").exists()
     (marks / "h.go").touch()
@@ -80,8 +88,9 @@ def test_a_non_descendant_with_the_inherited_environment_still_waits(
 
 
 def test_exclusive_inside_shared_is_an_error_not_a_hang(lock_dir: Path, marks: Path) -> None:
-    r = run_cli(["--shared", "n", f'sh "$LOCAL_MUTEX_CLI" n "touch {marks}/ran"', str(lock_dir)],
-                timeout=20)
+    r = run_cli(
+        ["--shared", "n", f'sh "$LOCAL_MUTEX_CLI" n "touch {marks}/ran"', str(lock_dir)], timeout=20
+    )
     assert r.returncode == 2
     assert b"held shared by enclosing pid" in r.stderr
     assert not (marks / "ran").exists()
@@ -92,9 +101,16 @@ def test_exclusive_inside_shared_is_an_error_not_a_hang(lock_dir: Path, marks: P
 def test_holder_record_is_in_the_lock_file_while_held(
     procs: Procs, lock_dir: Path, marks: Path
 ) -> None:
-    holder = procs.start(["rec", hold_until(marks), str(lock_dir)], cwd=marks,
-                         env={"GITHUB_RUN_ID": "77", "GITHUB_REPOSITORY": "o/r",
-                              "RUNNER_NAME": "runner-3", "GITHUB_JOB": "build"})
+    holder = procs.start(
+        ["rec", hold_until(marks), str(lock_dir)],
+        cwd=marks,
+        env={
+            "GITHUB_RUN_ID": "77",
+            "GITHUB_REPOSITORY": "o/r",
+            "RUNNER_NAME": "runner-3",
+            "GITHUB_JOB": "build",
+        },
+    )
     wait_for(marks / "h.held")
     rec = json.loads(lock_file(lock_dir, "rec").read_text())
     assert rec["pid"] == holder.pid and rec["name"] == "rec" and rec["cwd"] == str(marks)

@@ -46,7 +46,8 @@ def test_bookends_on_success_and_failure(lock_dir: Path) -> None:
         assert re.search(rf"^local-mutex: waiting for lock my lock at {STAMP}$", err, re.M), err
         assert re.search(
             rf"^local-mutex: released my lock at {STAMP} \(waited \S+, held \S+, exit {code}\)$",
-            err, re.M,
+            err,
+            re.M,
         ), err
 
 
@@ -71,8 +72,9 @@ def test_github_actions_uses_workflow_commands(lock_dir: Path) -> None:
 
 
 def test_nested_calls_under_actions_print_plain_lines(lock_dir: Path) -> None:
-    r = run_cli(["outer", 'sh "$LOCAL_MUTEX_CLI" inner true', str(lock_dir)],
-                env={"GITHUB_ACTIONS": "true"})
+    r = run_cli(
+        ["outer", 'sh "$LOCAL_MUTEX_CLI" inner true', str(lock_dir)], env={"GITHUB_ACTIONS": "true"}
+    )
     err = r.stderr.decode().splitlines()
     assert any(line.startswith("::notice::local-mutex: waiting for lock outer") for line in err)
     assert any(line.startswith("local-mutex: waiting for lock inner") for line in err), err
@@ -83,9 +85,13 @@ def test_environment_and_cwd_propagate(lock_dir: Path, tmp_path: Path) -> None:
     work = tmp_path / "work dir"
     work.mkdir()
     r = run_cli(
-        ["n", 'printf "%s|%s|%s|%s" "$PWD" "$MY_VAR" "$LOCAL_MUTEX_LOCK_DIR" "$LOCAL_MUTEX_CLI"',
-         str(lock_dir)],
-        env={"MY_VAR": "a b\tc"}, cwd=work,
+        [
+            "n",
+            'printf "%s|%s|%s|%s" "$PWD" "$MY_VAR" "$LOCAL_MUTEX_LOCK_DIR" "$LOCAL_MUTEX_CLI"',
+            str(lock_dir),
+        ],
+        env={"MY_VAR": "a b\tc"},
+        cwd=work,
     )
     pwd, var, ldir, cli = r.stdout.decode().split("|")
     assert os.path.samefile(pwd, work)
@@ -103,17 +109,21 @@ def test_lock_file_is_the_sha256_of_the_name_and_survives(lock_dir: Path) -> Non
 
 
 def test_default_lock_dir_is_env_then_tmp(lock_dir: Path, tmp_path: Path) -> None:
-    r = run_cli(["envdir", 'printf %s "$LOCAL_MUTEX_LOCK_DIR"'],
-                env={"LOCAL_MUTEX_LOCK_DIR": str(lock_dir)})
+    r = run_cli(
+        ["envdir", 'printf %s "$LOCAL_MUTEX_LOCK_DIR"'], env={"LOCAL_MUTEX_LOCK_DIR": str(lock_dir)}
+    )
     assert r.stdout == str(lock_dir).encode()
     assert lock_file(lock_dir, "envdir").exists()
-    r = run_cli(["envdir-default", 'printf %s "$LOCAL_MUTEX_LOCK_DIR"'],
-                env={"LOCAL_MUTEX_LOCK_DIR": ""})
+    r = run_cli(
+        ["envdir-default", 'printf %s "$LOCAL_MUTEX_LOCK_DIR"'], env={"LOCAL_MUTEX_LOCK_DIR": ""}
+    )
     assert r.stdout == b"/tmp"
     other = tmp_path / "explicit"
     other.mkdir()
-    r = run_cli(["--lock-dir", str(other), "envdir", 'printf %s "$LOCAL_MUTEX_LOCK_DIR"'],
-                env={"LOCAL_MUTEX_LOCK_DIR": str(lock_dir)})
+    r = run_cli(
+        ["--lock-dir", str(other), "envdir", 'printf %s "$LOCAL_MUTEX_LOCK_DIR"'],
+        env={"LOCAL_MUTEX_LOCK_DIR": str(lock_dir)},
+    )
     assert r.stdout == str(other).encode()
 
 

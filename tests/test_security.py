@@ -11,8 +11,9 @@ import pytest
 from conftest import lock_file, run_cli
 
 
-def test_planted_symlink_to_an_existing_file_is_refused(lock_dir: Path, tmp_path: Path,
-                                                        marks: Path) -> None:
+def test_planted_symlink_to_an_existing_file_is_refused(
+    lock_dir: Path, tmp_path: Path, marks: Path
+) -> None:
     victim = tmp_path / "precious"
     victim.write_bytes(b"keep me\n")
     before = victim.stat()
@@ -71,7 +72,8 @@ def test_new_lock_file_mode_follows_the_umask(lock_dir: Path) -> None:
 
     r = subprocess.run(
         ["sh", "-c", f'umask 022; exec "{sys.executable}" -m local_mutex n true "{lock_dir}"'],
-        capture_output=True, timeout=20,
+        capture_output=True,
+        timeout=20,
     )
     assert r.returncode == 0, r.stderr
     assert stat.S_IMODE(lock_file(lock_dir, "n").stat().st_mode) == 0o644

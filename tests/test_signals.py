@@ -54,8 +54,14 @@ def test_signal_stops_the_group_before_the_lock_frees(
     )
     holder = procs.start(["sig", cmd, str(lock_dir)])
     wait_for(marks / "ready")
-    nxt = procs.start(["sig", f'echo next >> "{log}"; kill -0 "$(cat {marks}/bg.pid)" '
-                              f'2>/dev/null && echo bg-alive >> "{log}"; true', str(lock_dir)])
+    nxt = procs.start(
+        [
+            "sig",
+            f'echo next >> "{log}"; kill -0 "$(cat {marks}/bg.pid)" '
+            f'2>/dev/null && echo bg-alive >> "{log}"; true',
+            str(lock_dir),
+        ]
+    )
     procs.wait_stderr(nxt, "waiting for lock sig")
     holder.send_signal(sig)
     assert holder.wait(15) == 9
@@ -96,7 +102,11 @@ def test_a_waiter_signalled_before_running_does_not_run(
 def test_ignored_sigint_stays_ignored_for_the_command(lock_dir: Path) -> None:
     # As after `nohup` or `cmd &` in a script: the caller ignores SIGINT; so must the command.
     script = f"trap '' INT; exec \"$PY\" -m local_mutex n 'kill -INT $$; echo alive' '{lock_dir}'"
-    r = subprocess.run(["sh", "-c", script], env={**os.environ, "PY": sys.executable},
-                       capture_output=True, timeout=20)
+    r = subprocess.run(
+        ["sh", "-c", script],
+        env={**os.environ, "PY": sys.executable},
+        capture_output=True,
+        timeout=20,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout == b"alive\n"

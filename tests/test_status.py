@@ -35,8 +35,9 @@ def test_missing_lock_file_is_free_and_not_created(lock_dir: Path) -> None:
 
 @linux_only
 def test_held_lock_shows_the_holder(procs: Procs, lock_dir: Path, marks: Path) -> None:
-    holder = procs.start(["deploy", hold_until(marks), str(lock_dir)], cwd=marks,
-                         env={"RUNNER_NAME": "r7"})
+    holder = procs.start(
+        ["deploy", hold_until(marks), str(lock_dir)], cwd=marks, env={"RUNNER_NAME": "r7"}
+    )
     wait_for(marks / "h.held")
     code, st = _status("deploy", lock_dir)
     assert code == 1 and st["state"] == "held" and st["mode"] == "exclusive"
@@ -56,8 +57,10 @@ def test_held_lock_shows_the_holder(procs: Procs, lock_dir: Path, marks: Path) -
 
 @linux_only
 def test_holder_started_through_the_cli_shim(procs: Procs, lock_dir: Path, marks: Path) -> None:
-    procs.start(["outer", 'sh "$LOCAL_MUTEX_CLI" inner "$INNER"', str(lock_dir)],
-                env={"INNER": hold_until(marks)})
+    procs.start(
+        ["outer", 'sh "$LOCAL_MUTEX_CLI" inner "$INNER"', str(lock_dir)],
+        env={"INNER": hold_until(marks)},
+    )
     wait_for(marks / "h.held")
     code, st = _status("inner", lock_dir)
     assert code == 1
@@ -117,15 +120,22 @@ def test_sigkilled_holder_is_free_at_once_despite_its_record(
 
 
 @linux_only
-def test_concurrent_status_calls_disturb_nobody(procs: Procs, lock_dir: Path,
-                                                marks: Path, tmp_path: Path) -> None:
+def test_concurrent_status_calls_disturb_nobody(
+    procs: Procs, lock_dir: Path, marks: Path, tmp_path: Path
+) -> None:
     log = tmp_path / "log"
     holder = procs.start(["c", hold_until(marks), str(lock_dir)])
     wait_for(marks / "h.held")
     waiter = procs.start(["c", f"echo waiter-ran >> '{log}'", str(lock_dir)])
     procs.wait_stderr(waiter, "waiting for lock c")
-    pollers = [subprocess.Popen([*CLI, "status", "c", "--lock-dir", str(lock_dir), "--json"],
-                                env=clean_env(), stdout=subprocess.PIPE) for _ in range(10)]
+    pollers = [
+        subprocess.Popen(
+            [*CLI, "status", "c", "--lock-dir", str(lock_dir), "--json"],
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+        )
+        for _ in range(10)
+    ]
     results = [(p.wait(30), json.loads(p.communicate()[0])) for p in pollers]
     assert all(code == 1 and st["holders"][0]["pid"] == holder.pid for code, st in results)
     assert waiter.poll() is None and not log.exists()  # still queued, not let through
@@ -169,17 +179,20 @@ def test_status_bad_input(lock_dir: Path, tmp_path: Path) -> None:
 def _hidden_proc(args: list[str], user: bool = False) -> subprocess.CompletedProcess[bytes]:
     """Run the CLI with an empty tmpfs over /proc (a private mount namespace)."""
     drop = "setpriv --reuid=65534 --regid=65534 --clear-groups " if user else ""
-    script = "mount -t tmpfs none /proc && exec " + drop + " ".join(
-        f"'{a}'" for a in [*CLI, *args])
-    return subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True,
-                          timeout=30, env=clean_env({"PYTHONPATH": os.pathsep.join(sys.path)}))
+    script = "mount -t tmpfs none /proc && exec " + drop + " ".join(f"'{a}'" for a in [*CLI, *args])
+    return subprocess.run(
+        ["unshare", "-m", "sh", "-c", script],
+        capture_output=True,
+        timeout=30,
+        env=clean_env({"PYTHONPATH": os.pathsep.join(sys.path)}),
+    )
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
-                    reason="needs root and unshare(1) to hide /proc")
-def test_unreadable_proc_falls_back_to_a_probe_or_cannot_tell(
-    procs: Procs, marks: Path
-) -> None:
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="needs root and unshare(1) to hide /proc",
+)
+def test_unreadable_proc_falls_back_to_a_probe_or_cannot_tell(procs: Procs, marks: Path) -> None:
     shared_dir = Path(tempfile.mkdtemp(prefix="lm-status-"))
     shared_dir.chmod(0o755)
     try:

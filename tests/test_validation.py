@@ -12,8 +12,9 @@ import pytest
 from conftest import CLI, clean_env, lock_file, run_cli
 
 
-def _assert_refused(args: list[str | bytes], marks: Path, needle: str,
-                    env: dict[str, str] | None = None) -> None:
+def _assert_refused(
+    args: list[str | bytes], marks: Path, needle: str, env: dict[str, str] | None = None
+) -> None:
     r = run_cli(args, env=env)
     err = r.stderr.decode("utf-8", "replace")
     assert r.returncode == 2, (r.returncode, err)
@@ -54,8 +55,9 @@ def test_bad_lock_dirs(tmp_path: Path, marks: Path) -> None:
     a_file = tmp_path / "file"
     a_file.write_text("x")
     _assert_refused(["n", cmd, str(a_file)], marks, "is not a directory")
-    _assert_refused(["n", cmd], marks, "is not an absolute path",
-                    env={"LOCAL_MUTEX_LOCK_DIR": "rel"})
+    _assert_refused(
+        ["n", cmd], marks, "is not an absolute path", env={"LOCAL_MUTEX_LOCK_DIR": "rel"}
+    )
     _assert_refused(["--lock-dir", "rel", "n", cmd], marks, "is not an absolute path")
 
 
@@ -76,10 +78,20 @@ def test_unwritable_lock_dir(tmp_path: Path, marks: Path) -> None:
         locked = Path(tempfile.mkdtemp(prefix="lm-ro-"))
         locked.chmod(0o755)
         r = subprocess.run(
-            [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", *CLI, "n", cmd,
-             str(locked)],
-            env=clean_env({"PYTHONPATH": os.pathsep.join(sys.path)}), capture_output=True,
-            timeout=30, cwd="/",
+            [
+                setpriv,
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                *CLI,
+                "n",
+                cmd,
+                str(locked),
+            ],
+            env=clean_env({"PYTHONPATH": os.pathsep.join(sys.path)}),
+            capture_output=True,
+            timeout=30,
+            cwd="/",
         )
         assert r.returncode == 2, r.stderr
         assert b"is not writable" in r.stderr
@@ -113,8 +125,9 @@ def test_bad_options(lock_dir: Path, marks: Path, opts: list[str], needle: str) 
 
 
 def test_lock_dir_given_twice_and_different(lock_dir: Path, tmp_path: Path, marks: Path) -> None:
-    _assert_refused(["--lock-dir", str(tmp_path), "n", f"touch '{marks}/ran'", str(lock_dir)],
-                    marks, "disagree")
+    _assert_refused(
+        ["--lock-dir", str(tmp_path), "n", f"touch '{marks}/ran'", str(lock_dir)], marks, "disagree"
+    )
 
 
 def test_a_lock_named_like_a_verb_needs_run(lock_dir: Path) -> None:
