@@ -1,0 +1,244 @@
+"""Install local-mutex into the runner's tool cache (once per host and version), then run it.
+
+Standard library only, so it works on a bare self-hosted runner that has nothing but
+python3 >= 3.9. Usage (by the actions in this repository):
+
+    python3 setup/bootstrap.py action   # install if needed, then become the action's entry
+    python3 setup/bootstrap.py setup    # install if needed, then export PATH/ENV for later steps
+
+The install is a copy of the package into ``$RUNNER_TOOL_CACHE/local-mutex/<version>-<digest>``
+(else ``${XDG_CACHE_HOME:-~/.cache}/local-mutex/...``), prepared in a temporary directory and
+renamed into place under a kernel lock, so two runners' first use installs once and nobody
+ever sees a half-written install.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+import zlib
+
+ACTION_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE_SRC = os.path.join(ACTION_ROOT, "src", "local_mutex")
+COMPLETE = ".complete"
+
+
+class BootstrapError(Exception):
+    pass
+
+
+def install_key() -> str:
+    """``<version>-<digest of the package files>``: a new commit of the action reinstalls."""
+    # crc32 of names and contents: a cache key, not a security boundary (the cache is the
+    # runner user's own), and zlib costs this warm path far less than hashlib.
+    digest, size = 0, 0
+    version = "0"
+    for name in sorted(os.listdir(PACKAGE_SRC)):
+        path = os.path.join(PACKAGE_SRC, name)
+        if not os.path.isfile(path) or name.endswith(".pyc"):
+            continue
+        with open(path, "rb") as f:
+            data = f.read()
+        digest = zlib.crc32(name.encode() + b"\0" + data + b"\0", digest)
+        size += len(data)
+        if name == "_version.py":
+            version = data.decode().split('"')[1]
+    return f"{version}-{digest:08x}{size:x}"
+
+
+def cache_roots(env: dict[str, str]) -> list[str]:
+    roots = []
+    if env.get("RUNNER_TOOL_CACHE"):
+        roots.append(os.path.join(env["RUNNER_TOOL_CACHE"], "local-mutex"))
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    roots.append(os.path.join(base, "local-mutex"))
+    return roots
+
+
+def _usable(root: str) -> bool:
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(root, os.W_OK | os.X_OK)
+
+
+def ensure_installed(env: dict[str, str]) -> str:
+    """The install directory for this version, installing it first if needed."""
+    key = install_key()
+    roots = cache_roots(env)
+    for root in roots:
+        final = os.path.join(root, key)
+        if os.path.exists(os.path.join(final, COMPLETE)):
+            return final
+    for root in roots:
+        if _usable(root):
+            return _install(root, key)
+    raise BootstrapError(f"no writable tool cache among {roots}")
+
+
+def _install(root: str, key: str) -> str:
+    import shutil
+    import tempfile
+
+    final = os.path.join(root, key)
+    lock_fd = os.open(
+        os.path.join(root, ".install.lock"),
+        os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o666,
+    )
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)  # the second runner waits here, then reuses
+        if os.path.exists(os.path.join(final, COMPLETE)):
+            return final
+        tmp = tempfile.mkdtemp(prefix=".tmp-", dir=root)
+        try:
+            _populate(tmp, final)
+            if os.path.lexists(final):
+                shutil.rmtree(final)  # left by an install that died before completing
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return final
+    finally:
+        os.close(lock_fd)
+
+
+def _populate(tmp: str, final: str) -> None:
+    import shutil
+
+    lib = os.path.join(tmp, "lib")
+    shutil.copytree(
+        PACKAGE_SRC,
+        os.path.join(lib, "local_mutex"),
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+    )
+    import compileall
+
+    compileall.compile_dir(lib, quiet=1)
+    os.mkdir(os.path.join(tmp, "bin"))
+    launcher = os.path.join(tmp, "bin", "local-mutex")
+    shim = os.path.join(final, "lib", "local_mutex", "local-mutex.sh")
+    with open(launcher, "w", encoding="utf-8") as f:
+        f.write(
+            "#!/bin/sh\n"
+            "# local-mutex, installed by the local-mutex action.\n"
+            f"LOCAL_MUTEX_PYTHON=${{LOCAL_MUTEX_PYTHON:-{_sh_quote(sys.executable)}}}\n"
+            "export LOCAL_MUTEX_PYTHON\n"
+            f'exec sh {_sh_quote(shim)} "$@"\n'
+        )
+    os.chmod(launcher, 0o755)
+    os.chmod(os.path.join(lib, "local_mutex", "local-mutex.sh"), 0o755)
+    with open(os.path.join(tmp, COMPLETE), "w", encoding="utf-8") as f:
+        f.write(sys.executable + "\n")
+
+
+def _sh_quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def _ensure_click(final: str) -> None:
+    """Verbs and options need click; the action itself and the plain form do not."""
+    try:
+        import click  # noqa: F401
+
+        return
+    except ImportError:
+        pass
+    lib = os.path.join(final, "lib")
+    if os.path.isdir(os.path.join(lib, "click")):
+        return
+    lock_fd = os.open(
+        os.path.join(final, ".click.lock"),
+        os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o666,
+    )
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        if os.path.isdir(os.path.join(lib, "click")):
+            return
+        import subprocess
+
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-input",
+                "--target",
+                lib,
+                "click>=8.0",
+            ],
+            stdout=subprocess.DEVNULL,
+            check=False,
+        )
+        if result.returncode != 0:
+            print(
+                "::warning::local-mutex: could not install click; `local-mutex NAME CMD` and "
+                "$LOCAL_MUTEX_CLI work, the verbs (status, list, ...) and options need "
+                "`pip install click`",
+                file=sys.stderr,
+            )
+    finally:
+        os.close(lock_fd)
+
+
+def setup(env: dict[str, str], final: str) -> int:
+    sys.path.insert(0, os.path.join(final, "lib"))
+    _ensure_click(final)
+    shim = os.path.join(final, "lib", "local_mutex", "local-mutex.sh")
+    with open(env["GITHUB_PATH"], "a", encoding="utf-8") as f:
+        f.write(os.path.join(final, "bin") + "\n")
+    lines = [f"LOCAL_MUTEX_CLI={shim}", f"LOCAL_MUTEX_PYTHON={sys.executable}"]
+    lock_dir = env.get("LOCAL_MUTEX_INPUT_LOCK_DIR", "")
+    if lock_dir:
+        sys.path.insert(0, os.path.join(final, "lib"))
+        from local_mutex.errors import ValidationError
+        from local_mutex.lockdir import resolve_lock_dir
+
+        try:
+            lines.append(f"LOCAL_MUTEX_LOCK_DIR={resolve_lock_dir(lock_dir)}")
+        except ValidationError as exc:
+            print(f"::error::local-mutex: {exc}", file=sys.stderr)
+            return 2
+    with open(env["GITHUB_ENV"], "a", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in lines))
+    with open(env["GITHUB_OUTPUT"], "a", encoding="utf-8") as f:
+        f.write(f"cli={shim}\n")
+    print(f"local-mutex: ready at {shim}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if sys.version_info < (3, 9):  # noqa: UP036 - bootstrap may run on any python3
+        print(
+            f"::error::local-mutex needs Python >= 3.9, {sys.executable} is "
+            f"{sys.version.split()[0]}",
+            file=sys.stderr,
+        )
+        return 2
+    mode = argv[1] if len(argv) > 1 else ""
+    env = dict(os.environ)
+    try:
+        final = ensure_installed(env)
+    except (OSError, BootstrapError) as exc:
+        print(f"::error::local-mutex: install failed: {exc}", file=sys.stderr)
+        return 125
+    if mode == "setup":
+        return setup(env, final)
+    if mode == "action":
+        sys.path.insert(0, os.path.join(final, "lib"))
+        from local_mutex.action import main as action_main
+
+        return action_main()
+    print("usage: bootstrap.py action|setup", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,51 @@
+"""GitHub Actions files: step outputs, the job summary, and the command's own GITHUB_OUTPUT."""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+
+def format_outputs(values: Mapping[str, str]) -> str:
+    """``key=value`` lines; multi-line values use a random heredoc delimiter."""
+    lines = []
+    for key, value in values.items():
+        if "\n" in value or "\r" in value:
+            delimiter = f"ghadelimiter_{os.urandom(8).hex()}"
+            lines.append(f"{key}<<{delimiter}\n{value}\n{delimiter}\n")
+        else:
+            lines.append(f"{key}={value}\n")
+    return "".join(lines)
+
+
+def append(path: str | None, text: str) -> None:
+    """Append to a runner file (GITHUB_OUTPUT, GITHUB_STEP_SUMMARY, ...) when there is one."""
+    if not path:
+        return
+    with open(path, "a", encoding="utf-8", errors="surrogateescape") as f:
+        f.write(text)
+
+
+def capture_file(env: Mapping[str, str]) -> str:
+    """A fresh private file (mkstemp, never a predictable name) for the command's outputs."""
+    import tempfile
+
+    directory = env.get("RUNNER_TEMP") or None
+    if directory and not os.path.isdir(directory):
+        directory = None
+    fd, path = tempfile.mkstemp(prefix="local-mutex-output-", dir=directory)
+    os.close(fd)
+    return path
+
+
+def summary_row(name: str, waited: str, held: str, outcome: str) -> str:
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    return (
+        "| lock | waited | held | result |\n| --- | --- | --- | --- |\n"
+        f"| `{cell(name)}` | {waited} | {held} | {cell(outcome)} |\n"
+    )
