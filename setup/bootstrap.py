@@ -92,6 +92,9 @@ def _install(root: str, key: str) -> str:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)  # the second runner waits here, then reuses
         if os.path.exists(os.path.join(final, COMPLETE)):
             return final
+        for leftover in os.listdir(root):  # from installs killed midway; nobody else is
+            if leftover.startswith(".tmp-"):  # installing while we hold the lock
+                shutil.rmtree(os.path.join(root, leftover), ignore_errors=True)
         tmp = tempfile.mkdtemp(prefix=".tmp-", dir=root)
         try:
             _populate(tmp, final)

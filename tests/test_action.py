@@ -214,7 +214,7 @@ def test_setup_action_then_plain_steps_take_locks(tmp_path: Path) -> None:
             local-mutex later-step 'echo "via PATH"'
             sh "$LOCAL_MUTEX_CLI" later-step 'echo "via CLI var"'
             sh "${{{{ steps.setup.outputs.cli }}}}" later-step 'echo "via output"'
-            local-mutex status later-step --json | grep -q '"state": "free"' && echo "status ok"
+            local-mutex status later-step --json | grep -q '"state":"free"' && echo "status ok"
         - uses: ./lm
           with:
             name: later-step

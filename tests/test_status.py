@@ -210,3 +210,12 @@ def test_unreadable_proc_falls_back_to_a_probe_or_cannot_tell(procs: Procs, mark
         assert holder.wait(20) == 0
     finally:
         shutil.rmtree(shared_dir)
+
+
+@pytest.mark.parametrize("name", ["../../etc/passwd", b"\xff\xfe", "x" * 1000, "a/b"])
+def test_status_of_odd_names_is_free_and_creates_nothing(lock_dir: Path, name: str | bytes) -> None:
+    r = run_cli(["status", name, "--lock-dir", str(lock_dir), "--json"])
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    assert st["state"] == "free" and st["lock_file"] == str(lock_file(lock_dir, name))
+    assert list(lock_dir.iterdir()) == []

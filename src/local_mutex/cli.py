@@ -29,9 +29,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] not in VERBS and not args[0].startswith("-"):
         return _positional(args)
+    if args and args[0] in ("status", "list"):
+        quick = _quick_look(args)
+        if quick is not None:
+            return quick
     from .commands import dispatch  # click lives there
 
     return dispatch(args)
+
+
+def _quick_look(args: list[str]) -> int | None:
+    """``status``/``list`` with plain arguments, without importing click; None defers to it."""
+    from .showstate import quick_parse, show_list, show_status
+
+    if args[0] == "status":
+        parsed = quick_parse(args[1:], frozenset({"--json"}))
+        if parsed is None or len(parsed[0]) != 1:
+            return None
+        (name,), opts = parsed
+        return show_status(name, opts.get("lock_dir"), bool(opts.get("--json")))
+    parsed = quick_parse(args[1:], frozenset({"--json", "--all"}))
+    if parsed is None or parsed[0]:
+        return None
+    opts = parsed[1]
+    return show_list(opts.get("lock_dir"), bool(opts.get("--json")), bool(opts.get("--all")))
 
 
 def _positional(args: list[str]) -> int:

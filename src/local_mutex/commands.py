@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections.abc import Sequence
@@ -11,11 +10,8 @@ from typing import Any
 import click
 
 from ._version import __version__
-from .cli import EXIT_USAGE, run_command
-from .errors import CannotTell, ValidationError
-from .notices import Reporter, describe_holder
+from .cli import run_command
 
-EXIT_FREE, EXIT_HELD, EXIT_CANNOT_TELL = 0, 1, 3
 MAX_SECONDS = 1e9
 
 
@@ -153,19 +149,9 @@ def status_cmd(name: str, lock_dir: str | None, as_json: bool) -> None:
     Exit 0 free, 1 held, 3 cannot tell, 2 bad input. Never creates the lock file and,
     on Linux, never takes the lock.
     """
-    from .lockstate import status
+    from .showstate import show_status
 
-    try:
-        st = status(name, lock_dir)
-    except ValidationError as exc:
-        _fail(str(exc), EXIT_USAGE)
-    except CannotTell as exc:
-        _fail(str(exc), EXIT_CANNOT_TELL)
-    if as_json:
-        click.echo(json.dumps(st.as_dict(), indent=2))
-    else:
-        click.echo(_describe_status(st.as_dict(), name))
-    sys.exit({"free": EXIT_FREE, "held": EXIT_HELD}.get(st.state, EXIT_CANNOT_TELL))
+    sys.exit(show_status(name, lock_dir, as_json))
 
 
 @cli.command("list")
@@ -174,56 +160,9 @@ def status_cmd(name: str, lock_dir: str | None, as_json: bool) -> None:
 @click.option("--all", "include_free", is_flag=True, help="Include free lock files too.")
 def list_cmd(lock_dir: str | None, as_json: bool, include_free: bool) -> None:
     """Every lock in the directory that is held, longest-held first."""
-    from .lockstate import list_locks
+    from .showstate import show_list
 
-    try:
-        found = list_locks(lock_dir, include_free=include_free)
-    except ValidationError as exc:
-        _fail(str(exc), EXIT_USAGE)
-    except CannotTell as exc:
-        _fail(str(exc), EXIT_CANNOT_TELL)
-    if as_json:
-        click.echo(json.dumps([s.as_dict() for s in found], indent=2))
-        return
-    if not found:
-        click.echo("no held locks" if not include_free else "no lock files")
-        return
-    for s in found:
-        click.echo(_describe_status(s.as_dict(), None))
-
-
-def _describe_status(st: dict[str, Any], asked: str | None) -> str:
-    label = st.get("name") or asked or "(unnamed)"
-    lines = []
-    if st["state"] == "free":
-        lines.append(f"{label}: free")
-    elif st["state"] == "held":
-        holders = st["holders"]
-        mode = st.get("mode") or "held"
-        if holders:
-            who = "; ".join(describe_holder(h) for h in holders)
-            lines.append(f"{label}: held ({mode}) by {who}")
-        else:
-            lines.append(f"{label}: held ({mode})")
-    else:
-        lines.append(f"{label}: cannot tell")
-    lines.append(f"  lock file: {st['lock_file']}")
-    if st["method"] == "probe":
-        lines.append("  (probed without /proc/locks: holder details and waiters unknown)")
-    waiters = st.get("waiters") or []
-    if waiters:
-        lines.append(f"  waiting: {len(waiters)}")
-        for w in waiters:
-            since = f", started {w['started']}" if w.get("started") else ""
-            lines.append(
-                f"    {w['position']}. pid {w['pid']} {w['mode']}{since}: {w.get('command') or '?'}"
-            )
-    return "\n".join(lines)
-
-
-def _fail(message: str, code: int) -> Any:
-    Reporter().error(message)
-    sys.exit(code)
+    sys.exit(show_list(lock_dir, as_json, include_free))
 
 
 def dispatch(args: Sequence[str]) -> int:

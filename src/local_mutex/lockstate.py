@@ -12,87 +12,161 @@ from __future__ import annotations
 import fcntl
 import os
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from . import record
 from .errors import CannotTell
 from .lockdir import resolve_lock_dir
 from .names import LOCK_PREFIX, LOCK_SUFFIX, display, lock_filename, validate_name
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+    from typing import Any
+
 PROC = "/proc"
 _CMD_LIMIT = 4096
 
 
-@dataclass(frozen=True)
 class KernelLock:
     """One line of /proc/locks (or of an fdinfo ``lock:`` line)."""
 
-    kind: str  # FLOCK, POSIX, OFDLCK
-    exclusive: bool
-    pid: int
-    major: int
-    minor: int
-    inode: int
-    depth: int  # 0 for a granted lock, n for a waiter n arrows deep
+    __slots__ = ("depth", "exclusive", "inode", "kind", "major", "minor", "pid")
+
+    def __init__(
+        self,
+        kind: str,
+        exclusive: bool,
+        pid: int,
+        major: int,
+        minor: int,
+        inode: int,
+        depth: int,
+    ) -> None:
+        self.kind = kind  # FLOCK, POSIX, OFDLCK
+        self.exclusive = exclusive
+        self.pid = pid
+        self.major, self.minor, self.inode = major, minor, inode
+        self.depth = depth  # 0 for a granted lock, n for a waiter n arrows deep
 
     @property
     def key(self) -> tuple[int, int, int]:
         return (self.major, self.minor, self.inode)
 
 
-@dataclass
-class Holder:
-    pid: int
-    mode: str
-    command: str | None = None
-    cwd: str | None = None
-    host: str | None = None
-    user: str | None = None
-    since: str | None = None
-    since_epoch: float | None = None
-    held_seconds: float | None = None
-    runner: str | None = None
-    job: str | None = None
-    workflow: str | None = None
-    run_url: str | None = None
-    message: str | None = None
-    source: str = "kernel"  # "record": details from the holder record; "kernel": /proc only
+class _Fields:
+    """Plain data with ``as_dict``; not dataclasses, whose import costs status its speed."""
+
+    __slots__: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.as_dict()!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, _Fields)
+            and type(other) is type(self)
+            and (self.as_dict() == other.as_dict())
+        )
+
+    __hash__ = None  # type: ignore[assignment]
 
 
-@dataclass
-class Waiter:
-    pid: int
-    mode: str
-    position: int
-    command: str | None = None
-    started: str | None = None  # when the waiting process started (its wait began after)
-    started_epoch: float | None = None
+class Holder(_Fields):
+    """A process holding the lock; ``source`` says where the details came from."""
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    __slots__ = (
+        "command",
+        "cwd",
+        "held_seconds",
+        "host",
+        "job",
+        "message",
+        "mode",
+        "pid",
+        "run_url",
+        "runner",
+        "since",
+        "since_epoch",
+        "source",
+        "user",
+        "workflow",
+    )
+
+    def __init__(
+        self,
+        pid: int,
+        mode: str,
+        command: str | None = None,
+        *,
+        cwd: str | None = None,
+        host: str | None = None,
+        user: str | None = None,
+        since: str | None = None,
+        since_epoch: float | None = None,
+        held_seconds: float | None = None,
+        runner: str | None = None,
+        job: str | None = None,
+        workflow: str | None = None,
+        run_url: str | None = None,
+        message: str | None = None,
+        source: str = "kernel",
+    ) -> None:
+        self.pid, self.mode, self.command, self.cwd = pid, mode, command, cwd
+        self.host, self.user, self.since, self.since_epoch = host, user, since, since_epoch
+        self.held_seconds, self.runner, self.job = held_seconds, runner, job
+        self.workflow, self.run_url, self.message = workflow, run_url, message
+        self.source = source  # "record": from the holder record; "kernel": /proc only
 
 
-@dataclass
-class LockStatus:
-    lock_file: str
-    name: str | None
-    state: str  # "free", "held" or "unknown"
-    method: str  # "proc" (full picture) or "probe" (held/free only)
-    mode: str | None = None
-    holders: list[Holder] = field(default_factory=list)
-    waiters: list[Waiter] = field(default_factory=list)
+class Waiter(_Fields):
+    """A process queued in flock(); ``started`` is when it started (its wait began after)."""
+
+    __slots__ = ("command", "mode", "pid", "position", "started", "started_epoch")
+
+    def __init__(
+        self,
+        pid: int,
+        mode: str,
+        position: int,
+        command: str | None = None,
+        started: str | None = None,
+        started_epoch: float | None = None,
+    ) -> None:
+        self.pid, self.mode, self.position, self.command = pid, mode, position, command
+        self.started, self.started_epoch = started, started_epoch
+
+
+class LockStatus(_Fields):
+    """One lock file's state; ``method`` is "proc" (full picture) or "probe" (held/free)."""
+
+    __slots__ = ("holders", "lock_file", "method", "mode", "name", "state", "waiters")
+
+    def __init__(
+        self,
+        lock_file: str,
+        name: str | None,
+        state: str,
+        method: str,
+        mode: str | None = None,
+        holders: list[Holder] | None = None,
+        waiters: list[Waiter] | None = None,
+    ) -> None:
+        self.lock_file, self.name, self.state, self.method = lock_file, name, state, method
+        self.mode = mode
+        self.holders: list[Holder] = holders or []
+        self.waiters: list[Waiter] = waiters or []
 
     @property
     def held(self) -> bool:
         return self.state == "held"
 
     def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        out = super().as_dict()
+        out["holders"] = [h.as_dict() for h in self.holders]
+        out["waiters"] = [w.as_dict() for w in self.waiters]
         out["queue_length"] = len(self.waiters)
         return out
 

@@ -88,24 +88,131 @@ def _json_str(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-def dump_json(record: Mapping[str, Any]) -> str:
-    """Compact ASCII JSON for flat records of str/int/float/bool/None values.
+def dump_json(value: Any) -> str:
+    """Compact ASCII JSON for str/int/float/bool/None values, lists and string-keyed dicts.
 
-    The json module (and the re module it pulls in) costs a plain run more startup time
-    than everything else it does; a holder record needs only this much of it.
+    The json module (and the re module it pulls in) would cost a plain run or a ``status``
+    more startup time than everything else they do; this is all they need of it.
     """
-    items = []
-    for key, value in record.items():
-        if value is None:
-            text = "null"
-        elif value is True or value is False:
-            text = "true" if value else "false"
-        elif isinstance(value, (int, float)):
-            text = repr(value)
-        else:
-            text = _json_str(str(value))
-        items.append(f"{_json_str(key)}:{text}")
-    return "{" + ",".join(items) + "}"
+    if value is None:
+        return "null"
+    if value is True or value is False:
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return _json_str(value)
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{_json_str(k)}:{dump_json(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(dump_json(v) for v in value) + "]"
+    return _json_str(str(value))
+
+
+class _NotFlat(Exception):
+    pass
+
+
+_UNESCAPE = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+_NUMBER = frozenset("+-.0123456789eE")
+
+
+def _scan_string(text: str, i: int) -> tuple[str, int]:
+    if text[i] != '"':
+        raise ValueError("expected a string")
+    i += 1
+    out: list[str] = []
+    while True:
+        ch = text[i]
+        if ch == '"':
+            return "".join(out), i + 1
+        if ch != "\\":
+            out.append(ch)
+            i += 1
+            continue
+        esc = text[i + 1]
+        if esc != "u":
+            out.append(_UNESCAPE[esc])
+            i += 2
+            continue
+        code = int(text[i + 2 : i + 6], 16)
+        i += 6
+        if 0xD800 <= code < 0xDC00 and text.startswith("\\u", i):
+            low = int(text[i + 2 : i + 6], 16)
+            if 0xDC00 <= low < 0xE000:
+                code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)
+                i += 6
+        out.append(chr(code))
+
+
+def _skip(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i
+
+
+def _load_flat(text: str) -> dict[str, Any]:
+    """Parse one JSON object whose values are all scalars; raise _NotFlat otherwise."""
+    out: dict[str, Any] = {}
+    i = _skip(text, 0)
+    if text[i] != "{":
+        raise _NotFlat
+    i = _skip(text, i + 1)
+    if text[i] == "}":
+        i += 1
+    else:
+        while True:
+            key, i = _scan_string(text, _skip(text, i))
+            i = _skip(text, i)
+            if text[i] != ":":
+                raise ValueError("expected ':'")
+            i = _skip(text, i + 1)
+            value: Any
+            if text[i] == '"':
+                value, i = _scan_string(text, i)
+            elif text.startswith("null", i):
+                value, i = None, i + 4
+            elif text.startswith("true", i):
+                value, i = True, i + 4
+            elif text.startswith("false", i):
+                value, i = False, i + 5
+            elif text[i] in _NUMBER:
+                j = i
+                while j < len(text) and text[j] in _NUMBER:
+                    j += 1
+                token = text[i:j]
+                value = float(token) if any(c in token for c in ".eE") else int(token)
+                i = j
+            else:
+                raise _NotFlat
+            out[key] = value
+            i = _skip(text, i)
+            if text[i] == ",":
+                i += 1
+                continue
+            if text[i] == "}":
+                i += 1
+                break
+            raise ValueError("expected ',' or '}'")
+    if _skip(text, i) != len(text):
+        raise ValueError("trailing data")
+    return out
+
+
+def load_json_object(text: str) -> dict[str, Any] | None:
+    """A JSON object from one line, or None if it is not one (torn, foreign, corrupt)."""
+    try:
+        return _load_flat(text)
+    except _NotFlat:
+        import json  # nested values: not ours, but still readable
+
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+    except (ValueError, IndexError, KeyError):
+        return None
 
 
 def write_record(fd: int, record: Mapping[str, Any]) -> None:
@@ -140,10 +247,4 @@ def read_record(path: str) -> dict[str, Any] | None:
     line = data.split(b"\n", 1)[0]
     if not line:
         return None
-    try:
-        import json  # only readers pay for it; writers use dump_json
-
-        record = json.loads(line)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
+    return load_json_object(line.decode("utf-8", "replace"))
