@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .errors import Interrupted, NotAcquired, SpawnError, ValidationError
+from .errors import Interrupted, LocalMutexError, NotAcquired, Refused, ValidationError
 from .nesting import ENV_HELD
 from .notices import Reporter
 
@@ -23,6 +23,7 @@ VERBS = frozenset({"run", "status", "list", "each", "hold", "release"})
 EXIT_USAGE = 2
 EXIT_NOT_ACQUIRED = 75  # as BSD lockf(1): "could not acquire the lock in time"
 EXIT_SPAWN_FAILED = 125  # as timeout(1): the wrapper itself failed
+EXIT_REFUSED = 77  # as EX_NOPERM: release declined (not a hold, or not ours)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -66,6 +67,28 @@ def _positional(args: list[str]) -> int:
     return run_command(args[0], args[1], lock_dir=args[2] if len(args) == 3 else None)
 
 
+def failure_status(exc: BaseException, reporter: Reporter) -> int:
+    """Report a library error the way every command does and return its exit status."""
+    if isinstance(exc, ValidationError):
+        reporter.error(str(exc))
+        return EXIT_USAGE
+    if isinstance(exc, NotAcquired):
+        reporter.error(str(exc))
+        return EXIT_NOT_ACQUIRED
+    if isinstance(exc, Interrupted):
+        reporter.error(
+            f"stopped waiting for the lock: received signal {exc.signum}; the command did not run"
+        )
+        return 128 + exc.signum
+    if isinstance(exc, Refused):
+        reporter.error(str(exc))
+        return EXIT_REFUSED
+    if isinstance(exc, KeyboardInterrupt):
+        return 130
+    reporter.error(str(exc))
+    return EXIT_SPAWN_FAILED
+
+
 def run_command(
     name: str,
     command: str,
@@ -75,6 +98,8 @@ def run_command(
     timeout: float | None = None,
     kill_after: float = 5.0,
     shared: bool = False,
+    slots: int | None = None,
+    reentrant: bool = False,
     allow_other_owner: bool | None = None,
     quiet: bool = False,
     env: Mapping[str, str] | None = None,
@@ -93,23 +118,11 @@ def run_command(
             timeout=timeout,
             kill_after=kill_after,
             shared=shared,
+            slots=slots,
+            reentrant=reentrant,
             allow_other_owner=allow_other_owner,
             env=env,
             reporter=reporter,
         ).status
-    except ValidationError as exc:
-        reporter.error(str(exc))
-        return EXIT_USAGE
-    except NotAcquired as exc:
-        reporter.error(str(exc))
-        return EXIT_NOT_ACQUIRED
-    except Interrupted as exc:
-        reporter.error(
-            f"stopped waiting for the lock: received signal {exc.signum}; the command did not run"
-        )
-        return 128 + exc.signum
-    except SpawnError as exc:
-        reporter.error(str(exc))
-        return EXIT_SPAWN_FAILED
-    except KeyboardInterrupt:
-        return 130
+    except (LocalMutexError, KeyboardInterrupt) as exc:
+        return failure_status(exc, reporter)

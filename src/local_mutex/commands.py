@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import click
 
 from ._version import __version__
-from .cli import run_command
+from .cli import failure_status, run_command
+from .errors import LocalMutexError
+from .nesting import ENV_HELD
+from .notices import Reporter
 
 MAX_SECONDS = 1e9
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Seconds(click.ParamType):  # type: ignore[type-arg]
@@ -44,6 +48,8 @@ HELP = """Run a shell command under a named kernel lock (flock(2)).
 \b
   local-mutex NAME COMMAND [LOCK_DIR]
   local-mutex [OPTIONS] NAME COMMAND [LOCK_DIR]     (same as: local-mutex run ...)
+  local-mutex each TEMPLATE COMMAND < items
+  local-mutex hold NAME ... local-mutex release NAME
   local-mutex status NAME        local-mutex list
 
 COMMAND runs under /bin/sh -c once no other holder of NAME is running; the lock is
@@ -53,8 +59,74 @@ else $LOCAL_MUTEX_LOCK_DIR, else /tmp.
 \b
 Exit status: the command's own (128+N when killed by signal N); 2 bad usage or
 input; 75 lock not acquired in time; 124/137 run ceiling hit (SIGTERM/SIGKILL
-needed); 125 the command could not be started.
+needed); 125 the command could not be started; 77 release refused.
 """
+
+
+def lock_dir_option(f: F) -> F:
+    return click.option("--lock-dir", metavar="DIR", help="Directory of lock files.")(f)
+
+
+def wait_options(f: F) -> F:
+    f = click.option("--no-wait", is_flag=True, help="Fail at once (exit 75) if the lock is held.")(
+        f
+    )
+    return click.option(
+        "--wait",
+        type=Seconds(),
+        metavar="SECONDS",
+        help="Give up after waiting this long for the lock: exit 75, nothing run.",
+    )(f)
+
+
+def run_options(f: F) -> F:
+    """Options shared by ``run`` and ``each``."""
+    for option in reversed(
+        [
+            click.option(
+                "--timeout",
+                type=Seconds(positive=True),
+                metavar="SECONDS",
+                help="Run ceiling from the command's start: SIGTERM to its process "
+                "group, SIGKILL after --kill-after; exit 124 or 137.",
+            ),
+            click.option(
+                "--kill-after",
+                type=Seconds(),
+                default=5.0,
+                show_default=True,
+                metavar="SECONDS",
+                help="Grace between SIGTERM and SIGKILL for --timeout.",
+            ),
+            click.option(
+                "--shared",
+                is_flag=True,
+                help="Take a reader lock: shared holders overlap, an exclusive one waits for all.",
+            ),
+            click.option(
+                "--slots",
+                type=click.IntRange(1, 1024),
+                metavar="N",
+                help="Counting semaphore: at most N holders of NAME at once.",
+            ),
+            click.option(
+                "--allow-other-owner",
+                is_flag=True,
+                default=None,
+                help="Use a lock file owned by another user "
+                "(also LOCAL_MUTEX_ALLOW_OTHER_OWNER=1).",
+            ),
+            click.option("-q", "--quiet", is_flag=True, help="Print only errors."),
+        ]
+    ):
+        f = option(f)
+    return wait_options(lock_dir_option(f))
+
+
+def _wait_value(wait: float | None, no_wait: bool) -> float | None:
+    if no_wait and wait is not None:
+        raise click.UsageError("--wait and --no-wait exclude each other")
+    return 0.0 if no_wait else wait
 
 
 @click.group(help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
@@ -67,41 +139,13 @@ def cli() -> None:
 @click.argument("name")
 @click.argument("command")
 @click.argument("lock_dir_arg", metavar="[LOCK_DIR]", required=False)
-@click.option("--lock-dir", metavar="DIR", help="Directory of lock files (same as LOCK_DIR).")
+@run_options
 @click.option(
-    "--wait",
-    type=Seconds(),
-    metavar="SECONDS",
-    help="Give up after waiting this long for the lock: exit 75, command not run.",
-)
-@click.option("--no-wait", is_flag=True, help="Fail at once (exit 75) if the lock is held.")
-@click.option(
-    "--timeout",
-    type=Seconds(positive=True),
-    metavar="SECONDS",
-    help="Run ceiling from the command's start: SIGTERM to its process group, "
-    "SIGKILL after --kill-after; exit 124 or 137.",
-)
-@click.option(
-    "--kill-after",
-    type=Seconds(),
-    default=5.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Grace between SIGTERM and SIGKILL for --timeout.",
-)
-@click.option(
-    "--shared",
+    "--reentrant",
     is_flag=True,
-    help="Take a reader lock: shared holders overlap, an exclusive one waits for all.",
+    help="Run inside a `hold` of NAME taken by this job (or $LOCAL_MUTEX_HOLD_TOKEN) "
+    "instead of waiting for it.",
 )
-@click.option(
-    "--allow-other-owner",
-    is_flag=True,
-    default=None,
-    help="Use a lock file owned by another user (also LOCAL_MUTEX_ALLOW_OTHER_OWNER=1).",
-)
-@click.option("-q", "--quiet", is_flag=True, help="Print only errors, not the bookends.")
 def run_cmd(
     name: str,
     command: str,
@@ -112,8 +156,10 @@ def run_cmd(
     timeout: float | None,
     kill_after: float,
     shared: bool,
+    slots: int | None,
     allow_other_owner: bool | None,
     quiet: bool,
+    reentrant: bool,
 ) -> None:
     """Run COMMAND under the lock NAME (the verb-free form does the same).
 
@@ -122,26 +168,196 @@ def run_cmd(
     """
     if lock_dir and lock_dir_arg and lock_dir != lock_dir_arg:
         raise click.UsageError("LOCK_DIR and --lock-dir disagree; give one of them")
-    if no_wait and wait is not None:
-        raise click.UsageError("--wait and --no-wait exclude each other")
     sys.exit(
         run_command(
             name,
             command,
             lock_dir=lock_dir or lock_dir_arg,
-            wait=0.0 if no_wait else wait,
+            wait=_wait_value(wait, no_wait),
             timeout=timeout,
             kill_after=kill_after,
             shared=shared,
+            slots=slots,
+            reentrant=reentrant,
             allow_other_owner=allow_other_owner,
             quiet=quiet,
         )
     )
 
 
+@cli.command("each")
+@click.argument("template")
+@click.argument("command")
+@run_options
+@click.option("-0", "--null", is_flag=True, help="Items are NUL-separated, not lines.")
+@click.option(
+    "-k",
+    "--keep-going",
+    is_flag=True,
+    help="Run every item; exit with the number that failed (at most 125).",
+)
+@click.option(
+    "--skip-locked",
+    is_flag=True,
+    help="With --wait/--no-wait: skip items whose lock stays busy, and say so.",
+)
+def each_cmd(
+    template: str,
+    command: str,
+    lock_dir: str | None,
+    wait: float | None,
+    no_wait: bool,
+    timeout: float | None,
+    kill_after: float,
+    shared: bool,
+    slots: int | None,
+    allow_other_owner: bool | None,
+    quiet: bool,
+    null: bool,
+    keep_going: bool,
+    skip_locked: bool,
+) -> None:
+    """Run COMMAND once per item read from stdin, each under the lock TEMPLATE names.
+
+    {} in TEMPLATE is the item ({{ and }} are literal braces); the command gets the item
+    in $LOCAL_MUTEX_ITEM, never pasted into its text, and /dev/null as stdin. Stops at the
+    first failing item with its status unless --keep-going. Prints a summary line, plus a
+    line for each item that had to wait or failed. One process for all items.
+    """
+    import os
+    import time
+
+    from .batch import read_items, run_each, summary
+
+    wait = _wait_value(wait, no_wait)
+    if skip_locked and wait is None:
+        raise click.UsageError("--skip-locked needs --wait SECONDS or --no-wait")
+    reporter = Reporter(nested=bool(os.environ.get(ENV_HELD)), quiet=quiet, only_contended=True)
+    start = time.monotonic()
+    try:
+        result = run_each(
+            read_items(sys.stdin.buffer, null=null),
+            template,
+            command,
+            keep_going=keep_going,
+            skip_locked=skip_locked,
+            lock_dir=lock_dir,
+            wait=wait,
+            timeout=timeout,
+            kill_after=kill_after,
+            shared=shared,
+            slots=slots,
+            allow_other_owner=allow_other_owner,
+            reporter=reporter,
+        )
+    except (LocalMutexError, KeyboardInterrupt) as exc:
+        sys.exit(failure_status(exc, reporter))
+    if not quiet or result.failed:
+        reporter.write(summary(result, time.monotonic() - start))
+    sys.exit(result.status)
+
+
+@cli.command("hold")
+@click.argument("name")
+@lock_dir_option
+@wait_options
+@click.option("--message", metavar="TEXT", help="Why it is held; shown by status.")
+@click.option(
+    "--ttl",
+    type=Seconds(positive=True),
+    metavar="SECONDS",
+    help="Let go by itself after this long.",
+)
+@click.option(
+    "--slots",
+    type=click.IntRange(1, 1024),
+    metavar="N",
+    help="Take one of N slots of NAME (see run --slots).",
+)
+@click.option(
+    "--allow-other-owner", is_flag=True, default=None, help="Use a lock file owned by another user."
+)
+def hold_cmd(
+    name: str,
+    lock_dir: str | None,
+    wait: float | None,
+    no_wait: bool,
+    message: str | None,
+    ttl: float | None,
+    slots: int | None,
+    allow_other_owner: bool | None,
+) -> None:
+    """Take NAME and keep it after this command returns, until `release`.
+
+    A detached holder process takes the lock; this returns (exit 0) once it holds it and
+    prints the token that releases it. The hold ends on `local-mutex release NAME`, when
+    --ttl runs out, when the holder dies, or when the GitHub job that took it ends.
+    """
+    from .holds import start_hold
+
+    reporter = Reporter()
+    try:
+        info = start_hold(
+            name,
+            lock_dir=lock_dir,
+            wait=_wait_value(wait, no_wait),
+            ttl=ttl,
+            message=message,
+            slots=slots,
+            allow_other_owner=allow_other_owner,
+        )
+    except (LocalMutexError, KeyboardInterrupt) as exc:
+        sys.exit(failure_status(exc, reporter))
+    reporter.write(
+        f"holding {info.name} in detached pid {info.pid}; release with: "
+        f"local-mutex release {_quote(info.name)} --token {info.token}",
+        "notice",
+    )
+    click.echo(info.token)
+    sys.exit(0)
+
+
+@cli.command("release")
+@click.argument("name")
+@lock_dir_option
+@click.option(
+    "--token",
+    metavar="TOKEN",
+    help="The token `hold` printed (also $LOCAL_MUTEX_HOLD_TOKEN). Not needed "
+    "inside the GitHub job that took the hold.",
+)
+@click.option("--force", is_flag=True, help="End the hold even if another job took it.")
+@click.option("--slots", "slotted", is_flag=True, help="Release a slot taken by hold --slots.")
+def release_cmd(
+    name: str, lock_dir: str | None, token: str | None, force: bool, slotted: bool
+) -> None:
+    """End a hold on NAME. Releasing a free lock is a no-op (exit 0).
+
+    Only holds started by this job (or with its token) are ended, unless --force.
+    A lock held by a running command rather than a hold is never touched (exit 77).
+    """
+    from .holds import release
+
+    reporter = Reporter()
+    try:
+        done = release(name, lock_dir=lock_dir, token=token, force=force, slots=slotted)
+    except (LocalMutexError, KeyboardInterrupt) as exc:
+        sys.exit(failure_status(exc, reporter))
+    if done.was_held:
+        held = "" if done.held_seconds is None else f" after {done.held_seconds:.1f}s"
+        reporter.write(f"released {name} (hold pid {done.pid}){held}", "notice")
+    else:
+        reporter.write(f"{name} is not held; nothing to release", "notice")
+    sys.exit(0)
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
 @cli.command("status")
 @click.argument("name")
-@click.option("--lock-dir", metavar="DIR", help="Directory of lock files.")
+@lock_dir_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (schema in the README).")
 def status_cmd(name: str, lock_dir: str | None, as_json: bool) -> None:
     """Is NAME free or held; by whom, since when; who waits, in order.
@@ -155,7 +371,7 @@ def status_cmd(name: str, lock_dir: str | None, as_json: bool) -> None:
 
 
 @cli.command("list")
-@click.option("--lock-dir", metavar="DIR", help="Directory of lock files.")
+@lock_dir_option
 @click.option("--json", "as_json", is_flag=True, help="A JSON array of status objects.")
 @click.option("--all", "include_free", is_flag=True, help="Include free lock files too.")
 def list_cmd(lock_dir: str | None, as_json: bool, include_free: bool) -> None:

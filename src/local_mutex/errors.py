@@ -57,3 +57,7 @@ class SpawnError(LocalMutexError):
 
 class CannotTell(LocalMutexError):
     """The lock's state could not be determined (status exit 3)."""
+
+
+class Refused(LocalMutexError):
+    """``release`` declined: the lock is not a hold, or not this job's (exit 77)."""

@@ -81,8 +81,11 @@ class Reporter:
         actions: bool | None = None,
         nested: bool = False,
         quiet: bool = False,
+        only_contended: bool = False,
     ) -> None:
         self.stream = stream
+        # For batches: only lines about waits and failures, never the routine bookends.
+        self.only_contended = only_contended
         if actions is None:
             actions = os.environ.get("GITHUB_ACTIONS") == "true"
         self.actions = actions
@@ -108,12 +111,16 @@ class Reporter:
 
     # -- the lines ---------------------------------------------------------------------------------
 
-    def waiting(self, name: str, holder: Mapping[str, Any] | None) -> None:
-        if self.quiet:
+    def waiting(
+        self, name: str, holder: Mapping[str, Any] | None, detail: str | None = None
+    ) -> None:
+        if self.quiet or (self.only_contended and holder is None and detail is None):
             return
         text = f"waiting for lock {name} at {utc_stamp()}"
         if holder is not None:
             text += f" held by {describe_holder(holder)}"
+        if detail:
+            text += f": {detail}"
         self.write(text, "notice")
 
     def still_waiting(
@@ -143,7 +150,7 @@ class Reporter:
             self.write(f"lock {name} is already held by enclosing pid {pid}; running inside it")
 
     def released(self, name: str, waited: float, held: float, status: int) -> None:
-        if self.quiet:
+        if self.quiet or (self.only_contended and waited == 0 and status == 0):
             return
         self.write(
             f"released {name} at {utc_stamp()} "

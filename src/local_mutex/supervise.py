@@ -111,12 +111,14 @@ class _Supervisor:
         except (ProcessLookupError, PermissionError):
             pass  # the group is already gone
 
-    def start(self, command: str, env: Mapping[str, str]) -> int:
+    def start(self, command: str, env: Mapping[str, str], stdin_devnull: bool) -> int:
+        actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)] if stdin_devnull else []
         try:
             pid = os.posix_spawn(
                 SHELL,
                 ["sh", "-c", command],
                 env,
+                file_actions=actions,
                 setpgroup=0,
                 setsigdef=_RESET_FOR_CHILD,
             )
@@ -157,18 +159,20 @@ def supervise(
     *,
     timeout: float | None = None,
     kill_after: float = 5.0,
+    stdin_devnull: bool = False,
 ) -> Outcome:
     """Run the command to the end and report how it ended.
 
     ``timeout`` bounds the run from the moment it starts: SIGTERM to the group, SIGKILL
-    ``kill_after`` seconds later. Returns with the forwarded signals still blocked (see
+    ``kill_after`` seconds later. ``stdin_devnull`` detaches the command from our stdin
+    (``each`` reads its items there). Returns with the forwarded signals still blocked (see
     ``SignalsHeld``) so a late signal cannot kill the caller before it releases the lock.
     """
     sup = _Supervisor(timeout, kill_after)
     saved = _install(sup)
     tty = _foreground_tty()
     try:
-        pid = sup.start(command, env)
+        pid = sup.start(command, env, stdin_devnull)
         if tty is not None:
             _give_terminal(tty, pid)
         status = _wait_child(pid, tty)

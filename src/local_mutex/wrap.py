@@ -29,11 +29,21 @@ SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "local-mutex.sh"
 class RunResult:
     """What happened: the exit status plus the numbers the action reports."""
 
-    __slots__ = ("acquired", "held", "lock_file", "reentrant", "status", "timed_out", "waited")
+    __slots__ = (
+        "acquired",
+        "held",
+        "lock_file",
+        "reentrant",
+        "signalled",
+        "status",
+        "timed_out",
+        "waited",
+    )
 
     def __init__(self, lock_file: str) -> None:
         self.lock_file = lock_file
         self.status = 0
+        self.signalled = False  # we forwarded a stop signal: the caller was asked to stop
         self.acquired = False
         self.reentrant = False
         self.timed_out = False
@@ -185,17 +195,39 @@ def run_locked(
     timeout: float | None = None,
     kill_after: float = 5.0,
     shared: bool = False,
+    slots: int | None = None,
+    reentrant: bool = False,
     allow_other_owner: bool | None = None,
     env: Mapping[str, str] | None = None,
     reporter: Reporter | None = None,
+    stdin_devnull: bool = False,
 ) -> RunResult:
     """Run ``/bin/sh -c command`` while holding the named lock; see ``run`` for the rules."""
     env = os.environ if env is None else env
     validate_command(command)
+    if slots is not None and (slots < 1 or shared):
+        raise NestingError("--slots needs a count of at least 1 and cannot be --shared")
     target = Target(name, lock_dir, allow_other_owner, env)
     result = RunResult(target.path)
+
+    def launch(extra_env: dict[str, str], waited: float, fd: int | None) -> RunResult:
+        with SignalsHeld():
+            outcome = supervise(
+                command,
+                extra_env,
+                timeout=timeout,
+                kill_after=kill_after,
+                stdin_devnull=stdin_devnull,
+            )
+            if fd is not None and not shared:
+                record.clear_record(fd)
+            target.close()
+            return _finish(result, outcome, target, waited, reporter, timeout)
+
     try:
         enclosing = nesting.enclosing_hold(env, target.dev, target.ino)
+        if enclosing is None and reentrant and not kernel.try_lock(target.fd, shared=shared):
+            enclosing = _our_hold(target, env)
         if enclosing is not None:
             pid, mode = enclosing
             if mode == "s" and not shared:
@@ -207,41 +239,52 @@ def run_locked(
             if reporter is not None:
                 reporter.reentrant(target.label, pid)
             result.reentrant = True
-            with SignalsHeld():
-                outcome = supervise(
-                    command,
-                    child_env(env, target.lock_dir, None),
-                    timeout=timeout,
-                    kill_after=kill_after,
-                )
-                return _finish(result, outcome, target, 0.0, reporter, timeout)
+            return launch(child_env(env, target.lock_dir, None), 0.0, None)
 
-        result.waited = acquire(
-            target,
-            shared=shared,
-            wait=wait,
-            reporter=reporter,
-            progress=_progress_interval(env) if reporter is not None else None,
-        )
+        if slots is not None:
+            from .slots import take_slot
+
+            slot, result.waited = take_slot(
+                target.label,
+                target.path,
+                slots,
+                wait=wait,
+                allow_other_owner=bool(allow_other_owner),
+                reporter=reporter,
+            )
+            target.close()
+            target.fd, target.path, target.dev, target.ino = slot.fd, slot.path, slot.dev, slot.ino
+            result.lock_file = slot.path
+            extra: dict[str, Any] | None = {"slot": slot.index}
+        else:
+            result.waited = acquire(
+                target,
+                shared=shared,
+                wait=wait,
+                reporter=reporter,
+                progress=_progress_interval(env) if reporter is not None else None,
+            )
+            extra = None
         result.acquired = True
         if not shared:
             record.write_record(
-                target.fd, record.make_record(target.label, command, shared=False, env=env)
+                target.fd,
+                record.make_record(target.label, command, shared=False, env=env, extra=extra),
             )
         entry = nesting.entry(os.getpid(), target.dev, target.ino, shared)
-        with SignalsHeld():
-            outcome = supervise(
-                command,
-                child_env(env, target.lock_dir, entry),
-                timeout=timeout,
-                kill_after=kill_after,
-            )
-            if not shared:
-                record.clear_record(target.fd)
-            target.close()
-            return _finish(result, outcome, target, result.waited, reporter, timeout)
+        return launch(child_env(env, target.lock_dir, entry), result.waited, target.fd)
     finally:
         target.close()
+
+
+def _our_hold(target: Target, env: Mapping[str, str]) -> tuple[int, str] | None:
+    """(pid, "x") when the busy lock is a ``hold`` of this very job (or our token)."""
+    from .holds import ENV_TOKEN, owned
+
+    rec = record.read_record(target.path)
+    if rec is not None and owned(rec, env, env.get(ENV_TOKEN)):
+        return int(rec.get("pid") or 0), "x"
+    return None
 
 
 def _finish(
@@ -254,6 +297,7 @@ def _finish(
 ) -> RunResult:
     result.status = outcome.status
     result.timed_out = outcome.timed_out
+    result.signalled = bool(outcome.signals)
     result.held = time.monotonic() - outcome.started
     if reporter is not None:
         if outcome.timed_out and timeout is not None:
