@@ -12,13 +12,13 @@ import math
 import os
 
 from . import github
-from .errors import Interrupted, NotAcquired, SpawnError, ValidationError
+from .cli import failure_status
+from .errors import LocalMutexError, NotAcquired, ValidationError
 from .nesting import ENV_HELD
 from .notices import Reporter, duration
-from .wrap import run_locked
 
 INPUT_PREFIX = "LOCAL_MUTEX_INPUT_"
-EXIT_USAGE, EXIT_NOT_ACQUIRED, EXIT_SPAWN_FAILED = 2, 75, 125
+MODES = ("run", "hold", "release", "check")
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,18 +26,35 @@ if TYPE_CHECKING:
 
 
 class ActionInputs:
-    __slots__ = ("command", "if_locked", "lock_dir", "name", "shared", "timeout", "wait")
+    """The action's inputs, parsed and checked; every bad value is a ValidationError."""
 
     def __init__(self, env: Mapping[str, str]) -> None:
         def get(key: str) -> str:
             return env.get(INPUT_PREFIX + key, "")
 
+        self.mode = get("MODE").strip().lower() or "run"
+        if self.mode not in MODES:
+            raise ValidationError(f"mode must be one of {', '.join(MODES)}, not {get('MODE')!r}")
         self.name = get("NAME")
         self.command = get("RUN")
+        if self.mode != "run" and self.command.strip():
+            raise ValidationError(f"run: is only for mode: run, not mode: {self.mode}")
         self.lock_dir = get("LOCK_DIR") or None
         self.wait = _seconds(get("WAIT_SECONDS"), "wait-seconds", allow_zero=True)
         self.timeout = _seconds(get("TIMEOUT_SECONDS"), "timeout-seconds", allow_zero=False)
+        self.ttl = _seconds(get("TTL_SECONDS"), "ttl-seconds", allow_zero=False)
         self.shared = _boolean(get("SHARED"), "shared")
+        self.reentrant = _boolean(get("REENTRANT"), "reentrant")
+        self.force = _boolean(get("FORCE"), "force")
+        self.message = get("MESSAGE") or None
+        self.token = get("TOKEN") or None
+        slots = get("SLOTS").strip()
+        try:
+            self.slots = int(slots) if slots else None
+        except ValueError:
+            raise ValidationError(f"slots must be a whole number, not {slots!r}") from None
+        if self.slots is not None and not 1 <= self.slots <= 1024:
+            raise ValidationError(f"slots must be between 1 and 1024, not {slots!r}")
         self.if_locked = get("IF_LOCKED").strip().lower() or "fail"
         if self.if_locked not in ("fail", "skip"):
             raise ValidationError(f"if-locked must be 'fail' or 'skip', not {get('IF_LOCKED')!r}")
@@ -65,70 +82,146 @@ def _boolean(text: str, label: str) -> bool:
     raise ValidationError(f"{label} must be 'true' or 'false', not {text!r}")
 
 
-def main(env: Mapping[str, str] | None = None) -> int:
-    env = dict(os.environ if env is None else env)
-    reporter = Reporter(nested=bool(env.get(ENV_HELD)))
-    outputs = {"acquired": "false", "waited-seconds": "0", "held-seconds": "0"}
-    label = env.get(INPUT_PREFIX + "NAME", "")
-    try:
-        inputs = ActionInputs(env)
-    except ValidationError as exc:
-        reporter.error(str(exc))
-        github.append(env.get("GITHUB_OUTPUT"), github.format_outputs(outputs))
-        return EXIT_USAGE
+class _Step:
+    """Outputs and the summary row of this step, written once at the end."""
+
+    def __init__(self, env: dict[str, str], reporter: Reporter) -> None:
+        self.env, self.reporter = env, reporter
+        self.outputs = {"acquired": "false", "waited-seconds": "0", "held-seconds": "0"}
+        self.outcome: str | None = None
+
+    def finish(self, status: int, label: str) -> int:
+        github.append(self.env.get("GITHUB_OUTPUT"), github.format_outputs(self.outputs))
+        if self.outcome is not None:
+            github.append(
+                self.env.get("GITHUB_STEP_SUMMARY"),
+                github.summary_row(
+                    label,
+                    duration(float(self.outputs["waited-seconds"])),
+                    duration(float(self.outputs["held-seconds"])),
+                    self.outcome,
+                ),
+            )
+        return status
+
+    def not_acquired(self, exc: NotAcquired, skip: bool) -> int:
+        self.outputs["waited-seconds"] = f"{exc.waited:.3f}"
+        if skip:
+            self.reporter.write(f"{exc}; skipping (if-locked: skip)", "notice")
+            self.outcome = "skipped: lock held"
+            return 0
+        self.outcome = "not acquired"
+        return failure_status(exc, self.reporter)
+
+
+def _run(inputs: ActionInputs, step: _Step) -> int:
+    from .wrap import run_locked
+
     # The command's own GITHUB_OUTPUT goes to a private file, exposed as output-file:
     # composite actions do not pass a nested command's outputs on by themselves.
-    capture = github.capture_file(env)
-    outputs["output-file"] = capture
-    child = {k: v for k, v in env.items() if not k.startswith(INPUT_PREFIX)}
+    capture = github.capture_file(step.env)
+    step.outputs["output-file"] = capture
+    child = {k: v for k, v in step.env.items() if not k.startswith(INPUT_PREFIX)}
     child["GITHUB_OUTPUT"] = capture
-    status, outcome = 0, ""
+    result = run_locked(
+        inputs.command,
+        inputs.name,
+        lock_dir=inputs.lock_dir,
+        wait=inputs.wait,
+        timeout=inputs.timeout,
+        shared=inputs.shared,
+        slots=inputs.slots,
+        reentrant=inputs.reentrant,
+        env=child,
+        reporter=step.reporter,
+    )
+    step.outputs.update(
+        {
+            "acquired": "true",
+            "waited-seconds": f"{result.waited:.3f}",
+            "held-seconds": f"{result.held:.3f}",
+        }
+    )
+    step.outcome = f"exit {result.status}" + (" (timed out)" if result.timed_out else "")
+    return result.status
+
+
+def _hold(inputs: ActionInputs, step: _Step) -> int:
+    from .holds import start_hold
+
+    info = start_hold(
+        inputs.name,
+        lock_dir=inputs.lock_dir,
+        wait=inputs.wait,
+        ttl=inputs.ttl,
+        message=inputs.message,
+        slots=inputs.slots,
+        env=step.env,
+    )
+    step.outputs.update(
+        {"acquired": "true", "token": info.token, "waited-seconds": f"{info.waited:.3f}"}
+    )
+    step.reporter.write(
+        f"holding {info.name} in detached pid {info.pid} until a later "
+        "step releases it or this job ends",
+        "notice",
+    )
+    step.outcome = "held"
+    return 0
+
+
+def _release(inputs: ActionInputs, step: _Step) -> int:
+    from .holds import release
+
+    done = release(
+        inputs.name,
+        lock_dir=inputs.lock_dir,
+        token=inputs.token,
+        force=inputs.force,
+        slots=inputs.slots is not None,
+        env=step.env,
+    )
+    step.outputs["released"] = "true" if done.was_held else "false"
+    if done.was_held:
+        held = done.held_seconds or 0.0
+        step.outputs["held-seconds"] = f"{held:.3f}"
+        step.reporter.write(f"released {inputs.name} (hold pid {done.pid})", "notice")
+        step.outcome = "released"
+    else:
+        step.reporter.write(f"{inputs.name} is not held; nothing to release", "notice")
+    return 0
+
+
+def _check(inputs: ActionInputs, step: _Step) -> int:
+    from .lockstate import status
+    from .record import dump_json
+
+    st = status(inputs.name, inputs.lock_dir)
+    busy = st.held or (bool(st.slots) and all(s.held for s in st.slots))
+    holders = [h.as_dict() for h in st.holders] or [
+        h.as_dict() for s in st.slots for h in s.holders
+    ]
+    step.outputs.update(
+        {"locked": "true" if busy else "false", "holder": dump_json(holders[0]) if holders else ""}
+    )
+    return 0
+
+
+def main(env: Mapping[str, str] | None = None) -> int:
+    env_d = dict(os.environ if env is None else env)
+    reporter = Reporter(nested=bool(env_d.get(ENV_HELD)))
+    step = _Step(env_d, reporter)
+    label = env_d.get(INPUT_PREFIX + "NAME", "")
     try:
-        result = run_locked(
-            inputs.command,
-            inputs.name,
-            lock_dir=inputs.lock_dir,
-            wait=inputs.wait,
-            timeout=inputs.timeout,
-            shared=inputs.shared,
-            env=child,
-            reporter=reporter,
-        )
-        status = result.status
-        outputs.update(
-            {
-                "acquired": "true",
-                "waited-seconds": f"{result.waited:.3f}",
-                "held-seconds": f"{result.held:.3f}",
-            }
-        )
-        outcome = f"exit {status}" + (" (timed out)" if result.timed_out else "")
-    except NotAcquired as exc:
-        outputs["waited-seconds"] = f"{exc.waited:.3f}"
-        if inputs.if_locked == "skip":
-            reporter.write(f"{exc}; skipping the command (if-locked: skip)", "notice")
-            status, outcome = 0, "skipped: lock held"
-        else:
-            reporter.error(str(exc))
-            status, outcome = EXIT_NOT_ACQUIRED, "not acquired"
+        inputs = ActionInputs(env_d)
     except ValidationError as exc:
-        reporter.error(str(exc))
-        status, outcome = EXIT_USAGE, "invalid input"
-    except Interrupted as exc:
-        reporter.error(f"stopped waiting for the lock: received signal {exc.signum}")
-        status, outcome = 128 + exc.signum, "cancelled while waiting"
-    except SpawnError as exc:
-        reporter.error(str(exc))
-        status, outcome = EXIT_SPAWN_FAILED, "could not start"
-    github.append(env.get("GITHUB_OUTPUT"), github.format_outputs(outputs))
-    if outcome != "invalid input":
-        github.append(
-            env.get("GITHUB_STEP_SUMMARY"),
-            github.summary_row(
-                label,
-                duration(float(outputs["waited-seconds"])),
-                duration(float(outputs["held-seconds"])),
-                outcome,
-            ),
-        )
-    return status
+        return step.finish(failure_status(exc, reporter), label)
+    modes = {"run": _run, "hold": _hold, "release": _release, "check": _check}
+    try:
+        status = modes[inputs.mode](inputs, step)
+    except NotAcquired as exc:
+        status = step.not_acquired(exc, inputs.if_locked == "skip")
+    except (LocalMutexError, KeyboardInterrupt) as exc:
+        status = failure_status(exc, reporter)
+        step.outcome = step.outcome or ("invalid input" if status == 2 else f"exit {status}")
+    return step.finish(status, label)

@@ -142,7 +142,7 @@ class Waiter(_Fields):
 class LockStatus(_Fields):
     """One lock file's state; ``method`` is "proc" (full picture) or "probe" (held/free)."""
 
-    __slots__ = ("holders", "lock_file", "method", "mode", "name", "state", "waiters")
+    __slots__ = ("holders", "lock_file", "method", "mode", "name", "slots", "state", "waiters")
 
     def __init__(
         self,
@@ -158,6 +158,7 @@ class LockStatus(_Fields):
         self.mode = mode
         self.holders: list[Holder] = holders or []
         self.waiters: list[Waiter] = waiters or []
+        self.slots: list[LockStatus] = []  # a counting semaphore's slots, when it has any
 
     @property
     def held(self) -> bool:
@@ -168,6 +169,8 @@ class LockStatus(_Fields):
         out["holders"] = [h.as_dict() for h in self.holders]
         out["waiters"] = [w.as_dict() for w in self.waiters]
         out["queue_length"] = len(self.waiters)
+        out["slots"] = [s.as_dict() for s in self.slots]
+        out["slots_in_use"] = sum(1 for s in self.slots if s.held)
         return out
 
 
@@ -407,9 +410,13 @@ def status_of_path(path: str, name: str | None = None) -> LockStatus:
 
 def status(name: str | bytes, lock_dir: str | None = None) -> LockStatus:
     """Who holds the lock ``name`` (in ``lock_dir``) and who waits for it."""
+    from .slots import existing_slots
+
     raw = validate_name(name)
     path = os.path.join(resolve_lock_dir(lock_dir, writable=False), lock_filename(raw))
-    return status_of_path(path, display(raw))
+    st = status_of_path(path, display(raw))
+    st.slots = [status_of_path(p, display(raw)) for p in existing_slots(path)]
+    return st
 
 
 def list_locks(lock_dir: str | None = None, *, include_free: bool = False) -> list[LockStatus]:

@@ -21,7 +21,10 @@ def describe_status(st: dict[str, Any], asked: str | None) -> str:
     """The human form of one status object (the same data as ``--json``)."""
     label = st.get("name") or asked or "(unnamed)"
     lines = []
-    if st["state"] == "free":
+    slots = st.get("slots") or []
+    if st["state"] == "free" and slots:
+        lines.append(f"{label}: {st.get('slots_in_use', 0)} of {len(slots)} slots in use")
+    elif st["state"] == "free":
         lines.append(f"{label}: free")
     elif st["state"] == "held":
         holders = st["holders"]
@@ -36,6 +39,10 @@ def describe_status(st: dict[str, Any], asked: str | None) -> str:
     lines.append(f"  lock file: {st['lock_file']}")
     if st["method"] == "probe":
         lines.append("  (probed without /proc/locks: holder details and waiters unknown)")
+    if slots:
+        for index, slot in enumerate(slots):
+            who = "; ".join(describe_holder(h) for h in slot["holders"]) or slot["state"]
+            lines.append(f"    slot {index}: {who}")
     waiters = st.get("waiters") or []
     if waiters:
         lines.append(f"  waiting: {len(waiters)}")
