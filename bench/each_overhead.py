@@ -1,0 +1,72 @@
+"""`each` over many items vs one CLI call per item vs a flock(1) loop, from one run.
+
+    python bench/each_overhead.py [--items N] [--rounds R]
+
+Targets: each <= 0.25x the sequential CLI calls, and <= 1.0x the bare flock(1) loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from run_overhead import _cli
+
+
+def _time(argv: list[str], env: dict[str, str], stdin: bytes = b"") -> float:
+    t0 = time.perf_counter()
+    subprocess.run(
+        argv, env=env, input=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True
+    )
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--items", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCAL_MUTEX_", "GITHUB_"))}
+    import local_mutex
+
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", os.path.dirname(local_mutex.__file__)],
+        check=True,
+    )
+    n = args.items
+    items = "".join(f"item-{i}\n" for i in range(n)).encode()
+    with tempfile.TemporaryDirectory() as d:
+        each, sequential, flock = [], [], []
+        loop = f'for i in $(seq {n}); do "$0" "item-$i" true {d} || exit 1; done'
+        flock_loop = f"for i in $(seq {n}); do flock -o -x {d}/f-$i.lock sh -c true; done"
+        for _ in range(args.rounds):
+            each.append(_time([*_cli(), "each", "--lock-dir", d, "{}", "true"], env, items))
+            sequential.append(_time(["sh", "-c", loop, _cli()[0]], env))
+            if shutil.which("flock"):
+                flock.append(_time(["sh", "-c", flock_loop], env))
+    e, s = statistics.median(each), statistics.median(sequential)
+    print(f"each over {n} items            median {e:6.3f} s")
+    print(
+        f"{n} sequential local-mutex calls median {s:6.3f} s   each = {e / s:.2f}x "
+        "(target <= 0.25x)"
+    )
+    if flock:
+        f = statistics.median(flock)
+        print(
+            f"{n} x flock -o -x FILE sh -c true median {f:6.3f} s   each = {e / f:.2f}x "
+            "(target <= 1.0x)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""Action modes hold/release/check under act: locks that span steps and jobs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from actions_harness import needs_act, run_act, start_act, workflow
+from conftest import run_cli, wait_for
+
+pytestmark = [needs_act, pytest.mark.timeout(300)]
+
+
+def _state(name: str, locks: Path) -> dict[str, object]:
+    r = run_cli(["status", name, "--lock-dir", str(locks), "--json"])
+    data: dict[str, object] = json.loads(r.stdout)
+    return data
+
+
+def test_hold_across_steps_blocks_another_run_until_release(tmp_path: Path) -> None:
+    locks, marks, log = tmp_path / "locks", tmp_path / "m", tmp_path / "log"
+    locks.mkdir()
+    marks.mkdir()
+    holder_job = start_act(
+        tmp_path,
+        workflow(f"""
+        - uses: ./lm
+          with:
+            mode: hold
+            name: release-train
+            lock-dir: {locks}
+            message: deploying
+        - run: |
+            touch {marks}/held
+            i=0; while [ ! -e {marks}/go ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done
+            echo "holder done" >> {log}
+        - uses: ./lm
+          with:
+            mode: release
+            name: release-train
+            lock-dir: {locks}
+        """),
+        name="holder",
+    )
+    try:
+        wait_for(marks / "held", 120)
+        st = _state("release-train", locks)
+        assert st["state"] == "held"
+        waiter_job = start_act(
+            tmp_path,
+            workflow(f"""
+            - uses: ./lm
+              with:
+                name: release-train
+                lock-dir: {locks}
+                run: echo "waiter ran" >> {log}
+            """),
+            name="waiter",
+        )
+        wait_for(
+            lambda: len(_state("release-train", locks)["waiters"]) == 1,  # type: ignore[arg-type]
+            120,
+        )
+        assert not log.exists()
+        (marks / "go").touch()
+        assert "Job succeeded" in holder_job.communicate(timeout=120)[0]
+        out = waiter_job.communicate(timeout=120)[0]
+        assert "Job succeeded" in out, out
+        assert "deploying" in out  # the waiting line carries the hold's message
+        assert log.read_text().splitlines() == ["holder done", "waiter ran"]
+    finally:
+        (marks / "go").touch()
+        for job in (holder_job,):
+            if job.poll() is None:
+                job.kill()
+
+
+def test_check_outputs_and_reentrant_run(tmp_path: Path) -> None:
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    r = run_act(
+        tmp_path,
+        workflow(f"""
+        - id: free
+          uses: ./lm
+          with:
+            mode: check
+            name: c
+            lock-dir: {locks}
+        - uses: ./lm
+          with:
+            mode: hold
+            name: c
+            lock-dir: {locks}
+            message: checked
+        - id: busy
+          uses: ./lm
+          with:
+            mode: check
+            name: c
+            lock-dir: {locks}
+        - uses: ./lm
+          with:
+            name: c
+            lock-dir: {locks}
+            reentrant: "true"
+            run: echo "inside my own hold"
+        - id: rel
+          uses: ./lm
+          with:
+            mode: release
+            name: c
+            lock-dir: {locks}
+        - run: |
+            echo "free=$FREE busy=$BUSY"
+            echo "released=${{{{ steps.rel.outputs.released }}}}"
+            case "$HOLDER" in *'"message":"checked"'*) echo "holder-msg=checked";; esac
+          env:
+            FREE: ${{{{ steps.free.outputs.locked }}}}
+            BUSY: ${{{{ steps.busy.outputs.locked }}}}
+            HOLDER: ${{{{ steps.busy.outputs.holder }}}}
+        """),
+    )
+    assert r.succeeded, r.output
+    assert "free=false busy=true" in r.step_lines
+    assert "released=true" in r.step_lines
+    assert "holder-msg=checked" in r.step_lines
+    assert "inside my own hold" in r.step_lines
+    assert _state("c", locks)["state"] == "free"
+
+
+def test_a_job_that_never_releases_frees_the_lock_when_it_ends(tmp_path: Path) -> None:
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    r = run_act(
+        tmp_path,
+        workflow(f"""
+        - uses: ./lm
+          with:
+            mode: hold
+            name: forgotten
+            lock-dir: {locks}
+        - run: echo "job ends without a release"
+        """),
+    )
+    assert r.succeeded, r.output
+    wait_for(lambda: _state("forgotten", locks)["state"] == "free", 15)
+
+
+def test_bad_mode_and_run_with_hold_are_refused(tmp_path: Path) -> None:
+    r = run_act(
+        tmp_path,
+        workflow("""
+        - uses: ./lm
+          with:
+            mode: grab
+            name: x
+        """),
+    )
+    assert not r.succeeded and "mode must be one of run, hold, release, check" in r.output
+    r = run_act(
+        tmp_path,
+        workflow("""
+        - uses: ./lm
+          with:
+            mode: hold
+            name: x
+            run: echo never
+        """),
+        name="p2",
+    )
+    assert not r.succeeded and "run: is only for mode: run" in r.output

@@ -1,0 +1,188 @@
+"""each: many items, one process, one lock per item, items never executed."""
+
+from __future__ import annotations
+
+import collections
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import CLI, Procs, clean_env, hold_until, lock_file, run_cli, wait_for
+
+
+def test_two_hundred_items_each_once_under_its_own_lock(lock_dir: Path, tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    items = "".join(f"key-{i}\n" for i in range(200)).encode()
+    cmd = f'echo "$LOCAL_MUTEX_ITEM" >> "{log}"'
+    r = run_cli(["each", "--lock-dir", str(lock_dir), "cache-{}", cmd], input=items)
+    assert r.returncode == 0, r.stderr
+    assert log.read_text().splitlines() == [f"key-{i}" for i in range(200)]
+    for i in (0, 199):
+        assert lock_file(lock_dir, f"cache-key-{i}").exists()
+    err = r.stderr.decode().splitlines()
+    assert err == [next(x for x in err if x.startswith("local-mutex: each: 200 items ran in"))]
+
+
+def test_concurrent_each_over_the_same_items_never_overlaps_per_item(
+    lock_dir: Path, tmp_path: Path
+) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    items = "".join(f"{i}\n" for i in range(40)).encode()
+    cmd = (
+        f'f="{logs}/$LOCAL_MUTEX_ITEM"; echo "start $$" >> "$f"; sleep 0.01; echo "end $$" >> "$f"'
+    )
+    procs = [
+        subprocess.Popen(
+            [*CLI, "each", "--lock-dir", str(lock_dir), "item-{}", cmd],
+            stdin=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=clean_env(),
+        )
+        for _ in range(2)
+    ]
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write(items)
+        p.stdin.close()
+    assert [p.wait(120) for p in procs] == [0, 0]
+    for i in range(40):
+        lines = (logs / str(i)).read_text().splitlines()
+        assert len(lines) == 4
+        for k in (0, 2):
+            assert lines[k].split()[0] == "start" and lines[k + 1] == lines[k].replace(
+                "start", "end"
+            )
+
+
+def test_items_are_passed_verbatim_and_never_executed(lock_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    items = ["with space", "quote'\"", "$(touch pwned)", "`touch pwned2`", "{braces}", "a;b"]
+    r = run_cli(
+        [
+            "each",
+            "--lock-dir",
+            str(lock_dir),
+            "x-{}",
+            f'printf "%s\\n" "$LOCAL_MUTEX_ITEM" >> "{out}"',
+        ],
+        input="\n".join(items).encode() + b"\n",
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    assert out.read_text().splitlines() == items
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
+    assert lock_file(lock_dir, "x-$(touch pwned)").exists()
+
+
+def test_nul_separated_items(lock_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = run_cli(
+        [
+            "each",
+            "-0",
+            "--lock-dir",
+            str(lock_dir),
+            "n-{}",
+            f'printf "[%s]" "$LOCAL_MUTEX_ITEM" >> "{out}"',
+        ],
+        input=b"with space\0back\\slash\0\0last",
+    )
+    assert r.returncode == 0, r.stderr
+    assert out.read_text() == "[with space][back\\slash][last]"
+    # A newline inside an item is fine for the command but not for a lock name.
+    r = run_cli(["each", "-0", "--lock-dir", str(lock_dir), "n-{}", "true"], input=b"a\nb\0")
+    assert r.returncode == 2 and b"control character 0x0A" in r.stderr
+
+
+def test_stops_at_the_first_failure_or_counts_with_keep_going(
+    lock_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    cmd = f'echo "$LOCAL_MUTEX_ITEM" >> "{out}"; case "$LOCAL_MUTEX_ITEM" in bad*) exit 3;; esac'
+    items = b"a\nbad1\nb\nbad2\nc\n"
+    r = run_cli(["each", "--lock-dir", str(lock_dir), "k-{}", cmd], input=items)
+    assert r.returncode == 3
+    assert out.read_text().split() == ["a", "bad1"]
+    assert "first: 'bad1', exit 3" in r.stderr.decode() and "stopped early" in r.stderr.decode()
+    out.unlink()
+    r = run_cli(["each", "--keep-going", "--lock-dir", str(lock_dir), "k-{}", cmd], input=items)
+    assert r.returncode == 2  # two items failed
+    assert out.read_text().split() == ["a", "bad1", "b", "bad2", "c"]
+    assert "5 items ran, 2 failed" in r.stderr.decode()
+
+
+def test_skip_locked_skips_busy_items_and_reports_them(
+    procs: Procs, lock_dir: Path, marks: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    procs.start(["s-b", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    r = run_cli(
+        [
+            "each",
+            "--no-wait",
+            "--skip-locked",
+            "--lock-dir",
+            str(lock_dir),
+            "s-{}",
+            f'echo "$LOCAL_MUTEX_ITEM" >> "{out}"',
+        ],
+        input=b"a\nb\nc\n",
+    )
+    assert r.returncode == 0, r.stderr
+    assert out.read_text().split() == ["a", "c"]
+    err = r.stderr.decode()
+    assert "skipped item 'b'" in err and "1 skipped because locked" in err
+    r = run_cli(["each", "--no-wait", "--lock-dir", str(lock_dir), "s-{}", "true"], input=b"b\n")
+    assert r.returncode == 75
+    (marks / "h.go").touch()
+
+
+def test_items_that_waited_get_a_line(procs: Procs, lock_dir: Path, marks: Path) -> None:
+    holder = procs.start(["w-b", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    p = procs.start(["each", "--lock-dir", str(lock_dir), "w-{}", "true"])  # stdin: /dev/null
+    assert p.wait(30) == 0
+    p = subprocess.Popen(
+        [*CLI, "each", "--lock-dir", str(lock_dir), "w-{}", "true"],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+    )
+    assert p.stdin is not None and p.stderr is not None
+    p.stdin.write(b"a\nb\nc\n")
+    p.stdin.close()
+    line = p.stderr.readline().decode()
+    assert "waiting for lock w-b" in line and f"held by pid {holder.pid}" in line
+    (marks / "h.go").touch()
+    assert p.wait(30) == 0
+    rest = p.stderr.read().decode().splitlines()
+    assert not any("w-a" in x or "w-c" in x for x in rest)
+    assert any(x.startswith("local-mutex: released w-b") for x in rest)
+
+
+def test_each_bad_input(lock_dir: Path, marks: Path) -> None:
+    cmd = f"touch '{marks}/ran'"
+    for args, needle in [
+        (["each", "--lock-dir", str(lock_dir), "x-{", cmd], "lone '{'"),
+        (["each", "--lock-dir", str(lock_dir), "x-{}", " "], "command is only whitespace"),
+        (["each", "--skip-locked", "--lock-dir", str(lock_dir), "x-{}", cmd], "--skip-locked"),
+        (["each", "--lock-dir", "rel", "x-{}", cmd], "not an absolute path"),
+    ]:
+        r = run_cli(args, input=b"a\n")
+        assert r.returncode == 2, (args, r.stderr)
+        assert needle in r.stderr.decode()
+    r = run_cli(["each", "--lock-dir", str(lock_dir), "x-{}", cmd], input=b"ok\nbad\tname\n")
+    assert r.returncode == 2 and b"control character 0x09" in r.stderr
+    assert collections.Counter(p.name for p in lock_dir.iterdir()) == {
+        lock_file(lock_dir, "x-ok").name: 1
+    }
+
+
+@pytest.mark.parametrize("template,expected", [("{{{}}}", "{a}"), ("p-{}-{}", "p-a-a")])
+def test_template_braces(lock_dir: Path, template: str, expected: str) -> None:
+    r = run_cli(["each", "--lock-dir", str(lock_dir), template, "true"], input=b"a\n")
+    assert r.returncode == 0, r.stderr
+    assert lock_file(lock_dir, expected).exists()

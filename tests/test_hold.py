@@ -1,0 +1,168 @@
+"""hold/release: a lock that spans commands, owned by a detached holder process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import Procs, hold_until, lock_file, run_cli, wait_for
+
+JOB_A = {
+    "GITHUB_RUN_ID": "100",
+    "GITHUB_RUN_ATTEMPT": "1",
+    "GITHUB_JOB": "build",
+    "RUNNER_NAME": "runner-1",
+}
+JOB_B = {**JOB_A, "GITHUB_JOB": "deploy"}
+
+
+def _status(name: str, lock_dir: Path) -> dict[str, Any]:
+    r = run_cli(["status", name, "--lock-dir", str(lock_dir), "--json"])
+    data: dict[str, Any] = json.loads(r.stdout)
+    return data
+
+
+def _hold(name: str, lock_dir: Path, *extra: str, env: dict[str, str] | None = None) -> str:
+    r = run_cli(["hold", name, "--lock-dir", str(lock_dir), *extra], env=env, timeout=30)
+    assert r.returncode == 0, r.stderr
+    token = r.stdout.decode().strip()
+    assert len(token) == 32
+    return token
+
+
+def _free(name: str, lock_dir: Path) -> bool:
+    return bool(_status(name, lock_dir)["state"] == "free")
+
+
+@pytest.fixture
+def cleanup(lock_dir: Path) -> Any:
+    names: list[str] = []
+    yield names
+    for name in names:
+        run_cli(["release", name, "--lock-dir", str(lock_dir), "--force"])
+
+
+def test_hold_then_run_waits_until_release(
+    procs: Procs, lock_dir: Path, tmp_path: Path, cleanup: list[str]
+) -> None:
+    cleanup.append("deploy")
+    token = _hold("deploy", lock_dir, "--message", "migrating the db")
+    st = _status("deploy", lock_dir)
+    assert st["state"] == "held" and st["holders"][0]["message"] == "migrating the db"
+    runner = procs.start(["deploy", f"touch '{tmp_path}/ran'", str(lock_dir)])
+    procs.wait_stderr(runner, "waiting for lock deploy")
+    assert "migrating the db" in procs.stderr(runner)
+    assert not (tmp_path / "ran").exists()
+    r = run_cli(["release", "deploy", "--lock-dir", str(lock_dir), "--token", token])
+    assert r.returncode == 0 and b"released deploy" in r.stderr
+    assert runner.wait(20) == 0 and (tmp_path / "ran").exists()
+
+
+def test_second_hold_without_waiting_is_75(lock_dir: Path, cleanup: list[str]) -> None:
+    cleanup.append("once")
+    _hold("once", lock_dir)
+    r = run_cli(["hold", "once", "--no-wait", "--lock-dir", str(lock_dir)])
+    assert r.returncode == 75 and b"not acquired" in r.stderr
+
+
+def test_release_is_for_this_job_or_its_token(lock_dir: Path, cleanup: list[str]) -> None:
+    cleanup.append("j")
+    token = _hold("j", lock_dir, env=JOB_A)
+    r = run_cli(["release", "j", "--lock-dir", str(lock_dir)], env=JOB_B)
+    assert r.returncode == 77 and b"belongs to another job" in r.stderr
+    r = run_cli(["release", "j", "--lock-dir", str(lock_dir), "--token", "0" * 32])
+    assert r.returncode == 77
+    assert not _free("j", lock_dir)
+    r = run_cli(["release", "j", "--lock-dir", str(lock_dir)], env=JOB_A)
+    assert r.returncode == 0 and _free("j", lock_dir)
+    _hold("j", lock_dir, env=JOB_A)
+    r = run_cli(["release", "j", "--lock-dir", str(lock_dir), "--force"], env=JOB_B)
+    assert r.returncode == 0 and _free("j", lock_dir)
+    r = run_cli(["release", "j", "--lock-dir", str(lock_dir)])
+    assert r.returncode == 0 and b"not held; nothing to release" in r.stderr
+    _hold("j", lock_dir)
+    r = run_cli(
+        ["release", "j", "--lock-dir", str(lock_dir)], env={"LOCAL_MUTEX_HOLD_TOKEN": token}
+    )
+    assert r.returncode == 77  # an old token does not fit a new hold
+
+
+def test_release_never_touches_a_running_command(procs: Procs, lock_dir: Path, marks: Path) -> None:
+    runner = procs.start(["busy", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    r = run_cli(["release", "busy", "--lock-dir", str(lock_dir), "--force"])
+    assert r.returncode == 77 and b"not a hold" in r.stderr
+    assert runner.poll() is None
+    (marks / "h.go").touch()
+    assert runner.wait(20) == 0
+
+
+def test_ttl_expiry_frees_it(lock_dir: Path) -> None:
+    _hold("short", lock_dir, "--ttl", "1")
+    assert not _free("short", lock_dir)
+    wait_for(lambda: _free("short", lock_dir), 15)
+
+
+def test_sigkill_of_the_holder_frees_it(lock_dir: Path) -> None:
+    _hold("k", lock_dir)
+    pid = _status("k", lock_dir)["holders"][0]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: _free("k", lock_dir), 5)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc/*/environ")
+def test_the_runners_end_of_job_cleanup_frees_it(lock_dir: Path) -> None:
+    tracking = f"local-mutex-test-{os.getpid()}-{time.monotonic_ns()}"
+    _hold("job-scoped", lock_dir, env={"RUNNER_TRACKING_ID": tracking})
+    # What the runner does at the end of a job: kill every process carrying its id.
+    killed = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if f"RUNNER_TRACKING_ID={tracking}".encode() in environ.split(b"\0"):
+            os.kill(int(entry), signal.SIGKILL)
+            killed.append(int(entry))
+    assert len(killed) == 1
+    wait_for(lambda: _free("job-scoped", lock_dir), 5)
+
+
+def test_reentrant_inside_the_holding_job_only_when_asked(
+    lock_dir: Path, cleanup: list[str]
+) -> None:
+    cleanup.append("r")
+    token = _hold("r", lock_dir, env=JOB_A)
+    r = run_cli(["run", "--reentrant", "r", "echo inside", str(lock_dir)], env=JOB_A)
+    assert r.returncode == 0 and r.stdout == b"inside\n"
+    assert b"already held by enclosing pid" in r.stderr
+    r = run_cli(["run", "--no-wait", "r", "echo inside", str(lock_dir)], env=JOB_A)
+    assert r.returncode == 75
+    r = run_cli(["run", "--reentrant", "--no-wait", "r", "echo inside", str(lock_dir)], env=JOB_B)
+    assert r.returncode == 75
+    r = run_cli(
+        ["run", "--reentrant", "r", "echo by-token", str(lock_dir)],
+        env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+    )
+    assert r.returncode == 0 and r.stdout == b"by-token\n"
+
+
+def test_hold_bad_input(lock_dir: Path) -> None:
+    for args, needle in [
+        (["hold", ""], b"lock name is empty"),
+        (["hold", "x", "--ttl", "0"], b"more than 0"),
+        (["hold", "x", "--lock-dir", "rel"], b"not an absolute path"),
+        (["release", "x", "--lock-dir", "rel"], b"not an absolute path"),
+    ]:
+        r = run_cli(args if "--lock-dir" in args else [*args, "--lock-dir", str(lock_dir)])
+        assert r.returncode == 2, (args, r.stderr)
+        assert needle in r.stderr
+    assert not lock_file(lock_dir, "x").exists() or _free("x", lock_dir)

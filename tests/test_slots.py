@@ -1,0 +1,80 @@
+"""--slots N: a counting semaphore; at most N at once, waiters asleep."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from conftest import Procs, hold_until, run_cli, wait_for
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_three_runs_two_slots_at_most_two_overlap(
+    procs: Procs, lock_dir: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "log"
+    cmd = f'echo "start $(date +%s.%N)" >> "{log}"; sleep 1; echo "end $(date +%s.%N)" >> "{log}"'
+    ps = [procs.start(["--slots", "2", "pool", cmd, str(lock_dir)]) for _ in range(3)]
+    assert [p.wait(60) for p in ps] == [0, 0, 0]
+    events = sorted(
+        (float(t), 1 if kind == "start" else -1)
+        for kind, t in (line.split() for line in log.read_text().splitlines())
+    )
+    running, peak = 0, 0
+    for _, delta in events:
+        running += delta
+        peak = max(peak, running)
+    assert len(events) == 6 and peak == 2
+
+
+def test_a_waiting_third_sleeps_and_then_runs(procs: Procs, lock_dir: Path, marks: Path) -> None:
+    a = procs.start(["--slots", "2", "pool", hold_until(marks, "a"), str(lock_dir)])
+    b = procs.start(["--slots", "2", "pool", hold_until(marks, "b"), str(lock_dir)])
+    wait_for(marks / "a.held")
+    wait_for(marks / "b.held")
+    third = procs.start(["--slots", "2", "pool", f"touch '{marks}/c.ran'", str(lock_dir)])
+    fourth = procs.start(["--slots", "2", "pool", f"touch '{marks}/d.ran'", str(lock_dir)])
+    procs.wait_stderr(third, "all 2 slots of pool are busy")
+    procs.wait_stderr(fourth, "waiting for lock pool")
+    st = json.loads(run_cli(["status", "pool", "--lock-dir", str(lock_dir), "--json"]).stdout)
+    assert st["slots_in_use"] == 2
+    assert {s["holders"][0]["pid"] for s in st["slots"]} == {a.pid, b.pid}
+    before = [_cpu_seconds(p.pid) for p in (third, fourth)]
+    time.sleep(3)
+    used = [_cpu_seconds(p.pid) - t for p, t in zip((third, fourth), before)]
+    assert all(u < 0.5 for u in used), used
+    assert not (marks / "c.ran").exists() and not (marks / "d.ran").exists()
+    (marks / "a.go").touch()
+    assert a.wait(20) == 0
+    wait_for(lambda: (marks / "c.ran").exists() or (marks / "d.ran").exists(), 20)
+    (marks / "b.go").touch()
+    assert third.wait(20) == 0 and fourth.wait(20) == 0 and b.wait(20) == 0
+
+
+def test_slots_wait_ceiling_and_hold(lock_dir: Path) -> None:
+    for _ in range(2):
+        r = run_cli(["hold", "pool", "--slots", "2", "--lock-dir", str(lock_dir)])
+        assert r.returncode == 0, r.stderr
+    r = run_cli(["--slots", "2", "--wait", "0.3", "pool", "true", str(lock_dir)])
+    assert r.returncode == 75 and b"all 2 slots of pool are busy" in r.stderr
+    r = run_cli(["release", "pool", "--slots", "--lock-dir", str(lock_dir)])
+    assert r.returncode == 77  # holds from no job and no token: not ours
+    for _ in range(2):
+        r = run_cli(["release", "pool", "--slots", "--force", "--lock-dir", str(lock_dir)])
+        assert r.returncode == 0 and b"released pool" in r.stderr
+    r = run_cli(["--slots", "2", "--no-wait", "pool", "echo free", str(lock_dir)])
+    assert r.returncode == 0 and r.stdout == b"free\n"
+
+
+def test_slots_bad_input(lock_dir: Path) -> None:
+    r = run_cli(["--slots", "0", "pool", "true", str(lock_dir)])
+    assert r.returncode == 2
+    r = run_cli(["--slots", "2", "--shared", "pool", "true", str(lock_dir)])
+    assert r.returncode == 2 and b"cannot be --shared" in r.stderr
