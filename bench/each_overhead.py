@@ -14,20 +14,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from run_overhead import _cli
-
-
-def _time(argv: list[str], env: dict[str, str], stdin: bytes = b"") -> float:
-    t0 = time.perf_counter()
-    subprocess.run(
-        argv, env=env, input=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True
-    )
-    return time.perf_counter() - t0
+from timing import cli, seconds
 
 
 def main() -> int:
@@ -49,10 +40,10 @@ def main() -> int:
         loop = f'for i in $(seq {n}); do "$0" "item-$i" true {d} || exit 1; done'
         flock_loop = f"for i in $(seq {n}); do flock -o -x {d}/f-$i.lock sh -c true; done"
         for _ in range(args.rounds):
-            each.append(_time([*_cli(), "each", "--lock-dir", d, "{}", "true"], env, items))
-            sequential.append(_time(["sh", "-c", loop, _cli()[0]], env))
+            each.append(seconds([*cli(), "each", "--lock-dir", d, "{}", "true"], env, items))
+            sequential.append(seconds(["sh", "-c", loop, cli()[0]], env))
             if shutil.which("flock"):
-                flock.append(_time(["sh", "-c", flock_loop], env))
+                flock.append(seconds(["sh", "-c", flock_loop], env))
     e, s = statistics.median(each), statistics.median(sequential)
     print(f"each over {n} items            median {e:6.3f} s")
     print(

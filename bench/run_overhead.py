@@ -15,24 +15,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-def _cli() -> list[str]:
-    script = Path(sys.executable).parent / "local-mutex"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "local_mutex"]
-
-
-def _median_seconds(argv: list[str], runs: int, env: dict[str, str]) -> float:
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        subprocess.run(
-            argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True
-        )
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+from timing import cli, median_seconds
 
 
 def handoff_gaps(lock_dir: str, waiters: int, env: dict[str, str]) -> list[float]:
@@ -40,7 +27,7 @@ def handoff_gaps(lock_dir: str, waiters: int, env: dict[str, str]) -> list[float
     log = Path(lock_dir) / "handoff.log"
     cmd = f'echo "s $(date +%s%N)" >> {log}; sleep 0.02; echo "e $(date +%s%N)" >> {log}'
     procs = [
-        subprocess.Popen([*_cli(), "handoff", cmd, lock_dir], env=env, stderr=subprocess.DEVNULL)
+        subprocess.Popen([*cli(), "handoff", cmd, lock_dir], env=env, stderr=subprocess.DEVNULL)
         for _ in range(waiters)
     ]
     for p in procs:
@@ -69,9 +56,9 @@ def main() -> int:
     )
     with tempfile.TemporaryDirectory() as lock_dir:
         lock_file = os.path.join(lock_dir, "bare.lock")
-        python = _median_seconds([sys.executable, "-c", "pass"], args.runs, env)
-        ours = _median_seconds([*_cli(), "bench", "true", lock_dir], args.runs, env)
-        shim = _median_seconds(
+        python = median_seconds([sys.executable, "-c", "pass"], args.runs, env)
+        ours = median_seconds([*cli(), "bench", "true", lock_dir], args.runs, env)
+        shim = median_seconds(
             ["sh", local_mutex.wrap.SHIM, "bench", "true", lock_dir],
             args.runs,
             {**env, "LOCAL_MUTEX_PYTHON": sys.executable},
@@ -86,7 +73,7 @@ def main() -> int:
             f"{shim / python:.2f}x python (the nested-call path)"
         )
         if shutil.which("flock"):
-            bare = _median_seconds(
+            bare = median_seconds(
                 ["flock", "-o", "-x", lock_file, "sh", "-c", "true"], args.runs, env
             )
             print(

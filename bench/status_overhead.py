@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from run_overhead import _cli, _median_seconds
+from timing import cli, median_seconds
 
 HOLDER = """
 import fcntl, os, sys
@@ -59,12 +57,13 @@ def main() -> int:
         )
         assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
         try:
-            ls = _median_seconds(["ls", "-l", lock_dir], args.runs, env)
-            lst = _median_seconds(
-                [*_cli(), "list", "--lock-dir", lock_dir, "--json"], args.runs, env
+            ls = median_seconds(["ls", "-l", lock_dir], args.runs, env)
+            lst = median_seconds([*cli(), "list", "--lock-dir", lock_dir, "--json"], args.runs, env)
+            # Exit 1 (held) proves status really saw the holder each time.
+            status = median_seconds(
+                [*cli(), "status", "item-0", "--lock-dir", lock_dir], args.runs, env, expect=1
             )
-            status = _status_median(lock_dir, args.runs, env)
-            run = _median_seconds([*_cli(), "uncontended", "true", lock_dir], args.runs, env)
+            run = median_seconds([*cli(), "uncontended", "true", lock_dir], args.runs, env)
         finally:
             holder.communicate("")
     print(f"ls -l ({args.files} files)             median {ls * 1000:8.1f} ms   1.00x")
@@ -78,22 +77,6 @@ def main() -> int:
         f"{status / run:.2f}x the run (target <= 1.5x)"
     )
     return 0
-
-
-def _status_median(lock_dir: str, runs: int, env: dict[str, str]) -> float:
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        r = subprocess.run(
-            [*_cli(), "status", "item-0", "--lock-dir", lock_dir],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            check=False,
-        )
-        times.append(time.perf_counter() - t0)
-        assert r.returncode == 1, "item-0 should be reported held"
-    return statistics.median(times)
 
 
 if __name__ == "__main__":

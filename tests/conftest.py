@@ -142,6 +142,20 @@ def run_cli(
     )
 
 
+def lock_is_free(path: Path) -> bool:
+    """Probe with a non-blocking exclusive flock (held only for an instant if free)."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def lock_file(lock_dir: Path, name: str | bytes) -> Path:
     import hashlib
 

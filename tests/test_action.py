@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from actions_harness import needs_act, run_act, start_act, workflow
-from conftest import CLI, clean_env, hold_until, lock_file, wait_for
+from conftest import CLI, clean_env, hold_until, lock_file, lock_is_free, wait_for
 
 pytestmark = [needs_act, pytest.mark.timeout(300)]
 
@@ -339,17 +338,7 @@ def test_cancel_signal_to_the_entry_process_frees_the_lock(tmp_path: Path) -> No
         os.kill(entry, signal.SIGINT)
         t0 = time.monotonic()
 
-        def free() -> bool:
-            fd = os.open(lock_file(locks, "cancel-me"), os.O_RDONLY)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                return False
-            finally:
-                os.close(fd)
-
-        wait_for(free, 15)
+        wait_for(lambda: lock_is_free(lock_file(locks, "cancel-me")), 15)
         assert time.monotonic() - t0 < 10
         wait_for(lambda: _gone(child), 5)
         out = run.communicate(timeout=60)[0]

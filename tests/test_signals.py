@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
 import subprocess
@@ -12,18 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Procs, hold_until, lock_file, wait_for
-
-
-def _free(path: Path) -> bool:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
+from conftest import Procs, hold_until, lock_file, lock_is_free, wait_for
 
 
 def test_sigkill_to_the_supervisor_frees_the_lock_at_once(
@@ -32,11 +20,11 @@ def test_sigkill_to_the_supervisor_frees_the_lock_at_once(
     holder = procs.start(["k", hold_until(marks), str(lock_dir)])
     wait_for(marks / "h.held")
     path = lock_file(lock_dir, "k")
-    assert not _free(path)
+    assert not lock_is_free(path)
     holder.send_signal(signal.SIGKILL)
     holder.wait(5)
     killed_at = time.monotonic()
-    wait_for(lambda: _free(path), 5)
+    wait_for(lambda: lock_is_free(path), 5)
     assert time.monotonic() - killed_at < 1.0
     (marks / "h.go").touch()  # lets the orphaned command end
 
@@ -81,7 +69,7 @@ def test_command_ignoring_signals_is_killed_within_ten_seconds(
     elapsed = time.monotonic() - t0
     assert elapsed < 10.0, elapsed
     assert status == 137
-    assert _free(lock_file(lock_dir, "stubborn"))
+    assert lock_is_free(lock_file(lock_dir, "stubborn"))
 
 
 def test_a_waiter_signalled_before_running_does_not_run(

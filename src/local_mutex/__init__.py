@@ -19,37 +19,13 @@ from .errors import (
     UnsafeLockFile,
     ValidationError,
 )
+from .inprocess import HeldLock, hold
 from .lockdir import lock_path
 from .wrap import RunResult, run, run_locked
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from contextlib import AbstractContextManager
-
-    from .inprocess import HeldLock
     from .lockstate import LockStatus
-
-
-def hold(
-    name: str | bytes,
-    *,
-    lock_dir: str | None = None,
-    wait: float | None = None,
-    shared: bool = False,
-    allow_other_owner: bool | None = None,
-    message: str | None = None,
-) -> AbstractContextManager[HeldLock]:
-    """``with hold(name): ...`` holds the lock in this process (see ``inprocess.hold``)."""
-    from .inprocess import hold as _hold
-
-    return _hold(
-        name,
-        lock_dir=lock_dir,
-        wait=wait,
-        shared=shared,
-        allow_other_owner=allow_other_owner,
-        message=message,
-    )
 
 
 def status(name: str | bytes, lock_dir: str | None = None) -> LockStatus:
@@ -68,6 +44,7 @@ def list_locks(lock_dir: str | None = None, *, include_free: bool = False) -> li
 
 __all__ = [
     "CannotTell",
+    "HeldLock",
     "Interrupted",
     "InvalidCommand",
     "InvalidLockDir",

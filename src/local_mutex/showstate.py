@@ -60,15 +60,16 @@ def _print(text: str) -> None:
     out.flush()
 
 
+def _failure(exc: ValidationError | CannotTell) -> int:
+    Reporter().error(str(exc))
+    return EXIT_USAGE if isinstance(exc, ValidationError) else EXIT_CANNOT_TELL
+
+
 def show_status(name: str, lock_dir: str | None, as_json: bool) -> int:
     try:
         st = status(name, lock_dir)
-    except ValidationError as exc:
-        Reporter().error(str(exc))
-        return EXIT_USAGE
-    except CannotTell as exc:
-        Reporter().error(str(exc))
-        return EXIT_CANNOT_TELL
+    except (ValidationError, CannotTell) as exc:
+        return _failure(exc)
     data = st.as_dict()
     _print(dump_json(data) if as_json else describe_status(data, name))
     return {"free": EXIT_FREE, "held": EXIT_HELD}.get(st.state, EXIT_CANNOT_TELL)
@@ -77,12 +78,8 @@ def show_status(name: str, lock_dir: str | None, as_json: bool) -> int:
 def show_list(lock_dir: str | None, as_json: bool, include_free: bool) -> int:
     try:
         found = list_locks(lock_dir, include_free=include_free)
-    except ValidationError as exc:
-        Reporter().error(str(exc))
-        return EXIT_USAGE
-    except CannotTell as exc:
-        Reporter().error(str(exc))
-        return EXIT_CANNOT_TELL
+    except (ValidationError, CannotTell) as exc:
+        return _failure(exc)
     if as_json:
         _print(dump_json([s.as_dict() for s in found]))
     elif not found:

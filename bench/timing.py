@@ -1,0 +1,56 @@
+"""Shared by the benchmarks: which CLI to time, how to time it, a clean environment."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def cli() -> list[str]:
+    """The installed `local-mutex` script next to this interpreter, else `python -m`."""
+    script = Path(sys.executable).parent / "local-mutex"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "local_mutex"]
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("LOCAL_MUTEX_", "GITHUB_"))}
+
+
+def compile_package() -> None:
+    """A regular install has bytecode compiled by pip; an editable one may not (and
+    PYTHONDONTWRITEBYTECODE keeps it that way), which would time the compiler instead."""
+    import local_mutex
+
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", os.path.dirname(local_mutex.__file__)],
+        check=True,
+    )
+
+
+def seconds(
+    argv: list[str], env: dict[str, str], stdin: bytes = b"", expect: int | None = 0
+) -> float:
+    """Wall time of one run; ``expect`` is the exit status it must have (None: any)."""
+    t0 = time.perf_counter()
+    r = subprocess.run(
+        argv,
+        env=env,
+        input=stdin,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=False,
+    )
+    elapsed = time.perf_counter() - t0
+    if expect is not None and r.returncode != expect:
+        raise SystemExit(f"{argv} exited {r.returncode}, expected {expect}")
+    return elapsed
+
+
+def median_seconds(
+    argv: list[str], runs: int, env: dict[str, str], stdin: bytes = b"", expect: int | None = 0
+) -> float:
+    return statistics.median(seconds(argv, env, stdin, expect) for _ in range(runs))
