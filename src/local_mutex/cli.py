@@ -9,7 +9,14 @@ from __future__ import annotations
 import os
 import sys
 
-from .errors import Interrupted, LocalMutexError, NotAcquired, Refused, ValidationError
+from .errors import (
+    Interrupted,
+    LocalMutexError,
+    NotAcquired,
+    Refused,
+    RemoteError,
+    ValidationError,
+)
 from .nesting import ENV_HELD
 from .notices import Reporter
 
@@ -18,19 +25,21 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-VERBS = frozenset({"run", "status", "list", "each", "hold", "release"})
+VERBS = frozenset({"run", "status", "list", "each", "hold", "release", "history"})
 
 EXIT_USAGE = 2
 EXIT_NOT_ACQUIRED = 75  # as BSD lockf(1): "could not acquire the lock in time"
 EXIT_SPAWN_FAILED = 125  # as timeout(1): the wrapper itself failed
 EXIT_REFUSED = 77  # as EX_NOPERM: release declined (not a hold, or not ours)
+EXIT_REMOTE = 69  # as EX_UNAVAILABLE: the git remote is down or refused
+ENV_REMOTE = "LOCAL_MUTEX_REMOTE"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] not in VERBS and not args[0].startswith("-"):
         return _positional(args)
-    if args and args[0] in ("status", "list"):
+    if args and args[0] in ("status", "list") and not os.environ.get(ENV_REMOTE):
         quick = _quick_look(args)
         if quick is not None:
             return quick
@@ -64,6 +73,11 @@ def _positional(args: list[str]) -> int:
             "see local-mutex --help"
         )
         return EXIT_USAGE
+    if os.environ.get(ENV_REMOTE):
+        from .remotecli import remote_run
+
+        lock_dir = args[2] if len(args) == 3 else None
+        return remote_run(args[1], args[0], os.environ[ENV_REMOTE], lock_dir=lock_dir)
     return run_command(args[0], args[1], lock_dir=args[2] if len(args) == 3 else None)
 
 
@@ -83,6 +97,9 @@ def failure_status(exc: BaseException, reporter: Reporter) -> int:
     if isinstance(exc, Refused):
         reporter.error(str(exc))
         return EXIT_REFUSED
+    if isinstance(exc, RemoteError):
+        reporter.error(str(exc))
+        return EXIT_REMOTE
     if isinstance(exc, KeyboardInterrupt):
         return 130
     reporter.error(str(exc))

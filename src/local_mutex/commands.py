@@ -123,6 +123,29 @@ def run_options(f: F) -> F:
     return wait_options(lock_dir_option(f))
 
 
+def remote_options(f: F) -> F:
+    f = click.option(
+        "--key-prefix",
+        default="lock__",
+        show_default=True,
+        metavar="PREFIX",
+        help="Branch prefix of remote locks (lock-action's default).",
+    )(f)
+    return click.option(
+        "--remote",
+        metavar="URL",
+        envvar="LOCAL_MUTEX_REMOTE",
+        help="Lock on this git remote (branch <prefix>NAME) instead of this machine's "
+        "kernel; also $LOCAL_MUTEX_REMOTE.",
+    )(f)
+
+
+def _no_local_only(remote: str | None, **flags: object) -> None:
+    used = [name for name, value in flags.items() if value]
+    if remote and used:
+        raise click.UsageError(f"{', '.join(used)} cannot be used with --remote")
+
+
 def _wait_value(wait: float | None, no_wait: bool) -> float | None:
     if no_wait and wait is not None:
         raise click.UsageError("--wait and --no-wait exclude each other")
@@ -146,6 +169,24 @@ def cli() -> None:
     help="Run inside a `hold` of NAME taken by this job (or $LOCAL_MUTEX_HOLD_TOKEN) "
     "instead of waiting for it.",
 )
+@remote_options
+@click.option(
+    "--lease",
+    type=Seconds(positive=True),
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --remote: lease, renewed while the command runs; "
+    "a holder that died is taken over once it expires.",
+)
+@click.option(
+    "--poll",
+    type=Seconds(positive=True),
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --remote: how often a waiter looks (plus jitter).",
+)
 def run_cmd(
     name: str,
     command: str,
@@ -160,20 +201,46 @@ def run_cmd(
     allow_other_owner: bool | None,
     quiet: bool,
     reentrant: bool,
+    remote: str | None,
+    key_prefix: str,
+    lease: float,
+    poll: float,
 ) -> None:
     """Run COMMAND under the lock NAME (the verb-free form does the same).
 
-    A lock literally named like a verb (run, status, list, each, hold, release) is
-    reached through this spelling: local-mutex run status 'make'.
+    A lock literally named like a verb (run, status, list, each, hold, release, history)
+    is reached through this spelling: local-mutex run status 'make'.
     """
     if lock_dir and lock_dir_arg and lock_dir != lock_dir_arg:
         raise click.UsageError("LOCK_DIR and --lock-dir disagree; give one of them")
+    wait = _wait_value(wait, no_wait)
+    if remote:
+        _no_local_only(
+            remote,
+            **{"--shared": shared, "--slots": slots, "--reentrant": reentrant, "--quiet": quiet},
+        )
+        from .remotecli import remote_run
+
+        sys.exit(
+            remote_run(
+                command,
+                name,
+                remote,
+                prefix=key_prefix,
+                lease=lease,
+                poll=poll,
+                wait=wait,
+                timeout=timeout,
+                kill_after=kill_after,
+                lock_dir=lock_dir or lock_dir_arg,
+            )
+        )
     sys.exit(
         run_command(
             name,
             command,
             lock_dir=lock_dir or lock_dir_arg,
-            wait=_wait_value(wait, no_wait),
+            wait=wait,
             timeout=timeout,
             kill_after=kill_after,
             shared=shared,
@@ -277,6 +344,15 @@ def each_cmd(
 @click.option(
     "--allow-other-owner", is_flag=True, default=None, help="Use a lock file owned by another user."
 )
+@remote_options
+@click.option(
+    "--poll",
+    type=Seconds(positive=True),
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --remote: how often a waiter looks (plus jitter).",
+)
 def hold_cmd(
     name: str,
     lock_dir: str | None,
@@ -286,6 +362,9 @@ def hold_cmd(
     ttl: float | None,
     slots: int | None,
     allow_other_owner: bool | None,
+    remote: str | None,
+    key_prefix: str,
+    poll: float,
 ) -> None:
     """Take NAME and keep it after this command returns, until `release`.
 
@@ -293,6 +372,21 @@ def hold_cmd(
     prints the token that releases it. The hold ends on `local-mutex release NAME`, when
     --ttl runs out, when the holder dies, or when the GitHub job that took it ends.
     """
+    if remote:
+        _no_local_only(remote, **{"--slots": slots})
+        from .remotecli import remote_hold
+
+        sys.exit(
+            remote_hold(
+                name,
+                remote,
+                prefix=key_prefix,
+                wait=_wait_value(wait, no_wait),
+                poll=poll,
+                ttl=ttl,
+                message=message,
+            )
+        )
     from .holds import start_hold
 
     reporter = Reporter()
@@ -328,14 +422,43 @@ def hold_cmd(
 )
 @click.option("--force", is_flag=True, help="End the hold even if another job took it.")
 @click.option("--slots", "slotted", is_flag=True, help="Release a slot taken by hold --slots.")
+@remote_options
+@click.option(
+    "--delete-branch",
+    is_flag=True,
+    help="With --remote: delete the lock branch instead of adding an unlock commit.",
+)
 def release_cmd(
-    name: str, lock_dir: str | None, token: str | None, force: bool, slotted: bool
+    name: str,
+    lock_dir: str | None,
+    token: str | None,
+    force: bool,
+    slotted: bool,
+    remote: str | None,
+    key_prefix: str,
+    delete_branch: bool,
 ) -> None:
     """End a hold on NAME. Releasing a free lock is a no-op (exit 0).
 
     Only holds started by this job (or with its token) are ended, unless --force.
     A lock held by a running command rather than a hold is never touched (exit 77).
     """
+    if remote:
+        _no_local_only(remote, **{"--slots": slotted})
+        from .remotecli import remote_release
+
+        sys.exit(
+            remote_release(
+                name,
+                remote,
+                prefix=key_prefix,
+                token=token,
+                force=force,
+                delete_branch=delete_branch,
+            )
+        )
+    if delete_branch:
+        raise click.UsageError("--delete-branch needs --remote")
     from .holds import release
 
     reporter = Reporter()
@@ -359,15 +482,35 @@ def _quote(text: str) -> str:
 @click.argument("name")
 @lock_dir_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (schema in the README).")
-def status_cmd(name: str, lock_dir: str | None, as_json: bool) -> None:
+@remote_options
+def status_cmd(
+    name: str, lock_dir: str | None, as_json: bool, remote: str | None, key_prefix: str
+) -> None:
     """Is NAME free or held; by whom, since when; who waits, in order.
 
     Exit 0 free, 1 held, 3 cannot tell, 2 bad input. Never creates the lock file and,
     on Linux, never takes the lock.
     """
+    if remote:
+        from .remotecli import remote_status
+
+        sys.exit(remote_status(name, remote, prefix=key_prefix, as_json=as_json))
     from .showstate import show_status
 
     sys.exit(show_status(name, lock_dir, as_json))
+
+
+@cli.command("history")
+@click.argument("name")
+@remote_options
+@click.option("--json", "as_json", is_flag=True, help="A JSON array, oldest first.")
+def history_cmd(name: str, remote: str | None, key_prefix: str, as_json: bool) -> None:
+    """Who locked, unlocked and took over NAME on a git remote, when, and why."""
+    if not remote:
+        raise click.UsageError("history needs --remote URL (or $LOCAL_MUTEX_REMOTE)")
+    from .remotecli import remote_history
+
+    sys.exit(remote_history(name, remote, prefix=key_prefix, as_json=as_json))
 
 
 @cli.command("list")

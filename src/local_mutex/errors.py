@@ -61,3 +61,8 @@ class CannotTell(LocalMutexError):
 
 class Refused(LocalMutexError):
     """``release`` declined: the lock is not a hold, or not this job's (exit 77)."""
+
+
+class RemoteError(LocalMutexError):
+    """A git remote could not be reached, or refused for a reason other than a lost race
+    (exit 69, as EX_UNAVAILABLE); nothing was left half-taken."""

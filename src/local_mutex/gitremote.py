@@ -1,0 +1,171 @@
+"""Git plumbing for remote locks: a throwaway bare repository, refs read and written by
+compare-and-swap, never a working tree. Credentials come from git's own machinery, or from
+a token placed in git's environment-only configuration -- never on a command line."""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import subprocess
+import tempfile
+from urllib.parse import urlsplit
+
+from .errors import RemoteError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+ENV_TOKEN = "LOCAL_MUTEX_GIT_TOKEN"
+__all__ = ["Git", "RemoteError"]
+GIT_TIMEOUT = 60.0
+EMPTY_TREE_INPUT = b""
+
+
+class Git:
+    """One remote, talked to through a private temporary bare repository."""
+
+    def __init__(self, url: str, env: Mapping[str, str] | None = None) -> None:
+        if not url.strip():
+            raise RemoteError("the remote URL is empty")
+        self.url = url
+        self.dir = tempfile.mkdtemp(prefix="local-mutex-git-")
+        base = dict(os.environ if env is None else env)
+        self.env = {
+            **base,
+            "GIT_DIR": self.dir,
+            "GIT_TERMINAL_PROMPT": "0",  # never wait on a password prompt
+            "GIT_ASKPASS": "true" if not base.get("GIT_ASKPASS") else base["GIT_ASKPASS"],
+        }
+        token = base.get(ENV_TOKEN, "")
+        if token:
+            self._add_token(token)
+        self.run("init", "--bare", "--quiet", self.dir)
+        self._empty_tree: str | None = None
+
+    def _add_token(self, token: str) -> None:
+        # Environment-only config (git >= 2.31): the header is invisible to `ps`.
+        parts = urlsplit(self.url)
+        scope = f"{parts.scheme}://{parts.netloc}/" if parts.scheme in ("http", "https") else ""
+        key = f"http.{scope}.extraheader" if scope else "http.extraheader"
+        basic = base64.b64encode(f"x-access-token:{token}".encode()).decode()
+        count = int(self.env.get("GIT_CONFIG_COUNT", "0") or 0)
+        self.env[f"GIT_CONFIG_KEY_{count}"] = key
+        self.env[f"GIT_CONFIG_VALUE_{count}"] = f"AUTHORIZATION: basic {basic}"
+        self.env["GIT_CONFIG_COUNT"] = str(count + 1)
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> Git:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(
+        self,
+        *args: str,
+        stdin: bytes = b"",
+        check: bool = True,
+        env: Mapping[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[bytes]:
+        try:
+            proc = subprocess.run(
+                ["git", *args],
+                input=stdin,
+                capture_output=True,
+                env=env or self.env,
+                timeout=GIT_TIMEOUT,
+                check=False,
+            )
+        except FileNotFoundError:
+            raise RemoteError("git is not installed") from None
+        except subprocess.TimeoutExpired:
+            raise RemoteError(f"git {args[0]} timed out after {GIT_TIMEOUT:g}s") from None
+        if check and proc.returncode != 0:
+            raise RemoteError(f"git {args[0]} failed: {self._why(proc)}")
+        return proc
+
+    def _why(self, proc: subprocess.CompletedProcess[bytes]) -> str:
+        text = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        useful = [line for line in text if line and not line.startswith("hint:")]
+        return useful[-1] if useful else f"exit {proc.returncode}"
+
+    # -- reading --
+
+    def head(self, ref: str) -> str | None:
+        """The remote's oid for ``ref`` (one small request), or None when it does not exist."""
+        out = self.run("ls-remote", "--", self.url, ref).stdout.decode()
+        for line in out.splitlines():
+            oid, _, name = line.partition("\t")
+            if name == ref:
+                return oid
+        return None
+
+    def fetch(self, ref: str, depth: int | None = 1) -> str | None:
+        """Fetch ``ref`` into the private repo; its oid, or None when it does not exist."""
+        local = "refs/local-mutex/fetched"
+        args = ["fetch", "--quiet", "--no-tags", "--no-write-fetch-head"]
+        if depth:
+            args.append(f"--depth={depth}")
+        proc = self.run(*args, "--", self.url, f"+{ref}:{local}", check=False)
+        if proc.returncode != 0:
+            why = self._why(proc)
+            if "couldn't find remote ref" in why:
+                return None
+            raise RemoteError(f"cannot read {ref} from {self.url}: {why}")
+        return self.run("rev-parse", local).stdout.decode().strip()
+
+    def message(self, oid: str) -> str:
+        raw = self.run("cat-file", "commit", oid).stdout.decode("utf-8", "replace")
+        return raw.split("\n\n", 1)[1] if "\n\n" in raw else ""
+
+    def history(self, oid: str) -> list[tuple[str, int, str]]:
+        """(oid, commit time, message) from newest to oldest."""
+        out = self.run("log", "--format=%H%x00%ct%x00%B%x1e", oid).stdout.decode("utf-8", "replace")
+        entries = []
+        for raw in out.split("\x1e"):
+            chunk = raw.strip("\n")
+            if chunk:
+                oid_, ct, body = chunk.split("\x00", 2)
+                entries.append((oid_, int(ct), body))
+        return entries
+
+    # -- writing --
+
+    def commit(self, parent: str | None, message: str, author: str) -> str:
+        if self._empty_tree is None:
+            self._empty_tree = self.run("mktree", stdin=EMPTY_TREE_INPUT).stdout.decode().strip()
+        who = {
+            "GIT_AUTHOR_NAME": author,
+            "GIT_AUTHOR_EMAIL": "local-mutex@localhost",
+            "GIT_COMMITTER_NAME": author,
+            "GIT_COMMITTER_EMAIL": "local-mutex@localhost",
+        }
+        args = ["commit-tree", self._empty_tree, "-F", "-"]
+        if parent:
+            args[2:2] = ["-p", parent]
+        out = self.run(*args, stdin=message.encode(), env={**self.env, **who})
+        return out.stdout.decode().strip()
+
+    def push(self, ref: str, new: str | None, expected: str | None) -> bool:
+        """Compare-and-swap ``ref`` from ``expected`` (None: must not exist) to ``new`` (None:
+        delete). False when someone else moved it first; RemoteError for anything else."""
+        lease = f"--force-with-lease={ref}:{expected or ''}"
+        spec = f"{new}:{ref}" if new else f":{ref}"
+        proc = self.run("push", "--porcelain", "--atomic", lease, "--", self.url, spec, check=False)
+        status = [
+            line
+            for line in proc.stdout.decode("utf-8", "replace").splitlines()
+            if line[:1] in ("*", "+", "-", "=", "!", " ") and "\t" in line
+        ]
+        if proc.returncode == 0 and status and status[0][0] != "!":
+            return True
+        for line in status:
+            if line.startswith("!") and (
+                "stale info" in line or "fetch first" in line or "non-fast-forward" in line
+            ):
+                return False
+        raise RemoteError(f"push to {self.url} failed: {self._why(proc)}")
