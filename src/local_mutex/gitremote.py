@@ -21,6 +21,18 @@ ENV_TOKEN = "LOCAL_MUTEX_GIT_TOKEN"
 __all__ = ["Git", "RemoteError"]
 GIT_TIMEOUT = 60.0
 EMPTY_TREE_INPUT = b""
+# How a push that lost a race reads: our lease check failed locally, or the server's ref
+# update found the branch moved under it (two pushes crossing on the server).
+_LOST_RACE = (
+    "stale info",
+    "fetch first",
+    "non-fast-forward",
+    "cannot lock ref",
+    "failed to update ref",
+    "incorrect old value",
+    "reference already exists",
+    "atomic transaction failed",
+)
 
 
 class Git:
@@ -156,16 +168,18 @@ class Git:
         lease = f"--force-with-lease={ref}:{expected or ''}"
         spec = f"{new}:{ref}" if new else f":{ref}"
         proc = self.run("push", "--porcelain", "--atomic", lease, "--", self.url, spec, check=False)
-        status = [
-            line
-            for line in proc.stdout.decode("utf-8", "replace").splitlines()
-            if line[:1] in ("*", "+", "-", "=", "!", " ") and "\t" in line
-        ]
+        out = proc.stdout.decode("utf-8", "replace")
+        err = proc.stderr.decode("utf-8", "replace")
+        status = [line for line in out.splitlines() if line[:1] in "*+-=! " and "\t" in line]
         if proc.returncode == 0 and status and status[0][0] != "!":
             return True
-        for line in status:
-            if line.startswith("!") and (
-                "stale info" in line or "fetch first" in line or "non-fast-forward" in line
-            ):
-                return False
-        raise RemoteError(f"push to {self.url} failed: {self._why(proc)}")
+        if any(
+            line.startswith("!") and any(sign in line for sign in _LOST_RACE) for line in status
+        ):
+            return False
+        if any(f"cannot lock ref '{ref}'" in line for line in err.splitlines()):
+            return False
+        detail = "; ".join(line.split("\t", 2)[-1] for line in status) or " / ".join(
+            line.strip() for line in (out + err).splitlines() if line.strip()
+        )
+        raise RemoteError(f"push to {self.url} failed: {detail}")

@@ -1,0 +1,163 @@
+"""Remote locks against a real git server on loopback (git daemon, started per test)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import CLI, Procs, clean_env, run_cli, wait_for
+from gitserver import branch_message, git_daemon
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def remote(tmp_path: Path) -> Iterator[str]:
+    with git_daemon(tmp_path / "server") as url:
+        yield url
+
+
+def _status(name: str, url: str) -> dict[str, object]:
+    r = run_cli(["status", name, "--remote", url, "--json"])
+    assert r.returncode in (0, 1), r.stderr
+    data: dict[str, object] = json.loads(r.stdout)
+    return data
+
+
+def test_ten_concurrent_holds_exactly_one_wins(remote: str) -> None:
+    procs = [subprocess.Popen([*CLI, "hold", "one", "--no-wait", "--remote", remote],
+                              env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for _ in range(10)]
+    codes = [p.wait(120) for p in procs]
+    assert sorted(codes) == [0] + [75] * 9, [p.stderr.read() for p in procs if p.stderr]
+    assert _status("one", remote)["locked"] is True
+
+
+def test_two_runs_never_overlap(procs: Procs, remote: str, tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    cmd = f'echo "start $$" >> "{log}"; sleep 1; echo "end $$" >> "{log}"'
+    ps = [procs.start(["run", "--remote", remote, "--poll", "0.2", "shared-db", cmd])
+          for _ in range(2)]
+    assert [p.wait(120) for p in ps] == [0, 0], [procs.stderr(p) for p in ps]
+    lines = log.read_text().splitlines()
+    assert len(lines) == 4
+    for k in (0, 2):
+        assert lines[k].startswith("start") and lines[k + 1] == lines[k].replace("start", "end")
+
+
+def test_a_killed_holder_is_taken_over_only_after_its_lease(procs: Procs, remote: str,
+                                                            tmp_path: Path) -> None:
+    marks = tmp_path / "m"
+    marks.mkdir()
+    first = procs.start(["run", "--remote", remote, "--lease", "4", "lease",
+                         f"touch {marks}/first; sleep 60"])
+    wait_for(marks / "first", 60)
+    first.send_signal(signal.SIGKILL)  # supervisor and heartbeat die; no unlock is pushed
+    first.wait(10)
+    expires = float(_status("lease", remote)["expires_at"])  # type: ignore[arg-type]
+    second = procs.start(["run", "--remote", remote, "--lease", "4", "--poll", "0.2", "lease",
+                          'date +%s.%N'])
+    assert second.wait(60) == 0, procs.stderr(second)
+    started = float(procs.stdout(second).strip())
+    assert started >= expires, (started, expires)
+    assert "took over remote lock lease" in procs.stderr(second)
+    r = run_cli(["history", "lease", "--remote", remote, "--json"])
+    events = [e["event"] for e in json.loads(r.stdout)]
+    assert events[0] == "lock" and "takeover" in events and events[-1] == "unlock"
+
+
+def test_lock_action_locks_are_respected(remote: str, tmp_path: Path) -> None:
+    # A lock written exactly as lock-action writes it, by hand with plain git.
+    repo = tmp_path / "hand.git"
+    subprocess.run(["git", "init", "--quiet", "--bare", str(repo)], check=True)
+    git = ["git", "--git-dir", str(repo)]
+    tree = subprocess.run([*git, "mktree"], input="", capture_output=True, text=True,
+                          check=True).stdout.strip()
+    body = {"message": "test", "state": "lock", "actor": "suzuki-shunsuke",
+            "github_actions_workflow_run_url": "https://github.com/o/r/actions/runs/1",
+            "pull_request_number": 237}
+    msg = "lock by suzuki-shunsuke: test\n" + json.dumps(body, indent=2) + "\n"
+    env = clean_env({"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost",
+                     "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@localhost"})
+    oid = subprocess.run([*git, "commit-tree", tree, "-m", msg], capture_output=True,
+                         text=True, check=True, env=env).stdout.strip()
+    subprocess.run([*git, "push", "--quiet", remote, f"{oid}:refs/heads/lock__foo"],
+                   check=True)
+    r = run_cli(["status", "foo", "--remote", remote])
+    assert r.returncode == 1 and b"suzuki-shunsuke" in r.stdout
+    r = run_cli(["run", "--remote", remote, "--no-wait", "foo", "echo never"])
+    assert r.returncode == 75 and r.stdout == b""
+    # lock-action's own lock has no lease: only --force ends it.
+    assert run_cli(["release", "foo", "--remote", remote]).returncode == 77
+    assert run_cli(["release", "foo", "--remote", remote, "--force"]).returncode == 0
+
+
+def test_our_locks_parse_as_lock_action_expects(remote: str, tmp_path: Path) -> None:
+    r = run_cli(["hold", "bar", "--remote", remote, "--message", "deploying"],
+                env={"GITHUB_ACTOR": "octo", "GITHUB_RUN_ID": "9", "GITHUB_REPOSITORY": "o/r"})
+    assert r.returncode == 0, r.stderr
+    text = branch_message(remote, "lock__bar", tmp_path)
+    first, _, rest = text.partition("\n")
+    assert re.fullmatch(r"lock by octo: deploying", first)
+    body = json.loads(rest)
+    assert body["state"] == "lock" and body["actor"] == "octo" and body["message"] == "deploying"
+    assert body["github_actions_workflow_run_url"] == "https://github.com/o/r/actions/runs/9"
+    assert "pull_request_number" in body and body["host"] and body["holder_id"]
+
+
+def test_release_by_non_holder_force_and_history(remote: str) -> None:
+    job_a = {"GITHUB_RUN_ID": "1", "GITHUB_RUN_ATTEMPT": "1", "GITHUB_JOB": "a",
+             "RUNNER_NAME": "r"}
+    token = run_cli(["hold", "h", "--remote", remote], env=job_a).stdout.decode().strip()
+    r = run_cli(["release", "h", "--remote", remote], env={**job_a, "GITHUB_JOB": "b"})
+    assert r.returncode == 77 and b"--force" in r.stderr
+    assert run_cli(["release", "h", "--remote", remote], env=job_a).returncode == 0
+    assert run_cli(["release", "h", "--remote", remote]).returncode == 0  # free: no-op
+    run_cli(["hold", "h", "--remote", remote])
+    assert run_cli(["release", "h", "--remote", remote, "--token", token]).returncode == 77
+    assert run_cli(["release", "h", "--remote", remote, "--force"]).returncode == 0
+    run_cli(["hold", "h", "--remote", remote])
+    r = run_cli(["release", "h", "--remote", remote, "--force", "--delete-branch"])
+    assert r.returncode == 0 and _status("h", remote)["state"] == "absent"
+    r = run_cli(["history", "h", "--remote", remote])
+    assert r.returncode == 0 and b"no history" in r.stdout  # the branch is gone with it
+    run_cli(["hold", "h2", "--remote", remote])
+    run_cli(["release", "h2", "--remote", remote, "--force"])
+    events = [e["event"] for e in json.loads(
+        run_cli(["history", "h2", "--remote", remote, "--json"]).stdout)]
+    assert events == ["lock", "unlock"]
+
+
+def test_remote_down_or_refusing_is_a_clear_error(tmp_path: Path) -> None:
+    r = run_cli(["hold", "x", "--remote", "git://127.0.0.1:9/none.git"])
+    assert r.returncode == 69 and b"cannot read refs/heads/lock__x" in r.stderr
+    r = run_cli(["run", "--remote", "git://127.0.0.1:9/none.git", "x", "touch ran"],
+                cwd=tmp_path)
+    assert r.returncode == 69 and not (tmp_path / "ran").exists()
+    assert run_cli(["status", "x", "--remote", "git://127.0.0.1:9/none.git"]).returncode == 3
+    with git_daemon(tmp_path / "ro", writable=False) as url:
+        r = run_cli(["hold", "x", "--remote", url])
+        assert r.returncode == 69 and b"push" in r.stderr
+        assert _status("x", url)["state"] == "absent"  # nothing half-taken
+
+
+def test_bad_remote_names_are_refused_not_mangled(remote: str) -> None:
+    for name in ("has space", "a..b", "x.lock", "a:b", "trailing/", "@{x}"):
+        r = run_cli(["hold", "--remote", remote, "--", name])
+        assert r.returncode == 2 and b"cannot be a git branch" in r.stderr, name
+    r = run_cli(["run", "--remote", remote, "--shared", "x", "true"])
+    assert r.returncode == 2 and b"cannot be used with --remote" in r.stderr
+
+
+def test_remote_from_the_environment(remote: str, tmp_path: Path) -> None:
+    r = run_cli(["envlock", "echo via env"], env={"LOCAL_MUTEX_REMOTE": remote})
+    assert r.returncode == 0 and r.stdout == b"via env\n"
+    events = [e["event"] for e in json.loads(
+        run_cli(["history", "envlock", "--json"], env={"LOCAL_MUTEX_REMOTE": remote}).stdout)]
+    assert events[0] == "lock" and events[-1] == "unlock"
