@@ -23,8 +23,17 @@ def git_daemon(root: Path, *, writable: bool = True) -> Iterator[str]:
     root.mkdir(parents=True, exist_ok=True)
     subprocess.run(["git", "init", "--quiet", "--bare", str(root / "locks.git")], check=True)
     port = _free_port()
-    args = ["git", "daemon", "--reuseaddr", "--listen=127.0.0.1", f"--port={port}",
-            f"--base-path={root}", "--export-all", "--informative-errors", str(root)]
+    args = [
+        "git",
+        "daemon",
+        "--reuseaddr",
+        "--listen=127.0.0.1",
+        f"--port={port}",
+        f"--base-path={root}",
+        "--export-all",
+        "--informative-errors",
+        str(root),
+    ]
     if writable:
         args.insert(2, "--enable=receive-pack")
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -49,8 +58,22 @@ def branch_message(url: str, branch: str, work: Path) -> str:
     repo = work / "reader.git"
     if not repo.exists():
         subprocess.run(["git", "init", "--quiet", "--bare", str(repo)], check=True)
-    subprocess.run(["git", "--git-dir", str(repo), "fetch", "--quiet", url,
-                    f"+refs/heads/{branch}:refs/heads/{branch}"], check=True)
-    out = subprocess.run(["git", "--git-dir", str(repo), "log", "-1", "--format=%B", branch],
-                         check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            "git",
+            "--git-dir",
+            str(repo),
+            "fetch",
+            "--quiet",
+            url,
+            f"+refs/heads/{branch}:refs/heads/{branch}",
+        ],
+        check=True,
+    )
+    out = subprocess.run(
+        ["git", "--git-dir", str(repo), "log", "-1", "--format=%B", branch],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return out.stdout

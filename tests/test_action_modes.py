@@ -172,3 +172,47 @@ def test_bad_mode_and_run_with_hold_are_refused(tmp_path: Path) -> None:
         name="p2",
     )
     assert not r.succeeded and "run: is only for mode: run" in r.output
+
+
+def test_remote_modes_against_a_git_server(tmp_path: Path) -> None:
+    from gitserver import git_daemon
+
+    with git_daemon(tmp_path / "server") as url:
+        r = run_act(
+            tmp_path,
+            workflow(f"""
+            - id: hold
+              uses: ./lm
+              with:
+                mode: hold
+                name: fleet-deploy
+                remote: {url}
+                message: cross-machine
+            - id: check
+              uses: ./lm
+              with:
+                mode: check
+                name: fleet-deploy
+                remote: {url}
+            - uses: ./lm
+              with:
+                mode: release
+                name: fleet-deploy
+                remote: {url}
+            - uses: ./lm
+              with:
+                name: fleet-deploy
+                remote: {url}
+                wait-seconds: "30"
+                run: echo "ran under the remote lock"
+            - run: echo "locked=$LOCKED token-set=${{{{ steps.hold.outputs.token != '' }}}}"
+              env:
+                LOCKED: ${{{{ steps.check.outputs.locked }}}}
+            """),
+        )
+        assert r.succeeded, r.output
+        assert "locked=true token-set=true" in r.step_lines
+        assert "ran under the remote lock" in r.step_lines
+        hist = run_cli(["history", "fleet-deploy", "--remote", url, "--json"])
+        events = [e["event"] for e in json.loads(hist.stdout)]
+        assert events == ["lock", "unlock", "lock", "unlock"]

@@ -31,9 +31,15 @@ def _status(name: str, url: str) -> dict[str, object]:
 
 
 def test_ten_concurrent_holds_exactly_one_wins(remote: str) -> None:
-    procs = [subprocess.Popen([*CLI, "hold", "one", "--no-wait", "--remote", remote],
-                              env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-             for _ in range(10)]
+    procs = [
+        subprocess.Popen(
+            [*CLI, "hold", "one", "--no-wait", "--remote", remote],
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(10)
+    ]
     codes = [p.wait(120) for p in procs]
     assert sorted(codes) == [0] + [75] * 9, [p.stderr.read() for p in procs if p.stderr]
     assert _status("one", remote)["locked"] is True
@@ -42,8 +48,10 @@ def test_ten_concurrent_holds_exactly_one_wins(remote: str) -> None:
 def test_two_runs_never_overlap(procs: Procs, remote: str, tmp_path: Path) -> None:
     log = tmp_path / "log"
     cmd = f'echo "start $$" >> "{log}"; sleep 1; echo "end $$" >> "{log}"'
-    ps = [procs.start(["run", "--remote", remote, "--poll", "0.2", "shared-db", cmd])
-          for _ in range(2)]
+    ps = [
+        procs.start(["run", "--remote", remote, "--poll", "0.2", "shared-db", cmd])
+        for _ in range(2)
+    ]
     assert [p.wait(120) for p in ps] == [0, 0], [procs.stderr(p) for p in ps]
     lines = log.read_text().splitlines()
     assert len(lines) == 4
@@ -51,18 +59,21 @@ def test_two_runs_never_overlap(procs: Procs, remote: str, tmp_path: Path) -> No
         assert lines[k].startswith("start") and lines[k + 1] == lines[k].replace("start", "end")
 
 
-def test_a_killed_holder_is_taken_over_only_after_its_lease(procs: Procs, remote: str,
-                                                            tmp_path: Path) -> None:
+def test_a_killed_holder_is_taken_over_only_after_its_lease(
+    procs: Procs, remote: str, tmp_path: Path
+) -> None:
     marks = tmp_path / "m"
     marks.mkdir()
-    first = procs.start(["run", "--remote", remote, "--lease", "4", "lease",
-                         f"touch {marks}/first; sleep 60"])
+    first = procs.start(
+        ["run", "--remote", remote, "--lease", "4", "lease", f"touch {marks}/first; sleep 60"]
+    )
     wait_for(marks / "first", 60)
     first.send_signal(signal.SIGKILL)  # supervisor and heartbeat die; no unlock is pushed
     first.wait(10)
     expires = float(_status("lease", remote)["expires_at"])  # type: ignore[arg-type]
-    second = procs.start(["run", "--remote", remote, "--lease", "4", "--poll", "0.2", "lease",
-                          'date +%s.%N'])
+    second = procs.start(
+        ["run", "--remote", remote, "--lease", "4", "--poll", "0.2", "lease", "date +%s.%N"]
+    )
     assert second.wait(60) == 0, procs.stderr(second)
     started = float(procs.stdout(second).strip())
     assert started >= expires, (started, expires)
@@ -77,18 +88,29 @@ def test_lock_action_locks_are_respected(remote: str, tmp_path: Path) -> None:
     repo = tmp_path / "hand.git"
     subprocess.run(["git", "init", "--quiet", "--bare", str(repo)], check=True)
     git = ["git", "--git-dir", str(repo)]
-    tree = subprocess.run([*git, "mktree"], input="", capture_output=True, text=True,
-                          check=True).stdout.strip()
-    body = {"message": "test", "state": "lock", "actor": "suzuki-shunsuke",
-            "github_actions_workflow_run_url": "https://github.com/o/r/actions/runs/1",
-            "pull_request_number": 237}
+    tree = subprocess.run(
+        [*git, "mktree"], input="", capture_output=True, text=True, check=True
+    ).stdout.strip()
+    body = {
+        "message": "test",
+        "state": "lock",
+        "actor": "suzuki-shunsuke",
+        "github_actions_workflow_run_url": "https://github.com/o/r/actions/runs/1",
+        "pull_request_number": 237,
+    }
     msg = "lock by suzuki-shunsuke: test\n" + json.dumps(body, indent=2) + "\n"
-    env = clean_env({"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost",
-                     "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@localhost"})
-    oid = subprocess.run([*git, "commit-tree", tree, "-m", msg], capture_output=True,
-                         text=True, check=True, env=env).stdout.strip()
-    subprocess.run([*git, "push", "--quiet", remote, f"{oid}:refs/heads/lock__foo"],
-                   check=True)
+    env = clean_env(
+        {
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@localhost",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@localhost",
+        }
+    )
+    oid = subprocess.run(
+        [*git, "commit-tree", tree, "-m", msg], capture_output=True, text=True, check=True, env=env
+    ).stdout.strip()
+    subprocess.run([*git, "push", "--quiet", remote, f"{oid}:refs/heads/lock__foo"], check=True)
     r = run_cli(["status", "foo", "--remote", remote])
     assert r.returncode == 1 and b"suzuki-shunsuke" in r.stdout
     r = run_cli(["run", "--remote", remote, "--no-wait", "foo", "echo never"])
@@ -99,8 +121,10 @@ def test_lock_action_locks_are_respected(remote: str, tmp_path: Path) -> None:
 
 
 def test_our_locks_parse_as_lock_action_expects(remote: str, tmp_path: Path) -> None:
-    r = run_cli(["hold", "bar", "--remote", remote, "--message", "deploying"],
-                env={"GITHUB_ACTOR": "octo", "GITHUB_RUN_ID": "9", "GITHUB_REPOSITORY": "o/r"})
+    r = run_cli(
+        ["hold", "bar", "--remote", remote, "--message", "deploying"],
+        env={"GITHUB_ACTOR": "octo", "GITHUB_RUN_ID": "9", "GITHUB_REPOSITORY": "o/r"},
+    )
     assert r.returncode == 0, r.stderr
     text = branch_message(remote, "lock__bar", tmp_path)
     first, _, rest = text.partition("\n")
@@ -112,8 +136,7 @@ def test_our_locks_parse_as_lock_action_expects(remote: str, tmp_path: Path) -> 
 
 
 def test_release_by_non_holder_force_and_history(remote: str) -> None:
-    job_a = {"GITHUB_RUN_ID": "1", "GITHUB_RUN_ATTEMPT": "1", "GITHUB_JOB": "a",
-             "RUNNER_NAME": "r"}
+    job_a = {"GITHUB_RUN_ID": "1", "GITHUB_RUN_ATTEMPT": "1", "GITHUB_JOB": "a", "RUNNER_NAME": "r"}
     token = run_cli(["hold", "h", "--remote", remote], env=job_a).stdout.decode().strip()
     r = run_cli(["release", "h", "--remote", remote], env={**job_a, "GITHUB_JOB": "b"})
     assert r.returncode == 77 and b"--force" in r.stderr
@@ -129,16 +152,17 @@ def test_release_by_non_holder_force_and_history(remote: str) -> None:
     assert r.returncode == 0 and b"no history" in r.stdout  # the branch is gone with it
     run_cli(["hold", "h2", "--remote", remote])
     run_cli(["release", "h2", "--remote", remote, "--force"])
-    events = [e["event"] for e in json.loads(
-        run_cli(["history", "h2", "--remote", remote, "--json"]).stdout)]
+    events = [
+        e["event"]
+        for e in json.loads(run_cli(["history", "h2", "--remote", remote, "--json"]).stdout)
+    ]
     assert events == ["lock", "unlock"]
 
 
 def test_remote_down_or_refusing_is_a_clear_error(tmp_path: Path) -> None:
     r = run_cli(["hold", "x", "--remote", "git://127.0.0.1:9/none.git"])
     assert r.returncode == 69 and b"cannot read refs/heads/lock__x" in r.stderr
-    r = run_cli(["run", "--remote", "git://127.0.0.1:9/none.git", "x", "touch ran"],
-                cwd=tmp_path)
+    r = run_cli(["run", "--remote", "git://127.0.0.1:9/none.git", "x", "touch ran"], cwd=tmp_path)
     assert r.returncode == 69 and not (tmp_path / "ran").exists()
     assert run_cli(["status", "x", "--remote", "git://127.0.0.1:9/none.git"]).returncode == 3
     with git_daemon(tmp_path / "ro", writable=False) as url:
@@ -158,6 +182,10 @@ def test_bad_remote_names_are_refused_not_mangled(remote: str) -> None:
 def test_remote_from_the_environment(remote: str, tmp_path: Path) -> None:
     r = run_cli(["envlock", "echo via env"], env={"LOCAL_MUTEX_REMOTE": remote})
     assert r.returncode == 0 and r.stdout == b"via env\n"
-    events = [e["event"] for e in json.loads(
-        run_cli(["history", "envlock", "--json"], env={"LOCAL_MUTEX_REMOTE": remote}).stdout)]
+    events = [
+        e["event"]
+        for e in json.loads(
+            run_cli(["history", "envlock", "--json"], env={"LOCAL_MUTEX_REMOTE": remote}).stdout
+        )
+    ]
     assert events[0] == "lock" and events[-1] == "unlock"

@@ -55,6 +55,10 @@ class ActionInputs:
             raise ValidationError(f"slots must be a whole number, not {slots!r}") from None
         if self.slots is not None and not 1 <= self.slots <= 1024:
             raise ValidationError(f"slots must be between 1 and 1024, not {slots!r}")
+        self.remote = get("REMOTE").strip() or None
+        self.key_prefix = get("KEY_PREFIX") or "lock__"
+        if self.remote and (self.slots or self.shared):
+            raise ValidationError("slots and shared cannot be used with remote")
         self.if_locked = get("IF_LOCKED").strip().lower() or "fail"
         if self.if_locked not in ("fail", "skip"):
             raise ValidationError(f"if-locked must be 'fail' or 'skip', not {get('IF_LOCKED')!r}")
@@ -114,6 +118,20 @@ class _Step:
         return failure_status(exc, self.reporter)
 
 
+def _plain_env(step: _Step) -> dict[str, str]:
+    """The step's environment without the action's inputs (a token among them)."""
+    return {k: v for k, v in step.env.items() if not k.startswith(INPUT_PREFIX)}
+
+
+def _git_env(step: _Step) -> dict[str, str]:
+    """What git sees: the token input as LOCAL_MUTEX_GIT_TOKEN (never in a command line)."""
+    env = _plain_env(step)
+    token = step.env.get(INPUT_PREFIX + "REMOTE_TOKEN", "")
+    if token:
+        env["LOCAL_MUTEX_GIT_TOKEN"] = token
+    return env
+
+
 def _run(inputs: ActionInputs, step: _Step) -> int:
     from .wrap import run_locked
 
@@ -121,8 +139,28 @@ def _run(inputs: ActionInputs, step: _Step) -> int:
     # composite actions do not pass a nested command's outputs on by themselves.
     capture = github.capture_file(step.env)
     step.outputs["output-file"] = capture
-    child = {k: v for k, v in step.env.items() if not k.startswith(INPUT_PREFIX)}
+    child = _plain_env(step)
     child["GITHUB_OUTPUT"] = capture
+    if inputs.remote:
+        from .remotecli import run_remote_locked
+
+        status, waited, held = run_remote_locked(
+            inputs.command,
+            inputs.name,
+            inputs.remote,
+            prefix=inputs.key_prefix,
+            wait=inputs.wait,
+            timeout=inputs.timeout,
+            lock_dir=inputs.lock_dir,
+            env=child,
+            lock_env=_git_env(step),
+            reporter=step.reporter,
+        )
+        step.outputs.update(
+            {"acquired": "true", "waited-seconds": f"{waited:.3f}", "held-seconds": f"{held:.3f}"}
+        )
+        step.outcome = f"exit {status}"
+        return status
     result = run_locked(
         inputs.command,
         inputs.name,
@@ -147,6 +185,28 @@ def _run(inputs: ActionInputs, step: _Step) -> int:
 
 
 def _hold(inputs: ActionInputs, step: _Step) -> int:
+    if inputs.remote:
+        from .remotelock import RemoteLock, new_token
+
+        token = new_token()
+        with RemoteLock(
+            inputs.remote, inputs.name, prefix=inputs.key_prefix, env=_git_env(step)
+        ) as lock:
+            lock.acquire(
+                message=inputs.message or "hold",
+                lease=inputs.ttl,
+                token=token,
+                wait=inputs.wait,
+                poll=5.0,
+            )
+        step.outputs.update({"acquired": "true", "token": token})
+        step.reporter.write(
+            f"holding {inputs.name} on {inputs.remote} until a release step "
+            "(remote holds do not end with the job)",
+            "notice",
+        )
+        step.outcome = "held (remote)"
+        return 0
     from .holds import start_hold
 
     info = start_hold(
@@ -156,7 +216,7 @@ def _hold(inputs: ActionInputs, step: _Step) -> int:
         ttl=inputs.ttl,
         message=inputs.message,
         slots=inputs.slots,
-        env=step.env,
+        env=_plain_env(step),
     )
     step.outputs.update(
         {"acquired": "true", "token": info.token, "waited-seconds": f"{info.waited:.3f}"}
@@ -171,6 +231,16 @@ def _hold(inputs: ActionInputs, step: _Step) -> int:
 
 
 def _release(inputs: ActionInputs, step: _Step) -> int:
+    if inputs.remote:
+        from .remotelock import RemoteLock
+
+        with RemoteLock(
+            inputs.remote, inputs.name, prefix=inputs.key_prefix, env=_git_env(step)
+        ) as lock:
+            released = lock.release(token=inputs.token, force=inputs.force)
+        step.outputs["released"] = "true" if released is not None else "false"
+        step.outcome = "released (remote)" if released is not None else None
+        return 0
     from .holds import release
 
     done = release(
@@ -195,6 +265,21 @@ def _release(inputs: ActionInputs, step: _Step) -> int:
 def _check(inputs: ActionInputs, step: _Step) -> int:
     from .lockstate import status
     from .record import dump_json
+
+    if inputs.remote:
+        from .remotelock import RemoteLock
+
+        with RemoteLock(
+            inputs.remote, inputs.name, prefix=inputs.key_prefix, env=_git_env(step)
+        ) as lock:
+            state = lock.read()
+        step.outputs.update(
+            {
+                "locked": "true" if state.locked else "false",
+                "holder": dump_json(state.as_dict()) if state.locked else "",
+            }
+        )
+        return 0
 
     st = status(inputs.name, inputs.lock_dir)
     busy = st.held or (bool(st.slots) and all(s.held for s in st.slots))

@@ -27,6 +27,7 @@ from .remotelock import (
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
+    from typing import Any
 
 
 class _Heartbeat:
@@ -46,8 +47,12 @@ class _Heartbeat:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
         self._done.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
 
     def _beat(self) -> None:
         while not self._done.wait(self.lease / 3):
@@ -62,7 +67,7 @@ class _Heartbeat:
                 self.reporter.write(f"could not renew the lease yet: {exc}")
 
 
-def remote_run(
+def run_remote_locked(
     command: str,
     name: str,
     url: str,
@@ -76,51 +81,59 @@ def remote_run(
     message: str | None = None,
     lock_dir: str | None = None,
     env: Mapping[str, str] | None = None,
-) -> int:
-    """Run the command while holding a leased lock on the remote; the exit status."""
+    lock_env: Mapping[str, str] | None = None,
+    reporter: Reporter,
+) -> tuple[int, float, float]:
+    """Run the command under a leased lock on the remote: (status, waited, held).
+
+    ``lock_env`` is what git sees (credentials); ``env`` is what the command sees.
+    """
     from .names import validate_command
     from .supervise import SignalsHeld, supervise
     from .wrap import child_env
 
     env = os.environ if env is None else env
-    reporter = Reporter(nested=bool(env.get(ENV_HELD)))
-    try:
-        validate_command(command)
-        with RemoteLock(url, name, prefix=prefix, env=env) as lock:
-            current = lock.read()
-            reporter.waiting(
-                name,
-                None,
-                detail=(f"held on {url} by {describe(current)}" if current.locked else None),
+    validate_command(command)
+    with RemoteLock(url, name, prefix=prefix, env=lock_env or env) as lock:
+        current = lock.read()
+        detail = f"held on {url} by {describe(current)}" if current.locked else None
+        reporter.waiting(name, None, detail=detail)
+        start = time.monotonic()
+        ours = lock.acquire(
+            message=message or f"run: {one_line(command, 200)}",
+            lease=lease,
+            token=new_token(),
+            wait=wait,
+            poll=poll,
+        )
+        waited = time.monotonic() - start
+        if "takeover_of" in ours.body:
+            reporter.write(
+                f"took over remote lock {name}: the previous holder's lease had expired", "notice"
             )
-            start = time.monotonic()
-            ours = lock.acquire(
-                message=message or f"run: {one_line(command, 200)}",
-                lease=lease,
-                token=new_token(),
-                wait=wait,
-                poll=poll,
+        with _Heartbeat(lock, ours, lease, reporter) as beat, SignalsHeld():
+            outcome = supervise(
+                command,
+                child_env(env, choose_lock_dir(lock_dir, env), None),
+                timeout=timeout,
+                kill_after=kill_after,
             )
-            waited = time.monotonic() - start
-            if "takeover_of" in ours.body:
-                reporter.write(
-                    f"took over remote lock {name}: the previous holder's lease had expired",
-                    "notice",
-                )
-            with _Heartbeat(lock, ours, lease, reporter) as beat, SignalsHeld():
-                outcome = supervise(
-                    command,
-                    child_env(env, choose_lock_dir(lock_dir, env), None),
-                    timeout=timeout,
-                    kill_after=kill_after,
-                )
+            beat.stop()  # before the release, and before signals are let through again
             if not beat.lost:
                 lock.release(ours=beat.ours)
-            held = time.monotonic() - outcome.started
-            if outcome.timed_out and timeout is not None:
-                reporter.timed_out(name, timeout, outcome.kill_sent)
-            reporter.released(name, waited, held, outcome.status)
-            return outcome.status
+        held = time.monotonic() - outcome.started
+        if outcome.timed_out and timeout is not None:
+            reporter.timed_out(name, timeout, outcome.kill_sent)
+        reporter.released(name, waited, held, outcome.status)
+        return outcome.status, waited, held
+
+
+def remote_run(command: str, name: str, url: str, **options: Any) -> int:
+    """``run --remote`` for the CLI: the exit status, errors reported."""
+    env = options.get("env") or os.environ
+    reporter = Reporter(nested=bool(env.get(ENV_HELD)))
+    try:
+        return run_remote_locked(command, name, url, reporter=reporter, **options)[0]
     except (LocalMutexError, KeyboardInterrupt) as exc:
         return failure_status(exc, reporter)
 
