@@ -118,17 +118,18 @@ class Git:
 
     def fetch(self, ref: str, depth: int | None = 1) -> str | None:
         """Fetch ``ref`` into the private repo; its oid, or None when it does not exist."""
-        local = "refs/local-mutex/fetched"
-        args = ["fetch", "--quiet", "--no-tags", "--no-write-fetch-head"]
+        args = ["fetch", "--quiet", "--no-tags"]
         if depth:
             args.append(f"--depth={depth}")
-        proc = self.run(*args, "--", self.url, f"+{ref}:{local}", check=False)
+        proc = self.run(*args, "--", self.url, ref, check=False)
         if proc.returncode != 0:
             why = self._why(proc)
             if "couldn't find remote ref" in why:
                 return None
             raise RemoteError(f"cannot read {ref} from {self.url}: {why}")
-        return self.run("rev-parse", local).stdout.decode().strip()
+        # FETCH_HEAD names what was fetched: reading it saves a git process per look.
+        with open(os.path.join(self.dir, "FETCH_HEAD"), encoding="utf-8") as f:
+            return f.read().split("\t", 1)[0].strip()
 
     def message(self, oid: str) -> str:
         raw = self.run("cat-file", "commit", oid).stdout.decode("utf-8", "replace")

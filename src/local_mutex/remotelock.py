@@ -149,6 +149,9 @@ class RemoteLock:
         self.ref = branch_for(name, prefix, self.env)
         self.git = Git(url, self.env)
         self.actor = self.env.get("GITHUB_ACTOR") or self.env.get("USER") or "local-mutex"
+        # The newest commit we pushed ourselves: the next acquire can try a CAS on it
+        # straight away instead of reading the branch first (the CAS still guards it).
+        self._last: RemoteState | None = None
 
     def close(self) -> None:
         self.git.close()
@@ -211,7 +214,8 @@ class RemoteLock:
         new = self.git.commit(current.oid, text, self.actor)
         if not self.git.push(self.ref, new, current.oid):
             return None
-        return parse_message(new, text)
+        self._last = parse_message(new, text)
+        return self._last
 
     def acquire(
         self, *, message: str, lease: float | None, token: str, wait: float | None, poll: float
@@ -220,6 +224,10 @@ class RemoteLock:
         start = time.monotonic()
         last_oid: str | None = "unread"
         current = RemoteState(None, None)
+        if self._last is not None and not self._last.locked:
+            ours = self.try_take(self._last, message=message, lease=lease, token=token)
+            if ours is not None:
+                return ours
         while True:
             # A cheap ls-remote first; fetch the commit only when the branch moved.
             head = self.git.head(self.ref) if last_oid != "unread" else None
@@ -251,7 +259,8 @@ class RemoteLock:
         new = self.git.commit(ours.oid, text, self.actor)
         if not self.git.push(self.ref, new, ours.oid):
             raise LostLease(f"remote lock {self.name} was taken over before its lease renewed")
-        return parse_message(new, text)
+        self._last = parse_message(new, text)
+        return self._last
 
     def release(
         self,
@@ -274,6 +283,8 @@ class RemoteLock:
                 )
             if delete_branch:
                 done = self.git.push(self.ref, None, current.oid)
+                if done:
+                    self._last = RemoteState(None, None)
             else:
                 body = {
                     k: v
@@ -282,9 +293,10 @@ class RemoteLock:
                 }
                 body.update(self._body({"released_holder_id": current.body.get("holder_id")}))
                 text = format_message("unlock", self.actor, current.message, body)
-                done = self.git.push(
-                    self.ref, self.git.commit(current.oid, text, self.actor), current.oid
-                )
+                new = self.git.commit(current.oid, text, self.actor)
+                done = self.git.push(self.ref, new, current.oid)
+                if done:
+                    self._last = parse_message(new, text)
             if done:
                 return current
             if ours is not None:
