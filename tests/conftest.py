@@ -142,6 +142,22 @@ def run_cli(
     )
 
 
+def nobody_can_run_python() -> bool:
+    """Whether this interpreter starts as uid 65534 (some builds live under a 0700 home)."""
+    import shutil
+
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        return False
+    r = subprocess.run(
+        [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", "pass"],
+        capture_output=True,
+        cwd="/",
+        check=False,
+    )
+    return r.returncode == 0
+
+
 def lock_is_free(path: Path) -> bool:
     """Probe with a non-blocking exclusive flock (held only for an instant if free)."""
     import fcntl

@@ -15,7 +15,16 @@ from typing import Any
 import pytest
 
 import local_mutex
-from conftest import CLI, Procs, clean_env, hold_until, lock_file, run_cli, wait_for
+from conftest import (
+    CLI,
+    Procs,
+    clean_env,
+    hold_until,
+    lock_file,
+    nobody_can_run_python,
+    run_cli,
+    wait_for,
+)
 
 linux_only = pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="needs /proc/locks")
 
@@ -188,11 +197,14 @@ def _hidden_proc(args: list[str], user: bool = False) -> subprocess.CompletedPro
     )
 
 
-@pytest.mark.skipif(
+needs_hidden_proc = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None,
     reason="needs root and unshare(1) to hide /proc",
 )
-def test_unreadable_proc_falls_back_to_a_probe_or_cannot_tell(procs: Procs, marks: Path) -> None:
+
+
+@needs_hidden_proc
+def test_unreadable_proc_falls_back_to_a_probe(procs: Procs, marks: Path) -> None:
     shared_dir = Path(tempfile.mkdtemp(prefix="lm-status-"))
     shared_dir.chmod(0o755)
     try:
@@ -202,12 +214,25 @@ def test_unreadable_proc_falls_back_to_a_probe_or_cannot_tell(procs: Procs, mark
         assert r.returncode == 1, r.stderr
         st = json.loads(r.stdout)
         assert st["method"] == "probe" and st["holders"][0]["pid"] == holder.pid
-        lock_file(shared_dir, "p").chmod(0o600)
+        (marks / "h.go").touch()
+        assert holder.wait(20) == 0
+        r = _hidden_proc(["status", "p", "--lock-dir", str(shared_dir), "--json"])
+        assert r.returncode == 0 and json.loads(r.stdout)["state"] == "free"
+    finally:
+        shutil.rmtree(shared_dir)
+
+
+@needs_hidden_proc
+def test_no_proc_and_an_unreadable_lock_file_cannot_tell(marks: Path) -> None:
+    if not nobody_can_run_python():
+        pytest.skip("needs an interpreter that uid 65534 can start")
+    shared_dir = Path(tempfile.mkdtemp(prefix="lm-status-"))
+    shared_dir.chmod(0o755)
+    try:
+        lock_file(shared_dir, "p").touch(mode=0o600)
         r = _hidden_proc(["status", "p", "--lock-dir", str(shared_dir)], user=True)
         assert r.returncode == 3, r.stderr
         assert b"cannot open lock file" in r.stderr
-        (marks / "h.go").touch()
-        assert holder.wait(20) == 0
     finally:
         shutil.rmtree(shared_dir)
 

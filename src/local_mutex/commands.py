@@ -49,8 +49,9 @@ HELP = """Run a shell command under a named kernel lock (flock(2)).
   local-mutex NAME COMMAND [LOCK_DIR]
   local-mutex [OPTIONS] NAME COMMAND [LOCK_DIR]     (same as: local-mutex run ...)
   local-mutex each TEMPLATE COMMAND < items
-  local-mutex hold NAME ... local-mutex release NAME
+  local-mutex hold NAME          local-mutex release NAME
   local-mutex status NAME        local-mutex list
+  local-mutex history NAME --remote URL     (and --remote URL on run/hold/...)
 
 COMMAND runs under /bin/sh -c once no other holder of NAME is running; the lock is
 released the instant the holder ends, however it ends. Lock files live in LOCK_DIR,
@@ -59,7 +60,8 @@ else $LOCAL_MUTEX_LOCK_DIR, else /tmp.
 \b
 Exit status: the command's own (128+N when killed by signal N); 2 bad usage or
 input; 75 lock not acquired in time; 124/137 run ceiling hit (SIGTERM/SIGKILL
-needed); 125 the command could not be started; 77 release refused.
+needed); 125 the command could not be started; 77 release refused; 69 git
+remote unavailable.
 """
 
 
