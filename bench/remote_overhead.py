@@ -27,18 +27,35 @@ from timing import clean_env, cli, compile_package
 def _bare_push(url: str, work: Path, rounds: int) -> float:
     repo = work / "baseline.git"
     subprocess.run(["git", "init", "-q", "--bare", str(repo)], check=True)
-    env = {**clean_env(), "GIT_DIR": str(repo), "GIT_AUTHOR_NAME": "b",
-           "GIT_AUTHOR_EMAIL": "b@localhost", "GIT_COMMITTER_NAME": "b",
-           "GIT_COMMITTER_EMAIL": "b@localhost"}
-    tree = subprocess.run(["git", "mktree"], input=b"", env=env, capture_output=True,
-                          check=True).stdout.decode().strip()
+    env = {
+        **clean_env(),
+        "GIT_DIR": str(repo),
+        "GIT_AUTHOR_NAME": "b",
+        "GIT_AUTHOR_EMAIL": "b@localhost",
+        "GIT_COMMITTER_NAME": "b",
+        "GIT_COMMITTER_EMAIL": "b@localhost",
+    }
+    tree = (
+        subprocess.run(["git", "mktree"], input=b"", env=env, capture_output=True, check=True)
+        .stdout.decode()
+        .strip()
+    )
     times = []
     for i in range(rounds):
-        oid = subprocess.run(["git", "commit-tree", tree, "-m", f"b{i}"], env=env,
-                             capture_output=True, check=True).stdout.decode().strip()
+        oid = (
+            subprocess.run(
+                ["git", "commit-tree", tree, "-m", f"b{i}"],
+                env=env,
+                capture_output=True,
+                check=True,
+            )
+            .stdout.decode()
+            .strip()
+        )
         t0 = time.perf_counter()
-        subprocess.run(["git", "push", "-q", "--force", url, f"{oid}:refs/heads/baseline"],
-                       env=env, check=True)
+        subprocess.run(
+            ["git", "push", "-q", "--force", url, f"{oid}:refs/heads/baseline"], env=env, check=True
+        )
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -66,18 +83,27 @@ def main() -> int:
         push = _bare_push(url, Path(d), args.rounds)
         cycle = _lock_cycle(url, args.rounds)
         t0 = time.perf_counter()
-        procs = [subprocess.Popen([*cli(), "run", "--remote", url, "--poll", "0.1", "turns",
-                                   "true"], env=clean_env(), stderr=subprocess.DEVNULL)
-                 for _ in range(args.contenders)]
+        procs = [
+            subprocess.Popen(
+                [*cli(), "run", "--remote", url, "--poll", "0.1", "turns", "true"],
+                env=clean_env(),
+                stderr=subprocess.DEVNULL,
+            )
+            for _ in range(args.contenders)
+        ]
         codes = [p.wait() for p in procs]
         total = time.perf_counter() - t0
     if any(codes):
         raise SystemExit(f"contenders failed: {codes}")
     print(f"bare git push of one ref        median {push * 1000:7.1f} ms   1.00x")
-    print(f"acquire + release (in-process)  median {cycle * 1000:7.1f} ms   "
-          f"{cycle / push:.2f}x the push (target <= 2x)")
-    print(f"{args.contenders} contenders taking turns     total {total:7.2f} s    "
-          f"{args.contenders / total:.1f} locks/s ({os.cpu_count()} cores)")
+    print(
+        f"acquire + release (in-process)  median {cycle * 1000:7.1f} ms   "
+        f"{cycle / push:.2f}x the push (target <= 2x)"
+    )
+    print(
+        f"{args.contenders} contenders taking turns     total {total:7.2f} s    "
+        f"{args.contenders / total:.1f} locks/s ({os.cpu_count()} cores)"
+    )
     return 0
 
 

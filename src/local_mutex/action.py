@@ -24,6 +24,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from .remotelock import RemoteLock
+
 
 class ActionInputs:
     """The action's inputs, parsed and checked; every bad value is a ValidationError."""
@@ -132,6 +134,13 @@ def _git_env(step: _Step) -> dict[str, str]:
     return env
 
 
+def _remote_lock(inputs: ActionInputs, step: _Step) -> RemoteLock:
+    from .remotelock import RemoteLock
+
+    assert inputs.remote is not None
+    return RemoteLock(inputs.remote, inputs.name, prefix=inputs.key_prefix, env=_git_env(step))
+
+
 def _run(inputs: ActionInputs, step: _Step) -> int:
     from .wrap import run_locked
 
@@ -186,12 +195,10 @@ def _run(inputs: ActionInputs, step: _Step) -> int:
 
 def _hold(inputs: ActionInputs, step: _Step) -> int:
     if inputs.remote:
-        from .remotelock import RemoteLock, new_token
+        from .remotelock import new_token
 
         token = new_token()
-        with RemoteLock(
-            inputs.remote, inputs.name, prefix=inputs.key_prefix, env=_git_env(step)
-        ) as lock:
+        with _remote_lock(inputs, step) as lock:
             lock.acquire(
                 message=inputs.message or "hold",
                 lease=inputs.ttl,
@@ -232,11 +239,7 @@ def _hold(inputs: ActionInputs, step: _Step) -> int:
 
 def _release(inputs: ActionInputs, step: _Step) -> int:
     if inputs.remote:
-        from .remotelock import RemoteLock
-
-        with RemoteLock(
-            inputs.remote, inputs.name, prefix=inputs.key_prefix, env=_git_env(step)
-        ) as lock:
+        with _remote_lock(inputs, step) as lock:
             released = lock.release(token=inputs.token, force=inputs.force)
         step.outputs["released"] = "true" if released is not None else "false"
         step.outcome = "released (remote)" if released is not None else None
@@ -267,11 +270,7 @@ def _check(inputs: ActionInputs, step: _Step) -> int:
     from .record import dump_json
 
     if inputs.remote:
-        from .remotelock import RemoteLock
-
-        with RemoteLock(
-            inputs.remote, inputs.name, prefix=inputs.key_prefix, env=_git_env(step)
-        ) as lock:
+        with _remote_lock(inputs, step) as lock:
             state = lock.read()
         step.outputs.update(
             {
