@@ -189,3 +189,33 @@ def test_remote_from_the_environment(remote: str, tmp_path: Path) -> None:
         )
     ]
     assert events[0] == "lock" and events[-1] == "unlock"
+
+
+def test_a_token_reaches_git_through_its_environment_only(remote: str, tmp_path: Path) -> None:
+    import base64
+    import os
+    import shutil
+
+    real_git = shutil.which("git")
+    assert real_git is not None
+    spy_dir = tmp_path / "spy"
+    spy_dir.mkdir()
+    log = tmp_path / "git-calls"
+    (spy_dir / "git").write_text(
+        "#!/bin/sh\n"
+        f'printf "argv:%s\\n" "$*" >> "{log}"\n'
+        f'printf "env:%s=%s\\n" "$GIT_CONFIG_KEY_0" "$GIT_CONFIG_VALUE_0" >> "{log}"\n'
+        f'exec "{real_git}" "$@"\n'
+    )
+    (spy_dir / "git").chmod(0o755)
+    token = "s3cr3t-token-value"
+    env = {"PATH": f"{spy_dir}{os.pathsep}{os.environ['PATH']}", "LOCAL_MUTEX_GIT_TOKEN": token}
+    r = run_cli(["hold", "tok", "--remote", remote], env=env)
+    assert r.returncode == 0, r.stderr
+    calls = log.read_text().splitlines()
+    argv = [line for line in calls if line.startswith("argv:")]
+    assert any(line.startswith("argv:push ") for line in argv)
+    encoded = base64.b64encode(f"x-access-token:{token}".encode()).decode()
+    assert not any(token in line or encoded in line for line in argv)
+    assert any(line == f"env:http.extraheader=AUTHORIZATION: basic {encoded}" for line in calls)
+    assert token.encode() not in r.stderr + r.stdout
