@@ -45,6 +45,8 @@ def test_a_waiting_third_sleeps_and_then_runs(procs: Procs, lock_dir: Path, mark
     procs.wait_stderr(fourth, "waiting for lock pool")
     st = json.loads(run_cli(["status", "pool", "--lock-dir", str(lock_dir), "--json"]).stdout)
     assert st["slots_in_use"] == 2
+    listed = json.loads(run_cli(["list", "--lock-dir", str(lock_dir), "--json"]).stdout)
+    assert sorted(x["slot"] for x in listed if x["slot"] is not None) == [0, 1]
     assert {s["holders"][0]["pid"] for s in st["slots"]} == {a.pid, b.pid}
     before = [_cpu_seconds(p.pid) for p in (third, fourth)]
     time.sleep(3)

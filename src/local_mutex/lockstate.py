@@ -142,7 +142,17 @@ class Waiter(_Fields):
 class LockStatus(_Fields):
     """One lock file's state; ``method`` is "proc" (full picture) or "probe" (held/free)."""
 
-    __slots__ = ("holders", "lock_file", "method", "mode", "name", "slots", "state", "waiters")
+    __slots__ = (
+        "holders",
+        "lock_file",
+        "method",
+        "mode",
+        "name",
+        "slot",
+        "slots",
+        "state",
+        "waiters",
+    )
 
     def __init__(
         self,
@@ -159,6 +169,7 @@ class LockStatus(_Fields):
         self.holders: list[Holder] = holders or []
         self.waiters: list[Waiter] = waiters or []
         self.slots: list[LockStatus] = []  # a counting semaphore's slots, when it has any
+        self.slot: int | None = None  # for a slot file: its index (from the holder record)
 
     @property
     def held(self) -> bool:
@@ -364,7 +375,10 @@ def _from_kernel(
             )
         )
     mode = "exclusive" if any(e.exclusive for e in granted) else "shared"
-    return LockStatus(path, name, "held", "proc", mode, holders, waiters)
+    st = LockStatus(path, name, "held", "proc", mode, holders, waiters)
+    if rec is not None and isinstance(rec.get("slot"), int):
+        st.slot = rec["slot"]
+    return st
 
 
 def _probe(path: str, name: str | None) -> LockStatus:

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 def describe_status(st: dict[str, Any], asked: str | None) -> str:
     """The human form of one status object (the same data as ``--json``)."""
     label = st.get("name") or asked or "(unnamed)"
+    if st.get("slot") is not None:
+        label += f" [slot {st['slot']}]"
     lines = []
     slots = st.get("slots") or []
     if st["state"] == "free" and slots:
