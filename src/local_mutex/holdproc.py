@@ -81,6 +81,7 @@ def main() -> int:
         fd, record.make_record(target.label, "local-mutex hold", shared=False, env=env, extra=extra)
     )
     _say(ready, f"ok {token} {waited:.3f}")
+    os.chdir("/")  # a long-lived daemon must not pin the caller's directory (or its mount)
     try:
         _keep(spec.get("anchor"), ttl)
     finally:
