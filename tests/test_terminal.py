@@ -1,0 +1,82 @@
+"""In a terminal the command gets the foreground: it can prompt, and Ctrl-C reaches it."""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import CLI, clean_env
+
+pytestmark = pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid(1)")
+
+
+def _start_in_terminal(args: list[str]) -> tuple[subprocess.Popen[bytes], int]:
+    """Start the CLI as the leader of a new session whose controlling terminal is a pty."""
+    master, slave = os.openpty()
+    proc = subprocess.Popen(
+        ["setsid", "--ctty", *CLI, *args],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=clean_env(),
+    )
+    os.close(slave)
+    return proc, master
+
+
+def _read_until(master: int, text: bytes, timeout: float = 20.0) -> bytes:
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while text not in seen:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(f"timed out waiting for {text!r}; saw {seen!r}")
+        if select.select([master], [], [], remaining)[0]:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+    return seen
+
+
+def test_the_command_can_read_the_terminal(lock_dir: Path) -> None:
+    proc, master = _start_in_terminal(
+        ["tty-lock", 'printf "name? "; read answer; echo "got:$answer"', str(lock_dir)]
+    )
+    try:
+        _read_until(master, b"name? ")
+        os.write(master, b"hello\n")
+        assert b"got:hello" in _read_until(master, b"got:hello")
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+
+
+def test_ctrl_c_in_the_terminal_stops_the_command_and_frees_the_lock(lock_dir: Path) -> None:
+    proc, master = _start_in_terminal(["tty-lock", "echo ready; sleep 60", str(lock_dir)])
+    try:
+        _read_until(master, b"ready")
+        os.write(master, b"\x03")  # the terminal sends SIGINT to its foreground group
+        assert proc.wait(20) == 130
+        r = subprocess.run(
+            [*CLI, "--no-wait", "tty-lock", "true", str(lock_dir)],
+            env=clean_env(),
+            capture_output=True,
+            timeout=20,
+        )
+        assert r.returncode == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
