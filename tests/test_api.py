@@ -73,7 +73,7 @@ def test_hold_waits_for_the_cli_and_gives_up_with_not_acquired(
 def test_run_locked_reports_numbers(lock_dir: Path) -> None:
     result = local_mutex.run_locked("sleep 0.2", "api", lock_dir=str(lock_dir))
     assert result.status == 0 and result.acquired and not result.timed_out
-    assert result.held >= 0.2 and result.waited < 5
+    assert result.held >= 0.15 and result.waited < 5  # spawn is stamped once it returns
 
 
 def test_hold_with_a_wait_ceiling_works_off_the_main_thread(lock_dir: Path) -> None:

@@ -63,10 +63,42 @@ def test_the_command_can_read_the_terminal(lock_dir: Path) -> None:
         os.close(master)
 
 
+def _descendant_running(pid: int, argv: bytes, timeout: float = 20.0) -> None:
+    """Wait until a descendant of ``pid`` runs ``argv`` (exec done, so a ^C now cannot fall
+    into a shell's fork-to-exec window, where shells are known to lose it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+                stat = Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if cmdline == argv and _has_ancestor(int(stat[1]), pid):
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"no descendant of {pid} ran {argv!r}")
+
+
+def _has_ancestor(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+        except OSError:
+            return False
+    return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc to find the command")
 def test_ctrl_c_in_the_terminal_stops_the_command_and_frees_the_lock(lock_dir: Path) -> None:
     proc, master = _start_in_terminal(["tty-lock", "echo ready; sleep 60", str(lock_dir)])
     try:
         _read_until(master, b"ready")
+        _descendant_running(proc.pid, b"sleep\x0060\x00")
         os.write(master, b"\x03")  # the terminal sends SIGINT to its foreground group
         assert proc.wait(20) == 130
         r = subprocess.run(
