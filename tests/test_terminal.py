@@ -112,3 +112,32 @@ def test_ctrl_c_in_the_terminal_stops_the_command_and_frees_the_lock(lock_dir: P
         if proc.poll() is None:
             proc.kill()
         os.close(master)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc for process states")
+def test_ctrl_z_stops_the_whole_run_and_fg_resumes_it(lock_dir: Path) -> None:
+    import signal
+
+    proc, master = _start_in_terminal(
+        ["tty-lock", 'echo ready; read answer; echo "got:$answer"', str(lock_dir)]
+    )
+
+    def state(pid: int) -> bytes:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+
+    try:
+        _read_until(master, b"ready")
+        os.write(master, b"\x1a")  # Ctrl-Z: SIGTSTP to the foreground group (the command)
+        deadline = time.monotonic() + 20
+        while state(proc.pid) != b"T":  # the supervisor stops with it, as a job would
+            assert time.monotonic() < deadline, "the supervisor did not stop with its command"
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGCONT)  # what a shell's `fg` does
+        # Typed ahead: the terminal keeps it until the resumed command reads it.
+        os.write(master, b"hello\n")
+        assert b"got:hello" in _read_until(master, b"got:hello")
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)

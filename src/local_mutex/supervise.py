@@ -73,8 +73,10 @@ class _Supervisor:
 
     def on_alarm(self, signum: int, frame: FrameType | None) -> None:
         now = time.monotonic()
+        # Edit the list in place: a signal handled in the middle of this may append to it.
         due = [e for e in self.events if e[0] <= now]
-        self.events = [e for e in self.events if e[0] > now]
+        for event in due:
+            self.events.remove(event)
         for _, sig, is_timeout in sorted(due):
             if is_timeout:
                 self.outcome.timed_out = True
