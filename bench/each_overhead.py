@@ -8,17 +8,15 @@ Targets: each <= 0.25x the sequential CLI calls, and <= 1.0x the bare flock(1) l
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from timing import cli, seconds
+from timing import clean_env, cli, compile_package, seconds
 
 
 def main() -> int:
@@ -26,13 +24,8 @@ def main() -> int:
     parser.add_argument("--items", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCAL_MUTEX_", "GITHUB_"))}
-    import local_mutex
-
-    subprocess.run(
-        [sys.executable, "-m", "compileall", "-q", os.path.dirname(local_mutex.__file__)],
-        check=True,
-    )
+    env = clean_env()
+    compile_package()
     n = args.items
     items = "".join(f"item-{i}\n" for i in range(n)).encode()
     with tempfile.TemporaryDirectory() as d:

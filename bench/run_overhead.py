@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from timing import cli, median_seconds
+from timing import clean_env, cli, compile_package, median_seconds
 
 
 def handoff_gaps(lock_dir: str, waiters: int, env: dict[str, str]) -> list[float]:
@@ -45,15 +45,10 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--waiters", type=int, default=20)
     args = parser.parse_args()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCAL_MUTEX_", "GITHUB_"))}
-    # A regular install has bytecode compiled by pip; an editable one may not (and
-    # PYTHONDONTWRITEBYTECODE keeps it that way), which would time the compiler instead.
+    env = clean_env()
+    compile_package()
     import local_mutex
 
-    subprocess.run(
-        [sys.executable, "-m", "compileall", "-q", os.path.dirname(local_mutex.__file__)],
-        check=True,
-    )
     with tempfile.TemporaryDirectory() as lock_dir:
         lock_file = os.path.join(lock_dir, "bare.lock")
         python = median_seconds([sys.executable, "-c", "pass"], args.runs, env)

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
@@ -17,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from timing import cli, median_seconds
+from timing import clean_env, cli, compile_package, median_seconds
 
 HOLDER = """
 import fcntl, os, sys
@@ -37,13 +36,10 @@ def main() -> int:
     parser.add_argument("--held", type=int, default=100)
     parser.add_argument("--runs", type=int, default=15)
     args = parser.parse_args()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCAL_MUTEX_", "GITHUB_"))}
+    env = clean_env()
+    compile_package()
     import local_mutex
 
-    subprocess.run(
-        [sys.executable, "-m", "compileall", "-q", os.path.dirname(local_mutex.__file__)],
-        check=True,
-    )
     with tempfile.TemporaryDirectory() as lock_dir:
         paths = [local_mutex.lock_path(f"item-{i}", lock_dir) for i in range(args.files)]
         for p in paths:
