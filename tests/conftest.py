@@ -1,107 +1,13 @@
-"""Shared helpers: real CLI processes, real locks, markers instead of sleeps."""
+"""Fixtures shared by every test; the helpers themselves live in tests/helpers."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-CLI = [sys.executable, "-m", "local_mutex"]
-SCRUB = (
-    "GITHUB_ACTIONS",
-    "LOCAL_MUTEX_LOCK_DIR",
-    "LOCAL_MUTEX_HELD",
-    "LOCAL_MUTEX_CLI",
-    "LOCAL_MUTEX_ALLOW_OTHER_OWNER",
-    "LOCAL_MUTEX_PROGRESS_SECONDS",
-)
-
-
-def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in SCRUB}
-    env.update(extra or {})
-    return env
-
-
-def wait_for(predicate_or_path: object, timeout: float = 20.0, what: str = "") -> None:
-    """Wait for a marker file (or a predicate) with a generous ceiling for busy machines."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if isinstance(predicate_or_path, Path):
-            if predicate_or_path.exists():
-                return
-        elif callable(predicate_or_path) and predicate_or_path():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what or predicate_or_path}")
-
-
-def hold_until(marker_dir: Path, tag: str = "h") -> str:
-    """A shell command that says it holds (``<tag>.held``) and keeps going until ``<tag>.go``.
-
-    Bounded (60 s) so a failed test never leaves it running for long.
-    """
-    held, go = marker_dir / f"{tag}.held", marker_dir / f"{tag}.go"
-    return (
-        f"touch '{held}'; i=0; while [ ! -e '{go}' ] && [ $i -lt 1200 ]; "
-        f"do sleep 0.05; i=$((i+1)); done"
-    )
-
-
-class Procs:
-    """Started CLI processes; whatever is still running at teardown is stopped."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.started: list[subprocess.Popen[bytes]] = []
-        self.logs: dict[int, tuple[Path, Path]] = {}
-
-    def start(
-        self,
-        args: Sequence[str | bytes],
-        env: Mapping[str, str] | None = None,
-        cwd: str | Path | None = None,
-    ) -> subprocess.Popen[bytes]:
-        n = len(self.started)
-        out_path, err_path = self.tmp / f"proc{n}.out", self.tmp / f"proc{n}.err"
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            p = subprocess.Popen(
-                [*CLI, *args],
-                env=clean_env(env),
-                cwd=cwd,
-                stdout=out,
-                stderr=err,
-                stdin=subprocess.DEVNULL,
-            )
-        self.started.append(p)
-        self.logs[p.pid] = (out_path, err_path)
-        return p
-
-    def stderr(self, p: subprocess.Popen[bytes]) -> str:
-        return self.logs[p.pid][1].read_bytes().decode("utf-8", "replace")
-
-    def stdout(self, p: subprocess.Popen[bytes]) -> str:
-        return self.logs[p.pid][0].read_bytes().decode("utf-8", "replace")
-
-    def wait_stderr(self, p: subprocess.Popen[bytes], text: str, timeout: float = 20.0) -> None:
-        wait_for(lambda: text in self.stderr(p), timeout, f"{text!r} on stderr of pid {p.pid}")
-
-    def stop_all(self) -> None:
-        for p in self.started:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.started:
-            try:
-                p.wait(12)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+from helpers import Procs
 
 
 @pytest.fixture
@@ -123,57 +29,3 @@ def marks(tmp_path: Path) -> Path:
     d = tmp_path / "marks"
     d.mkdir()
     return d
-
-
-def run_cli(
-    args: Sequence[str | bytes],
-    env: Mapping[str, str] | None = None,
-    cwd: str | Path | None = None,
-    timeout: float = 60,
-    input: bytes | None = None,
-) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [*CLI, *args],
-        env=clean_env(env),
-        cwd=cwd,
-        capture_output=True,
-        timeout=timeout,
-        input=input if input is not None else b"",
-    )
-
-
-def nobody_can_run_python() -> bool:
-    """Whether this interpreter starts as uid 65534 (some builds live under a 0700 home)."""
-    import shutil
-
-    setpriv = shutil.which("setpriv")
-    if os.geteuid() != 0 or setpriv is None:
-        return False
-    r = subprocess.run(
-        [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", "pass"],
-        capture_output=True,
-        cwd="/",
-        check=False,
-    )
-    return r.returncode == 0
-
-
-def lock_is_free(path: Path) -> bool:
-    """Probe with a non-blocking exclusive flock (held only for an instant if free)."""
-    import fcntl
-
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-
-
-def lock_file(lock_dir: Path, name: str | bytes) -> Path:
-    import hashlib
-
-    raw = name.encode("utf-8", "surrogateescape") if isinstance(name, str) else name
-    return lock_dir / f"local-mutex-{hashlib.sha256(raw).hexdigest()}.lock"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLI, clean_env, lock_file, nobody_can_run_python, run_cli
+from helpers import CLI, clean_env, lock_file, nobody_can_run_python, run_cli
 
 
 def _assert_refused(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Procs, hold_until, lock_file, lock_is_free, wait_for
+from helpers import Procs, hold_until, lock_file, lock_is_free, wait_for
 
 
 def test_sigkill_to_the_supervisor_frees_the_lock_at_once(

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from actions_harness import needs_act, run_act, start_act, workflow
-from conftest import CLI, clean_env, hold_until, lock_file, lock_is_free, wait_for
+from helpers import CLI, clean_env, hold_until, lock_file, lock_is_free, wait_for
+from helpers.actions import needs_act, run_act, start_act, workflow
 
 pytestmark = [needs_act, pytest.mark.timeout(300)]
 
@@ -351,7 +351,7 @@ def test_cancel_signal_to_the_entry_process_frees_the_lock(tmp_path: Path) -> No
 
 def test_inputs_never_reach_a_script_by_interpolation() -> None:
     # Every input reaches the CLI through env:, never as ${{ }} pasted into run:.
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     for path in (root / "action.yml", root / "setup" / "action.yml"):
         runs = [x for x in path.read_text().splitlines() if x.strip().startswith("run:")]
         assert runs and all("${{" not in x for x in runs), path

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLI, Procs, clean_env, run_cli, wait_for
-from gitserver import branch_message, git_daemon
+from helpers import CLI, Procs, clean_env, run_cli, wait_for
+from helpers.gitserver import branch_message, git_daemon
 
 pytestmark = pytest.mark.timeout(180)
 

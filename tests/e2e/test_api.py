@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import local_mutex
-from conftest import CLI, Procs, clean_env, hold_until, lock_file, wait_for
+from helpers import CLI, Procs, clean_env, hold_until, lock_file, wait_for
 
 
 def test_lock_path_matches_the_cli(lock_dir: Path) -> None:

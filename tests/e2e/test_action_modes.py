@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from actions_harness import needs_act, run_act, start_act, workflow
-from conftest import run_cli, wait_for
+from helpers import run_cli, wait_for
+from helpers.actions import needs_act, run_act, start_act, workflow
 
 pytestmark = [needs_act, pytest.mark.timeout(300)]
 
@@ -175,7 +175,7 @@ def test_bad_mode_and_run_with_hold_are_refused(tmp_path: Path) -> None:
 
 
 def test_remote_modes_against_a_git_server(tmp_path: Path) -> None:
-    from gitserver import git_daemon
+    from helpers.gitserver import git_daemon
 
     with git_daemon(tmp_path / "server") as url:
         r = run_act(

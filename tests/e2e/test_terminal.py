@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLI, clean_env
+from helpers import CLI, clean_env
 
 pytestmark = pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid(1)")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Procs, hold_until, lock_file, run_cli, wait_for
+from helpers import Procs, hold_until, lock_file, run_cli, wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("flock") is None, reason="flock(1) not installed")
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Procs, hold_until, lock_file, run_cli, wait_for
+from helpers import Procs, hold_until, lock_file, run_cli, wait_for
 
 JOB_A = {
     "GITHUB_RUN_ID": "100",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLI, Procs, clean_env, hold_until, lock_file, run_cli, wait_for
+from helpers import CLI, Procs, clean_env, hold_until, lock_file, run_cli, wait_for
 
 
 def test_two_hundred_items_each_once_under_its_own_lock(lock_dir: Path, tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import lock_file, run_cli
+from helpers import lock_file, run_cli
 
 
 def test_planted_symlink_to_an_existing_file_is_refused(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from conftest import Procs, hold_until, run_cli, wait_for
+from helpers import Procs, hold_until, run_cli, wait_for
 
 
 def test_wait_ceiling_expires_with_75_and_names_the_holder(

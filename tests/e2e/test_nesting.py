@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import Procs, hold_until, lock_file, run_cli, wait_for
+from helpers import Procs, hold_until, lock_file, run_cli, wait_for
 
 
 def test_cli_shim_runs_with_sh_and_directly(lock_dir: Path) -> None:

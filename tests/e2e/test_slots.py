@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from conftest import Procs, hold_until, run_cli, wait_for
+from helpers import Procs, hold_until, run_cli, wait_for
 
 
 def _cpu_seconds(pid: int) -> float:

@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import clean_env
+from helpers import clean_env
 
-BOOTSTRAP = Path(__file__).resolve().parents[1] / "setup" / "bootstrap.py"
+BOOTSTRAP = Path(__file__).resolve().parents[2] / "setup" / "bootstrap.py"
 
 
 def _setup(

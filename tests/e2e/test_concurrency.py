@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from conftest import Procs, hold_until, run_cli, wait_for
+from helpers import Procs, hold_until, run_cli, wait_for
 
 
 def _critical(log: Path, tag: str, seconds: float = 0.05) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import local_mutex
-from conftest import (
+from helpers import (
     CLI,
     Procs,
     clean_env,

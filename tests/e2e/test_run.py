@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import lock_file, run_cli
+from helpers import lock_file, run_cli
 
 STAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
 

