@@ -1,0 +1,367 @@
+"""The holder guarantee, tried the way a hostile machine would (issue 9, cases 1-6).
+
+While any process of a locked command still runs, nobody else holds the lock — whatever
+dies first. Every command here reports at its own start (``helpers/witness.py``) any live
+process of another caller's command; that report, not a clock, is the proof of non-overlap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers import CLI, Procs, clean_env, hold_until, lock_file, lock_is_free, run_cli, wait_for
+from helpers import procwatch as pw
+
+HELPERS = Path(__file__).resolve().parent.parent / "helpers"
+WITNESS = HELPERS / "witness.py"
+NONREAPER = HELPERS / "nonreaper.py"
+PY = sys.executable
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+
+
+class Witnessed:
+    """Callers whose commands report each other: env, command prefix, what each saw."""
+
+    def __init__(self, marks: Path) -> None:
+        self.marks = marks
+        self.tag = f"hg-{uuid.uuid4().hex[:12]}"
+
+    def env(self, caller: str) -> dict[str, str]:
+        return {"LM_WITNESS": self.tag, "LM_CALLER": caller}
+
+    def enter(self, caller: str) -> str:
+        """Shell words that record CALLER's start and whatever of the others still runs."""
+        return f"\"{PY}\" -S -E '{WITNESS}' '{self.marks}' {caller}"
+
+    def seen(self, caller: str) -> list[str]:
+        return (self.marks / f"{caller}.seen").read_text().splitlines()
+
+    def started(self, caller: str) -> float:
+        return float((self.marks / f"{caller}.start").read_text())
+
+    def processes(self) -> list[int]:
+        """Every live process started for this test (callers, supervisors, commands)."""
+        return pw.tagged("LM_WITNESS", self.tag)
+
+    def command_processes(self, caller: str) -> list[int]:
+        return [
+            p
+            for p in self.processes()
+            if pw.environ(p).get("LM_CALLER") == caller and "LOCAL_MUTEX_CLI" in pw.environ(p)
+        ]
+
+
+@pytest.fixture
+def wit(marks: Path) -> Iterator[Witnessed]:
+    w = Witnessed(marks)
+    yield w
+    # Whatever a failed test (or a broken product) left behind goes now.
+    for _ in range(3):
+        left = w.processes()
+        if not left:
+            break
+        pw.signal_quietly(left, signal.SIGKILL)
+        time.sleep(0.1)
+
+
+def _supervisor_pid(cli: subprocess.Popen[bytes], which: str) -> int:
+    """The CLI pid itself (the keeper), or its forked supervisor child when there is one.
+
+    Today's code has no separate supervisor (its only child is the command's shell): then
+    the CLI pid is the supervisor either way.
+    """
+    if which == "keeper":
+        return cli.pid
+    child = pw.supervisor_child(cli.pid)
+    return child if child is not None else cli.pid
+
+
+def _read_pid(path: Path) -> int:
+    """A pid a command wrote with ``echo $$ > PATH`` (wait out the empty, just-created file)."""
+    wait_for(lambda: path.exists() and path.read_text().strip() != "", what=str(path))
+    return int(path.read_text())
+
+
+def _assert_saw_nobody(wit: Witnessed, caller: str) -> None:
+    seen = wit.seen(caller)
+    assert seen == [], f"{caller} started while another holder's command still ran: {seen}"
+
+
+# -- 1. the supervisor is SIGKILLed -------------------------------------------------------------
+
+CLOSES_FDS = (
+    f"\"{PY}\" -c 'import os, time; os.closerange(3, 4096); time.sleep(3)'"
+    # A child that closed every inherited descriptor, as subprocess, sudo and ssh do.
+)
+
+
+@pytest.mark.parametrize("victim", ["keeper", "supervisor"])
+@pytest.mark.parametrize("body", ["sleep", "closes-fds"])
+def test_a_sigkilled_supervisor_does_not_free_the_lock_while_its_command_runs(
+    procs: Procs,
+    lock_dir: Path,
+    marks: Path,
+    wit: Witnessed,
+    tmp_path: Path,
+    victim: str,
+    body: str,
+) -> None:
+    log = tmp_path / "log"
+    work = "sleep 3" if body == "sleep" else CLOSES_FDS
+    a = procs.start(
+        [
+            "--wait",
+            "30",
+            "k9",
+            f"{wit.enter('A')}; touch '{marks}/A.held'; {work}; echo A-done >> '{log}'",
+            str(lock_dir),
+        ],
+        env=wit.env("A"),
+    )
+    wait_for(marks / "A.held")
+    if body == "closes-fds":
+        wait_for(lambda: any("closerange" in _cmdline(p) for p in wit.command_processes("A")))
+    b = procs.start(
+        ["--wait", "30", "k9", f"{wit.enter('B')}; echo B >> '{log}'", str(lock_dir)],
+        env=wit.env("B"),
+    )
+    procs.wait_stderr(b, "waiting for lock k9")
+    os.kill(_supervisor_pid(a, victim), signal.SIGKILL)
+    assert b.wait(30) == 0, procs.stderr(b)
+    _assert_saw_nobody(wit, "B")
+    lines = log.read_text().splitlines()
+    assert "B" in lines
+    if "A-done" in lines:
+        assert lines.index("A-done") < lines.index("B"), lines
+    assert lock_is_free(lock_file(lock_dir, "k9"))
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+# -- 2. the command's top process dies from a signal we did not send ---------------------------
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])
+def test_top_process_killed_by_a_foreign_signal_stops_its_group_first(
+    procs: Procs, lock_dir: Path, marks: Path, wit: Witnessed, tmp_path: Path, sig: signal.Signals
+) -> None:
+    log = tmp_path / "log"
+    cmd = (
+        f"{wit.enter('A')}; echo $$ > '{marks}/A.top'; "
+        f"(sleep 3; echo A-done >> '{log}') & touch '{marks}/A.held'; wait"
+    )
+    a = procs.start(["--wait", "30", "top", cmd, str(lock_dir)], env=wit.env("A"))
+    wait_for(marks / "A.held")
+    b = procs.start(
+        ["--wait", "30", "top", f"{wit.enter('B')}; echo B >> '{log}'", str(lock_dir)],
+        env=wit.env("B"),
+    )
+    procs.wait_stderr(b, "waiting for lock top")
+    os.kill(_read_pid(marks / "A.top"), sig)  # the OOM killer, a segfault, kill -9
+    assert a.wait(20) == 128 + sig, procs.stderr(a)
+    assert b.wait(20) == 0, procs.stderr(b)
+    _assert_saw_nobody(wit, "B")
+    lines = log.read_text().splitlines()
+    if "A-done" in lines:
+        assert lines.index("A-done") < lines.index("B"), lines
+
+
+# -- 3. nested calls: an outer stop ends with the inner command gone ----------------------------
+
+
+@pytest.mark.parametrize(
+    "outer_traps", [False, True], ids=["as-reported", "inner-cli-ignores-term"]
+)
+def test_sigterm_to_an_outer_run_never_orphans_an_inner_command(
+    procs: Procs, lock_dir: Path, marks: Path, wit: Witnessed, outer_traps: bool
+) -> None:
+    # as-reported: the issue's reproducer; today the outer's SIGKILL at +7 s races the inner
+    # supervisor's own at +7 s (+ a millisecond), so it fails only about half the time.
+    # inner-cli-ignores-term: the inner CLI starts with SIGTERM ignored (as under nohup), so it
+    # never escalates by itself: only the outer's stop can end the inner command.
+    inner_cmd = f"trap '' TERM; echo \\$\\$ > '{marks}/inner.pid'; sleep 30"
+    prefix = "trap '' TERM; " if outer_traps else ""
+    outer = procs.start(
+        ["outer", f'{prefix}sh "$LOCAL_MUTEX_CLI" inner "{inner_cmd}"', str(lock_dir)],
+        env=wit.env("O"),
+    )
+    inner_top = _read_pid(marks / "inner.pid")
+    inner_group = pw.pgid(inner_top)
+    assert inner_group is not None
+    locks = {n: lock_file(lock_dir, n) for n in ("outer", "inner")}
+    wait_for(lambda: not lock_is_free(locks["inner"]))
+    # While the inner command runs, neither lock may be free: watch throughout the stop.
+    violations: list[str] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            running = pw.group_members(inner_group)
+            if running:
+                for n, path in locks.items():
+                    if lock_is_free(path):
+                        violations.append(f"{n} free while the inner command ran: {running}")
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        outer.send_signal(signal.SIGTERM)
+        status = outer.wait(25)
+        left = pw.wait_gone(pw.group_members(inner_group), 0.5)
+    finally:
+        done.set()
+        watcher.join(5)
+    assert left == [], f"the inner command outlived the outer run: {left}"
+    assert violations == [], violations[:5]
+    assert status in (143, 137), (status, procs.stderr(outer))
+
+
+# -- 4. zombies are not alive ------------------------------------------------------------------
+
+
+def _unshare_works() -> bool:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    r = subprocess.run(["unshare", "-fp", "--mount-proc", "true"], capture_output=True)
+    return r.returncode == 0
+
+
+@pytest.mark.parametrize("parent", ["ordinary", "subreaper", "pid-namespace"])
+def test_sigterm_with_a_background_child_is_quick_whoever_reaps(
+    lock_dir: Path, marks: Path, tmp_path: Path, parent: str
+) -> None:
+    cmd = f"sleep 30 & touch '{marks}/ready'; wait"
+    cli = [*CLI, "zomb", cmd, str(lock_dir)]
+    result, err = tmp_path / "result.json", tmp_path / "cli.err"
+    harness = [PY, str(NONREAPER)]
+    if parent == "ordinary":
+        argv = [*harness, "plain", str(result), str(marks / "ready"), str(err), "--", *cli]
+    elif parent == "subreaper":
+        argv = [*harness, "subreaper", str(result), str(marks / "ready"), str(err), "--", *cli]
+    else:
+        if not _unshare_works():
+            pytest.skip("unshare -fp --mount-proc needs root and user/PID namespaces here")
+        argv = [
+            "unshare",
+            "-fp",
+            "--mount-proc",
+            *harness,
+            "pid1",
+            str(result),
+            str(marks / "ready"),
+            str(err),
+            "--",
+            *cli,
+        ]
+    r = subprocess.run(argv, env=clean_env(), capture_output=True, timeout=50)
+    assert r.returncode == 0, r.stderr
+    outcome = json.loads(result.read_text())
+    stderr = err.read_text()
+    assert "error" not in outcome, (outcome, stderr)
+    assert outcome["status"] == 143, (outcome, stderr)
+    assert outcome["elapsed"] < 3.0, (outcome, stderr)
+    assert "survived" not in stderr, stderr
+    assert lock_is_free(lock_file(lock_dir, "zomb"))
+
+
+# -- 5. the lock file deleted or renamed while held ---------------------------------------------
+
+
+def _locked_file_at(path: Path) -> bool:
+    try:
+        return not lock_is_free(path)
+    except FileNotFoundError:
+        return False
+
+
+def _status_code(name: str, lock_dir: Path) -> int:
+    return run_cli(["status", name, "--lock-dir", str(lock_dir), "--json"]).returncode
+
+
+def _remove(path: Path, how: str, marks: Path) -> None:
+    if how == "rm":
+        path.unlink()
+    else:
+        path.rename(marks / "moved-away.lock")
+
+
+@pytest.mark.parametrize("how", ["rm", "mv"])
+def test_a_deleted_lock_file_is_put_back_and_still_excludes(
+    procs: Procs, lock_dir: Path, marks: Path, how: str
+) -> None:
+    holder = procs.start(["gone", hold_until(marks, "a"), str(lock_dir)])
+    wait_for(marks / "a.held")
+    path = lock_file(lock_dir, "gone")
+    _remove(path, how, marks)
+    t0 = time.monotonic()
+    assert _status_code("gone", lock_dir) in (1, 3)  # held, or cannot tell — never free
+    wait_for(lambda: _locked_file_at(path), 10, f"a locked file back at {path}")
+    back_after = time.monotonic() - t0
+    r = run_cli(["--no-wait", "gone", f"touch '{marks}/newcomer.ran'", str(lock_dir)])
+    assert r.returncode == 75, r.stderr
+    assert not (marks / "newcomer.ran").exists()
+    assert _status_code("gone", lock_dir) in (1, 3)
+    (marks / "a.go").touch()
+    assert holder.wait(20) == 0, procs.stderr(holder)
+    assert path.exists() and lock_is_free(path)
+    assert back_after < 10, back_after
+
+
+@pytest.mark.parametrize("how", ["rm", "mv"])
+def test_a_waiter_on_a_deleted_lock_file_ends_up_holding_the_file_at_the_path(
+    procs: Procs, lock_dir: Path, marks: Path, how: str
+) -> None:
+    holder = procs.start(["gone", hold_until(marks, "a"), str(lock_dir)])
+    wait_for(marks / "a.held")
+    waiter = procs.start(["--wait", "40", "gone", hold_until(marks, "w"), str(lock_dir)])
+    procs.wait_stderr(waiter, "waiting for lock gone")
+    path = lock_file(lock_dir, "gone")
+    _remove(path, how, marks)  # the waiter sleeps in flock() on the inode just removed
+    wait_for(lambda: _locked_file_at(path), 10, f"a locked file back at {path}")
+    (marks / "a.go").touch()
+    assert holder.wait(20) == 0, procs.stderr(holder)
+    wait_for(marks / "w.held", 20)
+    assert _locked_file_at(path), "the waiter holds a file no longer at the lock path"
+    r = run_cli(["--no-wait", "gone", f"touch '{marks}/newcomer.ran'", str(lock_dir)])
+    assert r.returncode == 75, r.stderr
+    assert not (marks / "newcomer.ran").exists()
+    assert _status_code("gone", lock_dir) == 1
+    (marks / "w.go").touch()
+    assert waiter.wait(20) == 0, procs.stderr(waiter)
+
+
+# -- 6. a hard link planted at the lock path -----------------------------------------------------
+
+
+@pytest.mark.parametrize("verb", [[], ["run"], ["run", "--no-wait"]])
+def test_a_hard_link_at_the_lock_path_is_refused_and_left_untouched(
+    lock_dir: Path, tmp_path: Path, verb: list[str]
+) -> None:
+    mine = tmp_path / "precious.txt"
+    mine.write_bytes(b"someone's data\n")
+    os.link(mine, lock_file(lock_dir, "linked"))
+    r = run_cli([*verb, "linked", f"touch '{tmp_path}/ran'", str(lock_dir)])
+    assert r.returncode == 2, r.stderr
+    assert b"link" in r.stderr.lower(), r.stderr
+    assert not (tmp_path / "ran").exists()
+    assert mine.read_bytes() == b"someone's data\n"
+    assert os.stat(mine).st_nlink == 2

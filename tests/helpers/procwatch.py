@@ -1,0 +1,143 @@
+"""Look at real processes through /proc: children, groups, liveness that ignores zombies.
+
+Linux only (the holder-guarantee tests need /proc). A zombie is never "alive" here: it has
+ended and only waits for its parent to collect its status.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name: [state, ppid, pgrp, session, ...]."""
+    try:
+        raw = (PROC / str(pid) / "stat").read_bytes()
+    except OSError:
+        return None
+    return raw[raw.rfind(b")") + 2 :].decode().split()
+
+
+def state(pid: int) -> str | None:
+    """The process state letter (R, S, D, Z, T, ...) or None when it is gone."""
+    fields = _stat_fields(pid)
+    return fields[0] if fields else None
+
+
+def alive(pid: int) -> bool:
+    """Running, sleeping or stopped — anything but gone, zombie or dead."""
+    s = state(pid)
+    return s is not None and s not in ("Z", "X", "x")
+
+
+def ppid(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[1]) if fields else None
+
+
+def pgid(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[2]) if fields else None
+
+
+def all_pids() -> Iterator[int]:
+    for entry in os.scandir(PROC):
+        if entry.name.isdigit():
+            yield int(entry.name)
+
+
+def children(pid: int) -> list[int]:
+    """Direct children, from /proc/PID/task/*/children (every thread's)."""
+    out: list[int] = []
+    try:
+        tasks = list((PROC / str(pid) / "task").iterdir())
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            out.extend(int(c) for c in (task / "children").read_text().split())
+        except OSError:
+            continue
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    out: list[int] = []
+    todo = children(pid)
+    while todo:
+        p = todo.pop()
+        if p in out:
+            continue
+        out.append(p)
+        todo.extend(children(p))
+    return out
+
+
+def exe(pid: int) -> str | None:
+    try:
+        return os.readlink(PROC / str(pid) / "exe")
+    except OSError:
+        return None
+
+
+def environ(pid: int) -> dict[str, str]:
+    """The environment a process was started with (empty for zombies and kernel threads)."""
+    try:
+        raw = (PROC / str(pid) / "environ").read_bytes()
+    except OSError:
+        return {}
+    env: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return env
+
+
+def group_members(pgrp: int) -> list[int]:
+    """Live (non-zombie) members of a process group."""
+    out = []
+    for p in all_pids():
+        fields = _stat_fields(p)
+        if fields and fields[2] == str(pgrp) and fields[0] not in ("Z", "X", "x"):
+            out.append(p)
+    return out
+
+
+def tagged(key: str, value: str) -> list[int]:
+    """Live processes whose starting environment has KEY=VALUE."""
+    return [p for p in all_pids() if environ(p).get(key) == value and alive(p)]
+
+
+def supervisor_child(cli_pid: int) -> int | None:
+    """A child of the CLI process running the same program (the forked supervisor), if any."""
+    mine = exe(cli_pid)
+    for c in children(cli_pid):
+        if mine is not None and exe(c) == mine:
+            return c
+    return None
+
+
+def signal_quietly(pids: Iterable[int], sig: int = signal.SIGKILL) -> None:
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except OSError:
+            pass
+
+
+def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
+    """Wait until none of PIDS is alive; return those still alive at the deadline."""
+    pending = list(pids)
+    deadline = time.monotonic() + timeout
+    while True:
+        pending = [p for p in pending if alive(p)]
+        if not pending or time.monotonic() > deadline:
+            return pending
+        time.sleep(0.02)
