@@ -1,0 +1,209 @@
+"""The holder guarantee on a git remote (issue 9, case 7), against a real `git daemon`.
+
+A branch that is not a lock is never taken, rewritten or deleted; a holder whose renewals
+fail is stopped before its lease can expire; a failure at release keeps the command's status.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers import Procs, clean_env, run_cli, wait_for
+from helpers import procwatch as pw
+from helpers.gitserver import git_daemon
+
+pytestmark = pytest.mark.timeout(90)
+
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@localhost",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@localhost",
+}
+
+
+class Server:
+    """A git daemon we can kill mid-run; its repository stays readable on disk."""
+
+    def __init__(self, root: Path, url: str) -> None:
+        self.root, self.url = root, url
+        self.repo = root / "locks.git"
+
+    def daemon_pids(self) -> list[int]:
+        port = self.url.split(":")[2].split("/")[0]
+        found = []
+        for p in pw.all_pids():
+            try:
+                argv = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"daemon" in argv and f"--port={port}".encode() in argv:
+                found.append(p)
+        return found
+
+    def kill(self) -> None:
+        """The server goes away: the daemon and every connection it was serving."""
+        daemons = self.daemon_pids()
+        assert daemons, "git daemon not found"
+        for d in daemons:
+            victims = [d, *pw.descendants(d)]
+            pw.signal_quietly(victims, signal.SIGKILL)
+        assert pw.wait_gone(daemons, 5) == []
+
+    def tip(self, branch: str) -> str | None:
+        r = subprocess.run(
+            ["git", "--git-dir", str(self.repo), "rev-parse", "--verify", "-q", branch],
+            capture_output=True,
+            text=True,
+        )
+        return r.stdout.strip() or None
+
+    def body(self, branch: str) -> dict[str, object]:
+        """The JSON body of the branch's newest lock commit, read from disk."""
+        msg = subprocess.run(
+            ["git", "--git-dir", str(self.repo), "log", "-1", "--format=%B", branch],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        data: dict[str, object] = json.loads(msg.partition("\n")[2])
+        return data
+
+    def plant_plain_branch(self, branch: str, work: Path) -> str:
+        """Push an ordinary commit with a file in it (not a lock) to BRANCH; its oid."""
+        work.mkdir()
+        git = ["git", "-C", str(work)]
+        subprocess.run([*git, "init", "-q"], check=True)
+        (work / "README").write_text("not a lock\n")
+        subprocess.run([*git, "add", "README"], check=True)
+        subprocess.run([*git, "commit", "-qm", "real work"], check=True, env=clean_env(GIT_ENV))
+        subprocess.run(
+            [*git, "push", "-q", self.url, f"HEAD:refs/heads/{branch}"],
+            check=True,
+            capture_output=True,
+        )
+        oid = self.tip(branch)
+        assert oid is not None
+        return oid
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    with git_daemon(tmp_path / "server") as url:
+        yield Server(tmp_path / "server", url)
+
+
+# -- not-a-lock branches and an empty prefix -------------------------------------------------
+
+
+def test_an_empty_key_prefix_is_refused(server: Server, tmp_path: Path) -> None:
+    main = server.plant_plain_branch("main", tmp_path / "work")
+    r = run_cli(["hold", "--remote", server.url, "--key-prefix", "", "main"])
+    assert r.returncode == 2, r.stderr
+    r = run_cli(
+        ["run", "--remote", server.url, "--key-prefix", "", "main", "touch ran"], cwd=tmp_path
+    )
+    assert r.returncode == 2, r.stderr
+    assert not (tmp_path / "ran").exists()
+    r = run_cli(["release", "--remote", server.url, "--key-prefix", "", "--force", "main"])
+    assert r.returncode == 2, r.stderr
+    assert server.tip("main") == main
+
+
+NOT_A_LOCK_OPS = {
+    "run": ["run", "--wait", "10", "--poll", "0.5", "--remote", "{url}", "plain", "touch ran"],
+    "hold": ["hold", "--wait", "10", "--poll", "0.5", "--remote", "{url}", "plain"],
+    "release-force-delete": [
+        "release",
+        "--remote",
+        "{url}",
+        "--force",
+        "--delete-branch",
+        "plain",
+    ],
+}
+
+
+@pytest.mark.parametrize("op", sorted(NOT_A_LOCK_OPS))
+def test_a_branch_that_is_not_a_lock_is_never_taken_rewritten_or_deleted(
+    server: Server, tmp_path: Path, op: str
+) -> None:
+    oid = server.plant_plain_branch("lock__plain", tmp_path / "work")
+    args = [a.replace("{url}", server.url) for a in NOT_A_LOCK_OPS[op]]
+    r = run_cli(args, cwd=tmp_path, timeout=40)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert b"lock__plain" in r.stderr, r.stderr
+    assert not (tmp_path / "ran").exists()
+    assert server.tip("lock__plain") == oid
+
+
+# -- renewals fail: the command is stopped before its lease can expire ------------------------
+
+
+def test_a_holder_that_cannot_renew_stops_its_command_before_the_lease_expires(
+    procs: Procs, server: Server, marks: Path
+) -> None:
+    # The command ignores SIGTERM (and so does its sleep): only the KILL step can end it.
+    cmd = f"trap '' TERM; echo $$ > '{marks}/pid.tmp'; mv '{marks}/pid.tmp' '{marks}/pid'; "
+    cmd += "while :; do sleep 0.1; done"
+    cli = procs.start(
+        ["run", "--remote", server.url, "--lease", "10", "--kill-after", "1", "renew", cmd]
+    )
+    wait_for(marks / "pid", 30)
+    group = pw.pgid(int((marks / "pid").read_text()))
+    assert group is not None
+    dead_at: list[float] = []
+
+    def watch() -> None:
+        while pw.group_members(group):
+            time.sleep(0.02)
+        dead_at.append(time.time())
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    server.kill()
+    killed_at = time.time()
+    # The newest lease the server ever acknowledged (read from its repository on disk).
+    expires = float(server.body("lock__renew")["expires_at"])  # type: ignore[arg-type]
+    assert expires > killed_at, "the lease had expired before the server went away"
+    try:
+        status = cli.wait(timeout=expires - time.time() + 10)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(
+            f"still running {time.time() - expires:.1f}s after its lease expired; "
+            f"stderr: {procs.stderr(cli)}"
+        ) from None
+    finally:
+        watcher.join(5)
+        pw.signal_quietly(pw.group_members(group))
+    assert dead_at, "the command outlived the run"
+    # Polled every 20 ms: allow that much after the real end.
+    assert dead_at[0] - 0.1 < expires, (dead_at[0] - expires, procs.stderr(cli))
+    assert status == 69, (status, procs.stderr(cli))
+    err = procs.stderr(cli).lower()
+    assert "lease" in err and "lost" in err, err
+
+
+# -- a failure at release keeps the command's own exit status ---------------------------------
+
+
+def test_a_failure_at_release_keeps_the_commands_exit_status(
+    procs: Procs, server: Server, marks: Path
+) -> None:
+    cmd = f"touch '{marks}/ready'; while [ ! -e '{marks}/go' ]; do sleep 0.05; done; exit 3"
+    cli = procs.start(["run", "--remote", server.url, "rel", cmd])
+    wait_for(marks / "ready", 30)
+    server.kill()
+    (marks / "go").touch()
+    status = cli.wait(30)
+    err = procs.stderr(cli)
+    assert status == 3, (status, err)
+    assert "warn" in err.lower(), err
