@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from helpers import CLI, clean_env, lock_file, lock_is_free
+from helpers import CLI, clean_env, lock_file
 from helpers import procwatch as pw
 
 WITNESS = Path(__file__).resolve().parent / "witness.py"
@@ -266,9 +266,12 @@ def _one(it: _Iteration, counts: Counts, bg: str) -> None:
     counts.overlaps += len(overlaps)
     counts.details.extend(overlaps)
     path = lock_file(it.locks, it.name)
-    if not it.processes() and path.exists() and not lock_is_free(path):
+    if not it.processes() and pw.flock_held(path):
         counts.left_held += 1
-        counts.details.append(f"it{it.index}: {path.name} held with no live process")
+        who = [f"{p} {_describe(p)}" for p in pw.openers(path)]
+        counts.details.append(
+            f"it{it.index}: {path.name} held, no process of its callers alive; open in: {who}"
+        )
 
 
 def _loop_commands(loop_tag: str) -> list[int]:

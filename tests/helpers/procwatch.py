@@ -141,3 +141,45 @@ def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
         if not pending or time.monotonic() > deadline:
             return pending
         time.sleep(0.02)
+
+
+def flock_held(path: Path) -> bool:
+    """Whether a flock(2) lock is held on the file now at PATH — read from /proc/locks, so
+    looking never takes the lock (a probe with LOCK_NB could, for an instant)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    want = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    for line in (PROC / "locks").read_text().splitlines():
+        fields = line.split()
+        if len(fields) < 8 or fields[1] != "FLOCK":  # "->" lines are blocked waiters
+            continue
+        major, minor, inode = fields[5].split(":")
+        if (int(major, 16), int(minor, 16), int(inode)) == want:
+            return True
+    return False
+
+
+def openers(path: Path) -> list[int]:
+    """Live processes with the file now at PATH open (any descriptor)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return []
+    found = []
+    for p in all_pids():
+        try:
+            fds = os.listdir(PROC / str(p) / "fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                s = os.stat(PROC / str(p) / "fd" / fd)
+            except OSError:
+                continue
+            if (s.st_dev, s.st_ino) == (st.st_dev, st.st_ino):
+                if alive(p):
+                    found.append(p)
+                break
+    return found
