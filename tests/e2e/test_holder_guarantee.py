@@ -60,7 +60,7 @@ class Witnessed:
         return [
             p
             for p in self.processes()
-            if pw.environ(p).get("LM_CALLER") == caller and "LOCAL_MUTEX_CLI" in pw.environ(p)
+            if pw.environ(p).get("LM_CALLER") == caller and pw.is_command_process(p)
         ]
 
 

@@ -133,7 +133,7 @@ class _Iteration:
     def commands_by_caller(self) -> dict[str, list[int]]:
         by: dict[str, list[int]] = {}
         for p, env in self.processes().items():
-            if "LOCAL_MUTEX_CLI" in env:
+            if pw.is_command_process(p, env):
                 by.setdefault(env.get("LM_CALLER", "?"), []).append(p)
         return by
 
@@ -141,7 +141,7 @@ class _Iteration:
         return [
             p
             for p, env in self.processes().items()
-            if env.get("LM_CALLER") == caller and "LOCAL_MUTEX_CLI" not in env
+            if env.get("LM_CALLER") == caller and not pw.is_command_process(p, env)
         ]
 
     def target(self, kind: str) -> int | None:
@@ -259,7 +259,7 @@ def _one(it: _Iteration, counts: Counts, bg: str) -> None:
     deadline = time.monotonic() + SETTLE
     while time.monotonic() < deadline:
         live = it.processes()
-        if not live or all("LOCAL_MUTEX_CLI" in env for env in live.values()):
+        if not live or all(pw.is_command_process(p, env) for p, env in live.items()):
             break  # nothing left, or only commands nobody supervises any more
         time.sleep(0.05)
     overlaps = it.overlaps()
@@ -275,7 +275,7 @@ def _one(it: _Iteration, counts: Counts, bg: str) -> None:
 
 
 def _loop_commands(loop_tag: str) -> list[int]:
-    return [p for p in pw.tagged("LM_LOOP", loop_tag) if "LOCAL_MUTEX_CLI" in pw.environ(p)]
+    return [p for p in pw.tagged("LM_LOOP", loop_tag) if pw.is_command_process(p)]
 
 
 def _describe(pid: int) -> str:

@@ -183,3 +183,33 @@ def openers(path: Path) -> list[int]:
                     found.append(p)
                 break
     return found
+
+
+def argv(pid: int) -> list[str]:
+    try:
+        raw = (PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
+
+
+def is_local_mutex(pid: int) -> bool:
+    """A process of local-mutex itself (a CLI, a supervisor, a nested call's CLI) rather than
+    of a command: ``python -m local_mutex``, the nested-call shim's ``python -c '... from
+    local_mutex...'`` or the installed ``local-mutex`` script."""
+    args = argv(pid)
+    for i, a in enumerate(args):
+        if a in ("local_mutex", "local_mutex.__main__") and i > 0 and args[i - 1] == "-m":
+            return True
+        if "from local_mutex" in a or "import local_mutex" in a:
+            return True
+        if i <= 1 and os.path.basename(a) == "local-mutex":
+            return True
+    return False
+
+
+def is_command_process(pid: int, env: dict[str, str] | None = None) -> bool:
+    """A locked command or its descendant: started with ``LOCAL_MUTEX_CLI`` in its
+    environment (only commands get it), and not local-mutex itself."""
+    env = environ(pid) if env is None else env
+    return "LOCAL_MUTEX_CLI" in env and not is_local_mutex(pid)

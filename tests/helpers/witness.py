@@ -4,7 +4,8 @@
 
 A "command process" is a live (non-zombie) process whose starting environment has
 ``LM_WITNESS=<the same tag>`` and ``LOCAL_MUTEX_CLI`` (only the locked command and its
-descendants get that variable; the callers' own processes are started without it). Those
+descendants get that variable; the callers' own processes are started without it) and that
+is not local-mutex itself. Those
 of another caller (``LM_CALLER`` differs) are written to ``MARK_DIR/CALLER.seen``, one
 ``pid caller state cmdline`` a line (empty: nobody). Then ``MARK_DIR/CALLER.start`` gets
 this moment (epoch seconds) — that file is the marker to wait for.
@@ -25,7 +26,7 @@ def others(tag: str, caller: str) -> list[str]:
     seen = []
     for pid in procwatch.all_pids():
         env = procwatch.environ(pid)
-        if env.get("LM_WITNESS") != tag or "LOCAL_MUTEX_CLI" not in env:
+        if env.get("LM_WITNESS") != tag or not procwatch.is_command_process(pid, env):
             continue
         if env.get("LM_CALLER") == caller or not procwatch.alive(pid):
             continue
