@@ -213,12 +213,13 @@ def test_sigterm_to_an_outer_run_never_orphans_an_inner_command(
     done = threading.Event()
 
     def watch() -> None:
+        # The locks first, then the group: a process alive after a lock was seen free was
+        # alive when it was free (a group gains no members once its last one is gone).
         while not done.is_set():
-            running = pw.group_members(inner_group)
+            free = [n for n, path in locks.items() if not pw.flock_held(path)]
+            running = pw.group_members(inner_group) if free else []
             if running:
-                for n, path in locks.items():
-                    if not pw.flock_held(path):
-                        violations.append(f"{n} free while the inner command ran: {running}")
+                violations.append(f"{free} free while the inner command ran: {running}")
             time.sleep(0.05)
 
     watcher = threading.Thread(target=watch, daemon=True)

@@ -1,7 +1,8 @@
 """Look at real processes through /proc: children, groups, liveness that ignores zombies.
 
 Linux only (the holder-guarantee tests need /proc). A zombie is never "alive" here: it has
-ended and only waits for its parent to collect its status.
+ended and only waits for its parent to collect its status; nor is a process already inside
+exit(2) (it has closed its descriptors and runs no more code of its own).
 """
 
 from __future__ import annotations
@@ -30,10 +31,20 @@ def state(pid: int) -> str | None:
     return fields[0] if fields else None
 
 
+PF_EXITING = 0x4
+
+
+def _alive_fields(fields: list[str] | None) -> bool:
+    # A process inside exit(2) has already closed its descriptors (so a lock it held may
+    # be free) before it turns zombie: it counts as gone once PF_EXITING is set.
+    return (
+        fields is not None and fields[0] not in ("Z", "X", "x") and not int(fields[6]) & PF_EXITING
+    )
+
+
 def alive(pid: int) -> bool:
-    """Running, sleeping or stopped — anything but gone, zombie or dead."""
-    s = state(pid)
-    return s is not None and s not in ("Z", "X", "x")
+    """Running, sleeping or stopped — not gone, not a zombie, not already exiting."""
+    return _alive_fields(_stat_fields(pid))
 
 
 def ppid(pid: int) -> int | None:
@@ -105,7 +116,7 @@ def group_members(pgrp: int) -> list[int]:
     out = []
     for p in all_pids():
         fields = _stat_fields(p)
-        if fields and fields[2] == str(pgrp) and fields[0] not in ("Z", "X", "x"):
+        if fields and fields[2] == str(pgrp) and _alive_fields(fields):
             out.append(p)
     return out
 
