@@ -149,6 +149,52 @@ def test_a_sigkilled_supervisor_does_not_free_the_lock_while_its_command_runs(
     assert lock_is_free(lock_file(lock_dir, "k9"))
 
 
+@pytest.mark.parametrize("body", ["sleep", "exec-closes-fds"])
+def test_killing_the_callers_whole_process_group_does_not_free_the_lock(
+    lock_dir: Path, marks: Path, wit: Witnessed, tmp_path: Path, body: str
+) -> None:
+    """``kill -9 -PGID`` of the caller's group (a shell's job kill, ``timeout -s KILL`` on a
+    group, a runner ending a step's group) takes every process in it at once — the CLI and
+    anything it forked into its own group. The command runs in a group of its own and lives
+    on: the lock must too, even when the command exec'd into a program that closed every
+    inherited descriptor."""
+    log = tmp_path / "log"
+    work = "sleep 3" if body == "sleep" else f"exec {CLOSES_FDS}"
+    cmd = f"{wit.enter('A')}; touch '{marks}/A.held'; {work}"
+    if body == "sleep":
+        cmd += f"; echo A-done >> '{log}'"
+    with open(tmp_path / "a.err", "wb") as err:
+        a = subprocess.Popen(
+            [*CLI, "--wait", "30", "grp", cmd, str(lock_dir)],
+            env=clean_env(wit.env("A")),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,  # its own group, so killing that group spares pytest
+        )
+    try:
+        wait_for(marks / "A.held")
+        if body != "sleep":
+            wait_for(lambda: any("closerange" in _cmdline(p) for p in wit.command_processes("A")))
+        a_procs = wit.command_processes("A")
+        os.killpg(a.pid, signal.SIGKILL)
+        a.wait(10)
+        r = run_cli(
+            ["--wait", "30", "grp", f"{wit.enter('B')}; echo B >> '{log}'", str(lock_dir)],
+            env=wit.env("B"),
+        )
+        assert r.returncode == 0, r.stderr
+        _assert_saw_nobody(wit, "B")
+        lines = log.read_text().splitlines()
+        if "A-done" in lines:
+            assert lines.index("A-done") < lines.index("B"), lines
+        assert pw.wait_gone(a_procs, 5) == []
+    finally:
+        if a.poll() is None:
+            a.kill()
+            a.wait()
+
+
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
