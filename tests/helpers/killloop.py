@@ -174,10 +174,9 @@ class _Iteration:
             seen = self.marks / f"{k}.seen"
             if seen.exists() and seen.read_text().strip():
                 found.append(f"it{self.index} caller {k} started beside: {seen.read_text()!r}")
-            start, end = self.marks / f"{k}.start", self.marks / f"{k}.end"
-            if start.exists():
-                t_end = float(end.read_text()) if end.exists() else None
-                spans[k] = (float(start.read_text()), t_end)
+            t_start, t_end = _stamp(self.marks / f"{k}.start"), _stamp(self.marks / f"{k}.end")
+            if t_start is not None:
+                spans[k] = (t_start, t_end)
         for a, (sa, ea) in spans.items():
             for b, (sb, _) in spans.items():
                 if a != b and ea is not None and sa <= sb < ea:
@@ -272,6 +271,14 @@ def _one(it: _Iteration, counts: Counts, bg: str) -> None:
         counts.details.append(
             f"it{it.index}: {path.name} held, no process of its callers alive; open in: {who}"
         )
+
+
+def _stamp(path: Path) -> float | None:
+    """A time a command wrote, or None (never written, or killed mid-write: empty)."""
+    try:
+        return float(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _loop_commands(loop_tag: str) -> list[int]:
