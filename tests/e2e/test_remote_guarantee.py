@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -95,6 +96,41 @@ class Server:
         return oid
 
 
+class Hang:
+    """Takes the dead daemon's port: accepts every connection and never answers."""
+
+    def __init__(self, url: str) -> None:
+        port = int(url.split(":")[2].split("/", maxsplit=1)[0])
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        deadline = time.monotonic() + 10
+        while True:  # until the killed daemon's last connection lets go of the port
+            try:
+                self.sock.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        self.sock.listen(16)
+        self.held: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Server]:
     with git_daemon(tmp_path / "server") as url:
@@ -148,9 +184,26 @@ def test_a_branch_that_is_not_a_lock_is_never_taken_rewritten_or_deleted(
 # -- renewals fail: the command is stopped before its lease can expire ------------------------
 
 
-def test_a_holder_that_cannot_renew_stops_its_command_before_the_lease_expires(
-    procs: Procs, server: Server, marks: Path
+def test_a_lease_too_short_to_stop_the_command_in_is_refused(
+    server: Server, tmp_path: Path
 ) -> None:
+    # 3 x (kill_after + 2) = 9 s is the least a 1 s grace allows.
+    r = run_cli(
+        ["run", "--remote", server.url, "--lease", "5", "--kill-after", "1", "short", "touch ran"],
+        cwd=tmp_path,
+    )
+    assert r.returncode == 2, r.stderr
+    assert b"lease" in r.stderr
+    assert not (tmp_path / "ran").exists()
+    assert server.tip("lock__short") is None
+
+
+@pytest.mark.parametrize("failure", ["refused", "hung"])
+def test_a_holder_that_cannot_renew_stops_its_command_before_the_lease_expires(
+    procs: Procs, server: Server, marks: Path, failure: str
+) -> None:
+    # refused: the server is gone (connections refused); hung: something else took its
+    # port and never answers, so a renewal push hangs — that must not stall the deadline.
     # The command ignores SIGTERM (and so does its sleep): only the KILL step can end it.
     cmd = f"trap '' TERM; echo $$ > '{marks}/pid.tmp'; mv '{marks}/pid.tmp' '{marks}/pid'; "
     cmd += "while :; do sleep 0.1; done"
@@ -170,21 +223,24 @@ def test_a_holder_that_cannot_renew_stops_its_command_before_the_lease_expires(
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     server.kill()
+    hang = Hang(server.url) if failure == "hung" else None
     killed_at = time.time()
     # The newest lease the server ever acknowledged (read from its repository on disk).
     expires = float(server.body("lock__renew")["expires_at"])  # type: ignore[arg-type]
     assert expires > killed_at, "the lease had expired before the server went away"
     try:
-        status = cli.wait(timeout=expires - time.time() + 10)
-    except subprocess.TimeoutExpired:
-        raise AssertionError(
-            f"still running {time.time() - expires:.1f}s after its lease expired; "
+        watcher.join(max(expires - time.time() + 10, 1))
+        assert dead_at, (
+            f"the command still ran {time.time() - expires:.1f}s after its lease expired; "
             f"stderr: {procs.stderr(cli)}"
-        ) from None
+        )
     finally:
-        watcher.join(5)
         pw.signal_quietly(pw.group_members(group))
-    assert dead_at, "the command outlived the run"
+        if hang is not None:
+            # The release that follows may wait on the hung server (git's own timeout);
+            # a server that is gone for good makes it fail at once.
+            hang.close()
+    status = cli.wait(30)
     # Polled every 20 ms: allow that much after the real end.
     assert dead_at[0] - 0.1 < expires, (dead_at[0] - expires, procs.stderr(cli))
     assert status == 69, (status, procs.stderr(cli))
