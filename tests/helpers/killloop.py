@@ -199,6 +199,11 @@ def run_kill_loop(
     bg = _bg_sleep()
     counts = Counts()
     t0 = time.monotonic()
+    # Started in the background by a shell (`cmd &`, nohup), we would pass SIGINT on ignored,
+    # and every SIGINT of the loop would be a no-op: let the callers get the default.
+    int_was = signal.getsignal(signal.SIGINT)
+    if int_was == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         for i in range(iterations):
             if budget is not None and time.monotonic() - t0 > budget:
@@ -217,6 +222,8 @@ def run_kill_loop(
         for p in left[:10]:
             counts.details.append(f"orphan {p}: {_describe(p)}")
     finally:
+        if int_was == signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         for _ in range(3):
             rest = pw.tagged("LM_LOOP", loop_tag)
             if not rest:
