@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,58 +22,19 @@ import pytest
 
 from helpers import CLI, Procs, clean_env, hold_until, lock_file, lock_is_free, run_cli, wait_for
 from helpers import procwatch as pw
+from helpers.witnessed import Witnessed, witnessed
 
 HELPERS = Path(__file__).resolve().parent.parent / "helpers"
-WITNESS = HELPERS / "witness.py"
 NONREAPER = HELPERS / "nonreaper.py"
 PY = sys.executable
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
 
 
-class Witnessed:
-    """Callers whose commands report each other: env, command prefix, what each saw."""
-
-    def __init__(self, marks: Path) -> None:
-        self.marks = marks
-        self.tag = f"hg-{uuid.uuid4().hex[:12]}"
-
-    def env(self, caller: str) -> dict[str, str]:
-        return {"LM_WITNESS": self.tag, "LM_CALLER": caller}
-
-    def enter(self, caller: str) -> str:
-        """Shell words that record CALLER's start and whatever of the others still runs."""
-        return f"\"{PY}\" -S -E '{WITNESS}' '{self.marks}' {caller}"
-
-    def seen(self, caller: str) -> list[str]:
-        return (self.marks / f"{caller}.seen").read_text().splitlines()
-
-    def started(self, caller: str) -> float:
-        return float((self.marks / f"{caller}.start").read_text())
-
-    def processes(self) -> list[int]:
-        """Every live process started for this test (callers, supervisors, commands)."""
-        return pw.tagged("LM_WITNESS", self.tag)
-
-    def command_processes(self, caller: str) -> list[int]:
-        return [
-            p
-            for p in self.processes()
-            if pw.environ(p).get("LM_CALLER") == caller and pw.is_command_process(p)
-        ]
-
-
 @pytest.fixture
 def wit(marks: Path) -> Iterator[Witnessed]:
-    w = Witnessed(marks)
-    yield w
-    # Whatever a failed test (or a broken product) left behind goes now.
-    for _ in range(3):
-        left = w.processes()
-        if not left:
-            break
-        pw.signal_quietly(left, signal.SIGKILL)
-        time.sleep(0.1)
+    with witnessed(marks) as w:
+        yield w
 
 
 def _supervisor_pid(cli: subprocess.Popen[bytes], which: str) -> int:
@@ -93,11 +53,6 @@ def _read_pid(path: Path) -> int:
     """A pid a command wrote with ``echo $$ > PATH`` (wait out the empty, just-created file)."""
     wait_for(lambda: path.exists() and path.read_text().strip() != "", what=str(path))
     return int(path.read_text())
-
-
-def _assert_saw_nobody(wit: Witnessed, caller: str) -> None:
-    seen = wit.seen(caller)
-    assert seen == [], f"{caller} started while another holder's command still ran: {seen}"
 
 
 # -- 1. the supervisor is SIGKILLed -------------------------------------------------------------
@@ -141,7 +96,7 @@ def test_a_sigkilled_supervisor_does_not_free_the_lock_while_its_command_runs(
     procs.wait_stderr(b, "waiting for lock k9")
     os.kill(_supervisor_pid(a, victim), signal.SIGKILL)
     assert b.wait(30) == 0, procs.stderr(b)
-    _assert_saw_nobody(wit, "B")
+    wit.assert_saw_nobody("B")
     lines = log.read_text().splitlines()
     assert "B" in lines
     if "A-done" in lines:
@@ -184,7 +139,7 @@ def test_killing_the_callers_whole_process_group_does_not_free_the_lock(
             env=wit.env("B"),
         )
         assert r.returncode == 0, r.stderr
-        _assert_saw_nobody(wit, "B")
+        wit.assert_saw_nobody("B")
         lines = log.read_text().splitlines()
         if "A-done" in lines:
             assert lines.index("A-done") < lines.index("B"), lines
@@ -224,7 +179,7 @@ def test_top_process_killed_by_a_foreign_signal_stops_its_group_first(
     os.kill(_read_pid(marks / "A.top"), sig)  # the OOM killer, a segfault, kill -9
     assert a.wait(20) == 128 + sig, procs.stderr(a)
     assert b.wait(20) == 0, procs.stderr(b)
-    _assert_saw_nobody(wit, "B")
+    wit.assert_saw_nobody("B")
     lines = log.read_text().splitlines()
     if "A-done" in lines:
         assert lines.index("A-done") < lines.index("B"), lines

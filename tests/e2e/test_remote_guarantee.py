@@ -7,6 +7,7 @@ fail is stopped before its lease can expire; a failure at release keeps the comm
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -17,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Procs, clean_env, run_cli, wait_for
+from helpers import CLI, Procs, clean_env, run_cli, wait_for
 from helpers import procwatch as pw
 from helpers.gitserver import git_daemon
+from helpers.witnessed import witnessed
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -179,6 +181,49 @@ def test_a_branch_that_is_not_a_lock_is_never_taken_rewritten_or_deleted(
     assert b"lock__plain" in r.stderr, r.stderr
     assert not (tmp_path / "ran").exists()
     assert server.tip("lock__plain") == oid
+
+
+# -- the holder dies: its lease may lapse only once its command is gone ------------------------
+
+
+@pytest.mark.parametrize("victim", ["keeper", "callers-group"])
+def test_a_killed_remote_holder_is_taken_over_only_once_its_command_is_gone(
+    server: Server, marks: Path, tmp_path: Path, victim: str
+) -> None:
+    """Issue 9 case 1 on a remote: after a SIGKILL the lease lapses and a contender takes
+    over — so the command must be gone by then. ``callers-group`` is ``kill -9 -PGID`` (or
+    ``timeout -s KILL``): every process in the caller's group at once; the command has a group
+    of its own and no descriptor can hold a remote lock for it."""
+    lease = ["--remote", server.url, "--lease", "10", "--kill-after", "1"]
+    with witnessed(marks) as wit:
+        cmd = f"{wit.enter('A')}; touch '{marks}/A.held'; while :; do sleep 0.1; done"
+        with open(tmp_path / "a.err", "wb") as err:
+            a = subprocess.Popen(
+                [*CLI, "run", *lease, "dead", cmd],
+                env=clean_env(wit.env("A")),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                start_new_session=True,  # a group of its own: killing it spares pytest
+            )
+        try:
+            wait_for(marks / "A.held", 30)
+            if victim == "keeper":
+                a.send_signal(signal.SIGKILL)
+            else:
+                os.killpg(a.pid, signal.SIGKILL)
+            a.wait(10)
+            b = run_cli(
+                ["run", *lease, "--poll", "0.5", "--wait", "40", "dead", wit.enter("B")],
+                env=wit.env("B"),
+                timeout=50,
+            )
+            assert b.returncode == 0, b.stderr
+            wit.assert_saw_nobody("B")
+        finally:
+            if a.poll() is None:
+                a.kill()
+                a.wait()
 
 
 # -- renewals fail: the command is stopped before its lease can expire ------------------------
