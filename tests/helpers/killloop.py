@@ -39,6 +39,8 @@ ORPHAN_GRACE = 5.0
 # A supervisor stopping a group may need TERM, then KILL ~3 s later.
 SETTLE = 4.5
 CALLER_CEILING = 30.0
+# Ran, or was stopped by one of our signals (negative: the CLI itself died of it).
+EXPECTED_STATUSES = {0, 128 + 2, 128 + 9, 128 + 15, -2, -9, -15}
 
 
 def _bg_sleep() -> str:
@@ -261,6 +263,9 @@ def _one(it: _Iteration, counts: Counts, bg: str) -> None:
             c.kill()
             status = c.wait()
         counts.statuses[status] = counts.statuses.get(status, 0) + 1
+        if status not in EXPECTED_STATUSES:
+            err = (it.marks / f"caller{k}.err").read_text(errors="replace").strip()
+            counts.details.append(f"it{it.index} caller {k} exited {status}: {err[-300:]!r}")
     # Supervisors that outlived their CLI (it was killed) may still be stopping a group.
     deadline = time.monotonic() + SETTLE
     while time.monotonic() < deadline:
