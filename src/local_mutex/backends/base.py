@@ -37,16 +37,8 @@ if TYPE_CHECKING:
             """(pid, "x" | "s") when an ancestor process already holds this very lock, so a
             nested call runs inside it instead of waiting for itself; else None."""
 
-        def acquire(
-            self,
-            *,
-            shared: bool,
-            slots: int | None,
-            wait: float | None,
-            reporter: Reporter | None,
-            progress: float | None,
-        ) -> float:
-            """Take the lock, announcing the wait through ``reporter``; return the seconds
+        def acquire(self, take: Take) -> float:
+            """Take the lock, announcing the wait through ``take.reporter``; return the seconds
             waited. Raises NotAcquired (wait ran out), Interrupted (a stop signal arrived),
             Unsupported (shared/slots where the backend has none), Unavailable."""
 
@@ -103,18 +95,46 @@ if TYPE_CHECKING:
         ) -> HoldInfo:
             """Only where ``persistent_holds``."""
 
-        def release_hold(
-            self,
-            name: bytes,
-            *,
-            token: str | None,
-            force: bool,
-            slots: bool,
-            delete_branch: bool,
-            env: Mapping[str, str],
-        ) -> Released: ...
+        def release_hold(self, name: bytes, ending: Ending) -> Released:
+            """End a hold the caller owns (its token or job), or any with ``force``."""
 
         def close(self) -> None: ...
+
+
+class Take:
+    """How to take a lock: what ``Lock.acquire`` is asked for."""
+
+    __slots__ = ("progress", "reporter", "shared", "slots", "wait")
+
+    def __init__(
+        self,
+        *,
+        shared: bool = False,
+        slots: int | None = None,
+        wait: float | None = None,
+        reporter: Reporter | None = None,
+        progress: float | None = None,
+    ) -> None:
+        self.shared, self.slots, self.wait = shared, slots, wait
+        self.reporter, self.progress = reporter, progress
+
+
+class Ending:
+    """What ``release`` asks of ``Backend.release_hold``."""
+
+    __slots__ = ("delete_branch", "env", "force", "slots", "token")
+
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        *,
+        token: str | None = None,
+        force: bool = False,
+        slots: bool = False,
+        delete_branch: bool = False,
+    ) -> None:
+        self.env, self.token, self.force = env, token, force
+        self.slots, self.delete_branch = slots, delete_branch
 
 
 class _Fields:
