@@ -61,7 +61,7 @@ def _bare_push(url: str, work: Path, rounds: int) -> float:
 
 
 def _lock_cycle(url: str, rounds: int) -> float:
-    from local_mutex.backends.base import Take
+    from local_mutex.backends import Take
     from local_mutex.backends.git.backend import GitBackend
 
     times = []

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import os
 
-from .backends import open_backend
-from .backends.base import Ending
+from .backends import Ending, open_backend
 from .errors import LocalMutexError, NotAcquired, ValidationError
 from .lifecycle import Command, Options, run_locked
 from .names import name_bytes

@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from .backends.base import Take
+from .backends import Take
 from .errors import LockLost, NestingError, RecordNotWritten, Unavailable, ValidationError
 from .identity import ENV_TOKEN, holder_record
 from .names import display, name_bytes, shell_quote, validate_command

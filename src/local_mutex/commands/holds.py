@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ..backends.base import Ending
+from ..backends import Ending
 from ..names import name_bytes, shell_quote
 from . import Failed, reporter_for, using
 

@@ -135,7 +135,6 @@ def supervise(
     signal cannot kill the caller before it releases the lock. ``subreaper``: adopt the
     command's orphans if the supervisor dies (only for a process of our own, the CLI).
     """
-    prctl = reaper.load_prctl()  # loaded once here, inherited by the supervisor
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -155,7 +154,7 @@ def supervise(
     relay = _Relay(child)
     relay.install()
     if subreaper:
-        subreaper = reaper.become_subreaper(prctl)
+        subreaper = reaper.become_subreaper(reaper.load_prctl())
     try:
         outcome, text = _wait(child, out_r, lock, reporter, relay)
         if outcome.supervisor_died is not None or text.startswith("error"):

@@ -9,7 +9,6 @@ from ..._fastsignal import signal
 from ...errors import InvalidLockDir, Refused, Unsupported
 from ...identity import ENV_TOKEN, owned
 from ...names import display, lock_filename, validate_name
-from ..base import Released
 from .lock import FlockLock
 from .lockdir import allow_other_owner_from_env, resolve_lock_dir
 
@@ -18,7 +17,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-    from ..base import Ending, HoldInfo, LockStatus
+    from .. import Ending
+    from ..base import HoldInfo, LockStatus, Released
 
 # How long ``release`` gives a holder to go after SIGTERM, then after SIGKILL.
 RELEASE_GRACE = (10.0, 2.0)
@@ -102,6 +102,8 @@ class FlockBackend:
                 f"no {where} for {label} in {self.lock_dir!r}; was the hold taken with "
                 "another --lock-dir?"
             )
+        from ..base import Released
+
         refusal: Refused | None = None
         for candidate in existing:
             st = status_of_path(candidate, allow_other_owner=True)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ...ui.lines import Reporter
-    from ..base import Take
+    from .. import Take
 
 # How often a holder looks at its lock file's path: the bound is 250 ms.
 WATCH_INTERVAL = 0.1

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-    from ..base import Ending
+    from .. import Ending
 
 ENV_GIT_TOKEN = "LOCAL_MUTEX_GIT_TOKEN"
 DEFAULT_LEASE = 60.0

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ...ui.lines import Reporter
-    from ..base import Take
+    from .. import Take
     from .backend import GitBackend
 
 ENV_REMOTE = "LOCAL_MUTEX_REMOTE"
