@@ -128,7 +128,13 @@ class Hang:
             self.held.append(conn)
 
     def close(self) -> None:
+        """Stop answering at all: refuse new connections, drop the ones held."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() in the thread
+        except OSError:
+            pass
         self.sock.close()
+        self.thread.join(5)  # so no connection is accepted after the ones below are dropped
         for conn in self.held:
             conn.close()
 
