@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..backends import open_backend, remote_address
 from ..errors import LocalMutexError, Unsupported
+from ..nesting import ENV_HELD
 from ..ui.lines import Reporter
 
 TYPE_CHECKING = False
@@ -16,8 +17,6 @@ if TYPE_CHECKING:
     from .argv import Parsed
 
     T = TypeVar("T")
-
-ENV_HELD = "LOCAL_MUTEX_HELD"
 
 
 def reporter_for(parsed: Parsed, env: Mapping[str, str], **options: object) -> Reporter:

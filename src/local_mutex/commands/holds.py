@@ -6,6 +6,7 @@ import os
 
 from ..backends import Ending
 from ..names import name_bytes, shell_quote
+from ..nesting import ENV_REMOTE
 from . import Failed, reporter_for, using
 
 TYPE_CHECKING = False
@@ -69,7 +70,7 @@ def hold(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
     reporter = reporter_for(parsed, env)
     name = parsed.positionals[0]
     values = {**parsed.values, "wait": parsed.wait()}
-    values["remote_url"] = parsed.text("remote") or env.get("LOCAL_MUTEX_REMOTE")
+    values["remote_url"] = parsed.text("remote") or env.get(ENV_REMOTE)
     try:
         info = using(parsed, env, reporter, lambda b: take_hold(b, name, values, env))
     except Failed as exc:

@@ -258,7 +258,7 @@ class FlockLock:
         """The caller's environment plus what nested calls need to join our lock domain."""
         out = dict(env)
         out[ENV_LOCK_DIR] = self.lock_dir
-        out.pop("LOCAL_MUTEX_REMOTE", None)
+        out.pop(nesting.ENV_REMOTE, None)
         if held and self.fd >= 0:
             out[nesting.ENV_HELD] = nesting.extend(
                 env, nesting.entry(os.getpid(), self._key(), self.shared)
