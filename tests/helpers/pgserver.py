@@ -62,9 +62,16 @@ def find_install(major: int | None = None) -> Path:
 class PgServer:
     """One running server; ``url``/``socket_url`` address the ``postgres`` database."""
 
-    def __init__(self, install: Path | None = None, *, settings: dict[str, str] | None = None):
+    def __init__(
+        self,
+        install: Path | None = None,
+        *,
+        settings: dict[str, str] | None = None,
+        standby_of: PgServer | None = None,
+    ):
         self.install = install or find_install()
         self.settings = settings or {}
+        self.primary = standby_of
         self.root = Path(tempfile.mkdtemp(prefix="local-mutex-pg-"))
         self.as_root = os.geteuid() == 0
         self.port = _free_port()
@@ -148,6 +155,10 @@ class PgServer:
                     f"uid {NOBODY} cannot reach {self.root} (a 0700 ancestor?); "
                     "set TMPDIR to a world-traversable directory"
                 )
+        if self.primary is not None:
+            pwfile.unlink()
+            self._clone(self.primary, data)
+            return
         initdb = subprocess.run(
             self._as_server_user(
                 [
@@ -174,6 +185,35 @@ class PgServer:
         pwfile.unlink()
         if initdb.returncode != 0:
             raise ServerUnavailable(f"initdb failed: {initdb.stderr.strip()[-800:]}")
+
+    def _clone(self, primary: PgServer, data: Path) -> None:
+        """A streaming standby of ``primary``: a base backup over its socket, with
+        standby.signal and primary_conninfo written by ``pg_basebackup -R``."""
+        backup = subprocess.run(
+            self._as_server_user(
+                [
+                    str(self.bin / "pg_basebackup"),
+                    "-D",
+                    str(data),
+                    "-h",
+                    str(primary.sockdir),
+                    "-p",
+                    str(primary.port),
+                    "-U",
+                    SUPERUSER,
+                    "-R",
+                    "--no-sync",
+                    "-X",
+                    "stream",
+                ]
+            ),
+            capture_output=True,
+            text=True,
+            env=self._server_env(),
+            cwd=self.root,
+        )
+        if backup.returncode != 0:
+            raise ServerUnavailable(f"pg_basebackup failed: {backup.stderr.strip()[-800:]}")
 
     def _server_env(self) -> dict[str, str]:
         return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "TZ": "UTC"}

@@ -112,12 +112,7 @@ class Session:
 
     def _prepare(self) -> None:
         info = self.conn.info
-        if info.server_version < MIN_SERVER:
-            major = info.server_version // 10000
-            raise BadAddress(
-                f"{self.address} runs PostgreSQL {major}; the postgres backend needs 14 or "
-                "newer (for pg_locks.waitstart and idle_session_timeout)"
-            )
+        refuse_server(self.address, info.server_version, False)
         settings = {
             "idle_session_timeout": "0",
             "idle_in_transaction_session_timeout": "0",
@@ -128,14 +123,9 @@ class Session:
         calls = ", ".join(f"set_config('{k}', '{v}', false)" for k, v in settings.items())
         row = self.fetch(
             "SELECT pg_is_in_recovery(), pg_backend_pid(), "
-            "current_setting('track_activity_query_size'), "
-            f"current_setting('is_superuser'), {calls}"
+            f"current_setting('track_activity_query_size'), {calls}"
         )
-        if row[0]:
-            raise BadAddress(
-                f"{self.address} is a standby (in recovery): advisory locks there are local "
-                "to that standby; give the primary's address"
-            )
+        refuse_server(self.address, info.server_version, bool(row[0]))
         self.backend_pid = int(row[1])
         self.query_budget = _bytes(str(row[2]))
         # A pooler answers the startup with its own key data: the pid it names is not the
@@ -218,6 +208,20 @@ class Session:
             self.conn.pgconn.finish()
         except Exception:
             pass
+
+
+def refuse_server(address: str, version: int, in_recovery: bool) -> None:
+    """BadAddress for a server that cannot hold these locks: older than 14, or a standby."""
+    if version < MIN_SERVER:
+        raise BadAddress(
+            f"{address} runs PostgreSQL {version // 10000}; the postgres backend needs 14 or "
+            "newer (for pg_locks.waitstart and idle_session_timeout)"
+        )
+    if in_recovery:
+        raise BadAddress(
+            f"{address} is a standby (in recovery): advisory locks there are local to that "
+            "standby; give the primary's address"
+        )
 
 
 def _bytes(setting: str) -> int:

