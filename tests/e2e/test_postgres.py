@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -134,14 +135,24 @@ def env(pg: PgServer) -> dict[str, str]:
 class Driver:
     """One DRIVER process and its event log."""
 
-    def __init__(self, pg: PgServer, tmp: Path, name: str, **args: Any) -> None:
+    def __init__(
+        self,
+        pg: PgServer,
+        tmp: Path,
+        name: str,
+        *,
+        url: str | None = None,
+        prefix: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        **args: Any,
+    ) -> None:
         n = len(list(tmp.glob("driver*.log")))
         self.log = tmp / f"driver{n}.log"
         self.log.touch()
-        spec = {"url": pg.url, "name": name, "log": str(self.log), **args}
+        spec = {"url": url or pg.url, "name": name, "log": str(self.log), **args}
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", DRIVER, json.dumps(spec)],
-            env=pg.env(),
+            [*prefix, sys.executable, "-c", DRIVER, json.dumps(spec)],
+            env={**pg.env(), **(env or {})},
             stdin=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
@@ -374,6 +385,19 @@ def test_a_forked_child_never_ends_the_session(
     assert holder.event("lost") is None
 
 
+def test_a_stop_signal_while_waiting_leaves_no_waiter(
+    pg: PgServer, drivers: Any, tmp_path: Path
+) -> None:
+    drivers("interrupted", stop=str(tmp_path / "stop")).expect("acquired")
+    waiter = drivers("interrupted")
+    key = name_key(b"interrupted")
+    wait_for(lambda: _waiting(pg, key) == 1, 20, "waiter queued")
+    waiter.proc.send_signal(signal.SIGTERM)
+    out = waiter.expect("error")
+    assert out["kind"] == "Interrupted" and out["code"] == 128 + signal.SIGTERM
+    wait_for(lambda: _waiting(pg, key) == 0, 5, "the cancelled wait left the queue")
+
+
 def test_server_restart_is_a_lost_lock(tmp_path: Path) -> None:
     server = PgServer().start()
     try:
@@ -386,6 +410,78 @@ def test_server_restart_is_a_lost_lock(tmp_path: Path) -> None:
             d.stop()
     finally:
         server.stop()
+
+
+def test_a_vanished_holder_host_stops_first_then_the_server_hands_over(tmp_path: Path) -> None:
+    """The holder's host drops off the network (its own network namespace on a veth pair,
+    link taken down): the holder stops its command (LockLost) before the server, within
+    the drop bound, gives the lock to the next waiter."""
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("unshare"):
+        pytest.skip("needs root, ip(8) and unshare(1) for a network namespace")
+    tag = f"lm{os.getpid() % 100000}"
+    host_if, peer_if = f"{tag}h", f"{tag}c"
+    net = f"10.{200 + os.getpid() % 50}.{os.getpid() % 250}"
+    drop = 6.0
+    server = PgServer(
+        settings={"listen_addresses": f"127.0.0.1,{net}.1"},
+        hba=(f"host all all {net}.0/30 scram-sha-256",),
+    )
+    subprocess.run(
+        ["ip", "link", "add", host_if, "type", "veth", "peer", "name", peer_if], check=True
+    )
+    try:
+        subprocess.run(["ip", "addr", "add", f"{net}.1/30", "dev", host_if], check=True)
+        subprocess.run(["ip", "link", "set", host_if, "up"], check=True)
+        server.start()
+        ready = tmp_path / "netns-ready"
+        setup = (
+            f"while [ ! -e {ready} ]; do sleep 0.02; done; "
+            f"ip addr add {net}.2/30 dev {peer_if} && ip link set {peer_if} up && "
+            'ip link set lo up && exec "$@"'
+        )
+        env = {"LOCAL_MUTEX_PG_DROP_SECONDS": str(drop)}
+        holder = Driver(
+            server,
+            tmp_path,
+            "vanish",
+            url=f"postgresql://postgres@{net}.1:{server.port}/postgres",
+            prefix=("unshare", "--net", "sh", "-c", setup, "sh"),
+            env=env,
+            stop=str(tmp_path / "stop"),
+        )
+        waiter = None
+        try:
+            wait_for(lambda: _netns_of(holder.proc.pid) != _netns_of(os.getpid()), 5, "netns")
+            subprocess.run(
+                ["ip", "link", "set", peer_if, "netns", str(holder.proc.pid)], check=True
+            )
+            ready.touch()
+            holder.expect("acquired")
+            waiter = Driver(server, tmp_path, "vanish", env=env, stop=str(tmp_path / "stop2"))
+            wait_for(lambda: _waiting(server, name_key(b"vanish")) == 1, 20, "waiter queued")
+            cut = time.time()
+            subprocess.run(["ip", "link", "set", host_if, "down"], check=True)
+            lost = holder.expect("lost", timeout=drop + 5)
+            got = waiter.expect("acquired", timeout=drop + 10)
+            stopped, handed = lost["t"] - cut, got["t"] - cut
+            print(f"holder stopped after {stopped:.2f}s, handed over after {handed:.2f}s")
+            assert lost["t"] < got["t"], (lost, got)  # never two holders
+            assert lost["t"] - cut < drop / 2, lost
+            assert got["t"] - cut < drop + 3, got["t"] - cut
+        finally:
+            holder.stop()
+            if waiter is not None:
+                waiter.stop()
+    finally:
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+        server.stop()
+
+
+def _netns_of(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return ""
 
 
 # -- bad input -------------------------------------------------------------------------------

@@ -68,9 +68,11 @@ class PgServer:
         *,
         settings: dict[str, str] | None = None,
         standby_of: PgServer | None = None,
+        hba: tuple[str, ...] = (),
     ):
         self.install = install or find_install()
         self.settings = settings or {}
+        self.hba = hba
         self.primary = standby_of
         self.root = Path(tempfile.mkdtemp(prefix="local-mutex-pg-"))
         self.as_root = os.geteuid() == 0
@@ -185,6 +187,9 @@ class PgServer:
         pwfile.unlink()
         if initdb.returncode != 0:
             raise ServerUnavailable(f"initdb failed: {initdb.stderr.strip()[-800:]}")
+        if self.hba:
+            with open(data / "pg_hba.conf", "a") as f:  # created by initdb, ours to extend
+                f.write("".join(line + "\n" for line in self.hba))
 
     def _clone(self, primary: PgServer, data: Path) -> None:
         """A streaming standby of ``primary``: a base backup over its socket, with
