@@ -142,11 +142,14 @@ class PostgresLock:
         if reporter is not None:
             ahead = sum(1 for r in rows if not r.granted and r.key == key)
             reporter.waiting(self.label, holder, detail=_queue_detail(ahead))
-        remaining = None if wait is None else max(wait - (time.monotonic() - start), 0.001)
-        timeout = "0" if remaining is None else str(max(int(remaining * 1000), 1))
         psycopg = __import__("psycopg")
         try:
-            session.fetch("SELECT set_config('lock_timeout', %s, false)", (timeout,))
+            if wait is not None:
+                # The ceiling is the server's: lock_timeout ends the wait, no polling. Nothing
+                # later in this session waits on a lock, so it need not be reset.
+                remaining = max(wait - (time.monotonic() - start), 0.001)
+                timeout = str(max(int(remaining * 1000), 1))
+                session.fetch("SELECT set_config('lock_timeout', %s, false)", (timeout,))
             with stop.query():
                 session.fetch(self._statement(_LOCK_SQL[(shared, False)], key, None, shared))
         except psycopg.errors.LockNotAvailable:
@@ -158,7 +161,6 @@ class PostgresLock:
                 holder,
                 waited,
             ) from None
-        session.fetch("SELECT set_config('lock_timeout', '0', false)")
         self.held_key = key
 
     def _take_slot(
