@@ -40,6 +40,7 @@ from local_mutex.backends.postgres.keys import name_key, slot_key  # noqa: E402
 from local_mutex.backends.postgres.session import refuse_server  # noqa: E402
 from local_mutex.errors import (  # noqa: E402
     BadAddress,
+    NotAcquired,
     Unavailable,
     Unsupported,
 )
@@ -307,6 +308,39 @@ def test_slots_admit_n_holders(
     finally:
         backend.close()
     assert _held(pg, slot_key(b"pool", 0)) and _held(pg, slot_key(b"pool", 1))
+
+
+def test_progress_lines_while_queued_and_reentry_through_our_hold(
+    pg: PgServer, env: dict[str, str], drivers: Any, tmp_path: Path
+) -> None:
+    import hashlib
+    import io
+
+    from local_mutex.ui.lines import Reporter
+
+    token = "t0k3n"
+    holder = drivers(
+        "progress",
+        hold=True,
+        token_sha256=hashlib.sha256(token.encode()).hexdigest(),
+        stop=str(tmp_path / "stop"),
+    )
+    holder.expect("acquired")
+    out = io.StringIO()
+    backend = PostgresBackend(pg.url, env=env)
+    lock = backend.lock(b"progress")
+    try:
+        with pytest.raises(NotAcquired):
+            lock.acquire(shared=False, slots=None, wait=1.2, reporter=Reporter(out), progress=0.4)
+        assert lock.held_by_our_hold(env, token) == holder.proc.pid
+        assert lock.held_by_our_hold(env, "other") is None
+    finally:
+        backend.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("local-mutex: waiting for lock progress at ")
+    assert f"held by pid {holder.proc.pid}" in lines[0]
+    still = [line for line in lines if "still waiting for lock progress" in line]
+    assert len(still) >= 2 and "position 1 of 1" in still[0], lines
 
 
 def test_wait_ceiling_on_the_server_leaves_nothing_behind(
@@ -664,7 +698,7 @@ def test_list_names_the_locks_of_this_tool(
         plain.execute("SELECT pg_advisory_lock(12345)")  # not ours: not listed
         backend = PostgresBackend(pg.url, env=env)
         try:
-            listed = {s.name: s for s in backend.list(include_free=False)}
+            listed = {s.name: s for s in backend.list_locks(include_free=False)}
         finally:
             backend.close()
     assert listed["listed-a"].held

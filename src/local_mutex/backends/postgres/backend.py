@@ -41,6 +41,8 @@ _END_WAIT = 5.0
 class PostgresBackend:
     kind = "postgres"
     persistent_holds = False
+    # Options (by their dest) that mean nothing here: refused with exit 2 when given.
+    refuses: tuple[str, ...] = ("key_prefix", "lease", "poll", "delete_branch", "allow_other_owner")
 
     def __init__(self, url: str, *, env: Mapping[str, str], reading: bool = False) -> None:
         if not is_postgres(url):
@@ -88,7 +90,7 @@ class PostgresBackend:
         rows = self._rows([name_key(name), gate_key(name), *slot_keys])
         return _status(name, rows)
 
-    def list(self, *, include_free: bool) -> list[LockStatus]:
+    def list_locks(self, *, include_free: bool) -> list[LockStatus]:
         """Locks that sessions of this tool hold or wait for. A free lock leaves no trace
         on the server, so ``include_free`` adds nothing here."""
         rows = self._rows(None)
@@ -135,7 +137,7 @@ class PostgresBackend:
                     "release only ends holds started with `local-mutex hold`"
                 )
                 continue
-            if not force and not _owned(info, env, token):
+            if not force and not owned(info, env, token):
                 unreadable = "token_sha256" not in info and "since_epoch" not in info
                 refusal = Refused(
                     f"the hold on {label} ({_describe(who)}) belongs to another job or token; "
@@ -182,6 +184,8 @@ class PostgresBackend:
             time.sleep(0.02)
         raise Unavailable(f"the session holding {label} (server pid {row.pid}) did not end")
 
+    list = list_locks  # the protocol's earlier name
+
     def close(self) -> None:
         session, self._observer = self._observer, None
         if session is not None:
@@ -223,8 +227,10 @@ def _status(name: bytes, rows: Sequence[observe.Row]) -> LockStatus:
     return st
 
 
-def _owned(info: Mapping[str, Any], env: Mapping[str, str], token: str | None) -> bool:
-    """Started by the caller: its token, or (under Actions) its very job."""
+def owned(info: Mapping[str, Any], env: Mapping[str, str], token: str | None) -> bool:
+    """A hold started by the caller: its token, or (under Actions) its very job."""
+    if not info.get("hold"):
+        return False
     if token:
         return info.get("token_sha256") == hashlib.sha256(token.encode()).hexdigest()
     if not env.get("GITHUB_RUN_ID"):

@@ -17,12 +17,13 @@ from __future__ import annotations
 import os
 import time
 
-from ...errors import Interrupted, LockLost, NotAcquired, RecordNotWritten, Unavailable
+from ...errors import LockLost, NotAcquired, RecordNotWritten, Unavailable
 from . import observe, record
-from .address import ENV_PASSWORD, DropBound, domain, password_of, without_password
+from .address import ENV_DROP, ENV_PASSWORD, DropBound, domain, password_of, without_password
 from .keys import describe_key, gate_key, name_key, slot_key
 from .nesting import enclosing_entry, held_entry
 from .session import Session, one_line
+from .waiting import Interruptible, Progress
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -56,12 +57,31 @@ class PostgresLock:
         self.slots: int | None = None
         self._comment = ""
         self._next_beat = 0.0
+        self._warned = False
+        # Set by the lifecycle before acquire: what stopping the command may take. The
+        # heartbeat's deadline plus this must stay inside the server's drop bound.
+        self.stop_grace = 7.0
         self._host = os.uname().nodename
 
     # -- nesting ------------------------------------------------------------------------------
 
     def enclosing(self, env: Mapping[str, str]) -> tuple[int, str] | None:
         return enclosing_entry(env, domain(self.url), self.key)
+
+    def held_by_our_hold(self, env: Mapping[str, str], token: str | None) -> int | None:
+        """The pid of a ``hold`` of this very job (or token) that has this lock, if any."""
+        from .backend import owned
+
+        session = self._connect()
+        try:
+            rows = observe.fetch_rows(session, [self.key])
+        finally:
+            session.close()
+        for row in rows:
+            pid = row.info.get("pid")
+            if row.granted and owned(row.info, env, token) and isinstance(pid, int):
+                return pid
+        return None
 
     def child_env(self, env: Mapping[str, str], held: bool) -> dict[str, str]:
         out = dict(env)
@@ -100,14 +120,16 @@ class PostgresLock:
         progress: float | None,
     ) -> float:
         start = time.monotonic()
-        with _Interruptible() as stop:
+        with Interruptible() as stop:
             session = self._connect()
             try:
                 self.slots = slots
                 if slots is not None:
                     self._take_slot(session, slots, wait, reporter, start, stop)
                 else:
-                    self._take(session, self.key, shared, wait, reporter, start, stop)
+                    self._take(
+                        session, self.key, shared, wait, reporter, start, stop, progress=progress
+                    )
             except BaseException:
                 if stop.interrupted_during_query:
                     session.cancel()
@@ -125,13 +147,15 @@ class PostgresLock:
         wait: float | None,
         reporter: Reporter | None,
         start: float,
-        stop: _Interruptible,
+        stop: Interruptible,
+        *,
+        progress: float | None,
     ) -> None:
         if session.fetch(self._statement(_LOCK_SQL[(shared, True)], key, None, shared))[0]:
             self.held_key = key
             return
         rows = observe.fetch_rows(session, [key])
-        holder = _first_holder(rows, key)
+        holder = observe.first_holder(rows, key)
         if wait is not None and wait <= 0:
             raise NotAcquired(
                 f"lock {self.label} is held on {session.address}"
@@ -150,11 +174,11 @@ class PostgresLock:
                 remaining = max(wait - (time.monotonic() - start), 0.001)
                 timeout = str(max(int(remaining * 1000), 1))
                 session.fetch("SELECT set_config('lock_timeout', %s, false)", (timeout,))
-            with stop.query():
+            with stop.query(), Progress(self, reporter, progress, start, key, session.backend_pid):
                 session.fetch(self._statement(_LOCK_SQL[(shared, False)], key, None, shared))
         except psycopg.errors.LockNotAvailable:
             waited = time.monotonic() - start
-            holder = _first_holder(observe.fetch_rows(session, [key]), key) or holder
+            holder = observe.first_holder(observe.fetch_rows(session, [key]), key) or holder
             raise NotAcquired(
                 f"lock {self.label} not acquired after waiting {waited:.1f}s on "
                 f"{session.address}" + (f"; held by {_who(holder)}" if holder else ""),
@@ -170,10 +194,10 @@ class PostgresLock:
         wait: float | None,
         reporter: Reporter | None,
         start: float,
-        stop: _Interruptible,
+        stop: Interruptible,
     ) -> None:
         gate = gate_key(self.name)
-        self._take(session, gate, False, wait, None, start, stop)  # queue on the gate
+        self._take(session, gate, False, wait, None, start, stop, progress=None)  # the gate
         delay, announced = _POLL_MIN, False
         keys = [slot_key(self.name, i) for i in range(slots)]
         while True:
@@ -229,6 +253,25 @@ class PostgresLock:
         session = self._held()
         if session.readable() or time.monotonic() >= self._next_beat:
             self._beat(session)
+        if self._warned:
+            return None
+        self._warned = True
+        return self._warning(session)
+
+    def _warning(self, session: Session) -> str | None:
+        """Said once: what could let a lost session go unnoticed for too long."""
+        if session.pooled:
+            return (
+                f"{session.address} answers through a connection pooler; session locks need "
+                "session pooling (transaction pooling shows up as a lost lock)"
+            )
+        drop = self.drop
+        if drop.heartbeat + drop.heartbeat_deadline + self.stop_grace > drop.seconds:
+            return (
+                f"{ENV_DROP}={drop.seconds:g} leaves less than the {self.stop_grace:g}s it may "
+                "take to stop the command after a lost session: another holder could start "
+                "before it is gone"
+            )
         return None
 
     def _beat(self, session: Session) -> None:
@@ -294,13 +337,6 @@ class PostgresLock:
         return self.session
 
 
-def _first_holder(rows: list[observe.Row], key: int) -> dict[str, Any] | None:
-    for row in rows:
-        if row.key == key and row.granted:
-            return observe.holder_dict(row)
-    return None
-
-
 def _who(holder: dict[str, Any]) -> str:
     from ...ui.lines import describe_holder
 
@@ -311,52 +347,3 @@ def _queue_detail(ahead: int) -> str | None:
     if ahead == 0:
         return None
     return f"{ahead} other waiter{'s' if ahead != 1 else ''} queued ahead"
-
-
-class _Interruptible:
-    """SIGINT/SIGTERM/SIGHUP/SIGQUIT raise ``Interrupted`` while we wait (main thread only),
-    and say whether it landed inside a server wait that must be cancelled."""
-
-    _SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
-
-    def __init__(self) -> None:
-        self.previous: dict[int, Any] = {}
-        self.interrupted_during_query = False
-        self._in_query = False
-
-    def _stop(self, signum: int, frame: object) -> None:
-        self.interrupted_during_query = self._in_query
-        raise Interrupted(signum)
-
-    def __enter__(self) -> _Interruptible:
-        import signal
-        import threading
-
-        if threading.current_thread() is not threading.main_thread():
-            return self
-        for name in self._SIGNALS:
-            signum = getattr(signal, name)
-            if signal.getsignal(signum) is signal.SIG_IGN:
-                continue
-            self.previous[signum] = signal.signal(signum, self._stop)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        import signal
-
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
-
-    def query(self) -> _InQuery:
-        return _InQuery(self)
-
-
-class _InQuery:
-    def __init__(self, owner: _Interruptible) -> None:
-        self.owner = owner
-
-    def __enter__(self) -> None:
-        self.owner._in_query = True
-
-    def __exit__(self, *exc: object) -> None:
-        self.owner._in_query = False

@@ -106,6 +106,13 @@ def holder_of(row: Row) -> Holder:
     )
 
 
+def first_holder(rows: Sequence[Row], key: int) -> dict[str, Any] | None:
+    for row in rows:
+        if row.key == key and row.granted:
+            return holder_dict(row)
+    return None
+
+
 def holder_dict(row: Row) -> dict[str, Any]:
     """The holder as the waiting line shows it (the shape of the local record)."""
     out = {k: v for k, v in holder_of(row).as_dict().items() if v is not None}
