@@ -380,6 +380,47 @@ def test_terminated_backend_is_noticed_as_lost(pg: PgServer, drivers: Any, tmp_p
     assert holder.proc.wait(10) == 69
 
 
+def test_release_ends_only_our_holds_with_rights(
+    pg: PgServer, env: dict[str, str], drivers: Any, tmp_path: Path
+) -> None:
+    import hashlib
+
+    from local_mutex.errors import Refused
+
+    digest = hashlib.sha256(b"tok").hexdigest()
+    hold = drivers("held", hold=True, token_sha256=digest, stop=str(tmp_path / "stop"))
+    hold.expect("acquired")
+    run = drivers("running", stop=str(tmp_path / "stop"))
+    run.expect("acquired")
+    backend = PostgresBackend(pg.url, env=env)
+    kw: dict[str, Any] = {"force": False, "slots": False, "delete_branch": False, "env": {}}
+    try:
+        with pytest.raises(Refused, match="not a hold"):
+            backend.release_hold(b"running", token="tok", **{**kw, "force": True})
+        with pytest.raises(Refused, match="another job or token"):
+            backend.release_hold(b"held", token="nope", **kw)
+        # A role without the right to signal the holder's (superuser) session.
+        pg.psql("DROP ROLE IF EXISTS lm_plain")
+        pg.psql("CREATE ROLE lm_plain LOGIN PASSWORD 'plain' IN ROLE pg_read_all_stats")
+        plain = PostgresBackend(
+            pg.url.replace("postgres@", "lm_plain@"), env={**env, "PGPASSWORD": "plain"}
+        )
+        try:
+            with pytest.raises(Refused, match="pg_signal_backend"):
+                plain.release_hold(b"held", token="tok", **kw)
+        finally:
+            plain.close()
+        assert backend.status(b"held").held
+        done = backend.release_hold(b"held", token="tok", **kw)
+        assert done.was_held and done.pid == hold.proc.pid and done.held_seconds is not None
+        assert not backend.status(b"held").held
+        assert hold.expect("lost")["event"] == "lost"  # the holder process learns it
+        gone = backend.release_hold(b"held", token="tok", **kw)
+        assert not gone.was_held and not gone.found
+    finally:
+        backend.close()
+
+
 # -- the session outlives a killed supervisor, never a live command ----------------------------
 
 
@@ -732,6 +773,11 @@ def test_the_sql_in_the_readme_takes_the_same_lock(pg: PgServer) -> None:
         " 16))::bit(64)::bigint"
     )
     assert int(pg.psql(sql)) == name_key("caf\u00e9 deploy".encode())
+    slot = (
+        "SELECT ('x' || left(encode(sha256(convert_to('deploy', 'UTF8') || '\\x00'::bytea"
+        " || convert_to('slot3', 'UTF8')), 'hex'), 16))::bit(64)::bigint"
+    )
+    assert int(pg.psql(slot)) == slot_key(b"deploy", 3)
 
 
 _values = st.text(alphabet=st.characters(codec="utf-8"), max_size=60)

@@ -4,8 +4,10 @@ A name's key is the first 8 bytes of the SHA-256 of the name's bytes, read as a 
 *signed* 64-bit integer -- ``pg_advisory_lock`` takes a ``bigint``. Any client can take the
 same lock::
 
-    SELECT pg_advisory_lock(
-        ('x' || left(encode(sha256('NAME'::bytea), 'hex'), 16))::bit(64)::bigint);
+    SELECT pg_advisory_lock(('x' || left(encode(sha256(convert_to('NAME', 'UTF8')),
+                                                'hex'), 16))::bit(64)::bigint);
+
+(``convert_to``, not ``'NAME'::bytea``, which would read backslashes as escapes.)
 
 Counting semaphores (``--slots N``) use one key per slot and a gate, derived the same way
 from the name's bytes followed by a NUL and a suffix: ``NAME\\0slot0`` .. ``NAME\\0slot<N-1>``
