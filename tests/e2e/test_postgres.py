@@ -8,6 +8,7 @@ process; the tests wait on those lines and on ``pg_locks``, never on fixed sleep
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -801,3 +802,153 @@ def test_record_comment_round_trips_and_survives_truncation(
     assert decoded == {k: v for k, v in rec.items() if v}
     partial = record.decode(text[:cut]) or {}
     assert all(rec[k] == v for k, v in partial.items())
+
+
+# -- the CLI ---------------------------------------------------------------------------------
+
+CLI = [sys.executable, "-m", "local_mutex"]
+# Before the one lifecycle lands, the CLI has no postgres backend to open.
+needs_cli = pytest.mark.skipif(
+    importlib.util.find_spec("local_mutex.lifecycle") is None,
+    reason="the CLI's lifecycle (local_mutex.lifecycle) is not there yet",
+)
+
+
+def _cli_env(pg: PgServer, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in pg.env().items() if not k.startswith(("LOCAL_MUTEX_", "GITHUB_"))}
+    env.update(extra or {})
+    return env
+
+
+def _cli(
+    pg: PgServer, *args: str, env: dict[str, str] | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args],
+        env=_cli_env(pg, env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _spawn(pg: PgServer, tmp: Path, *args: str) -> subprocess.Popen[bytes]:
+    n = len(list(tmp.glob("cli*.err")))
+    with open(tmp / f"cli{n}.err", "wb") as err:
+        return subprocess.Popen(
+            [*CLI, *args],
+            env=_cli_env(pg),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+
+
+@needs_cli
+@pytest.mark.parametrize("runs", [2, 20])
+def test_cli_runs_never_overlap(pg: PgServer, tmp_path: Path, runs: int) -> None:
+    log = tmp_path / "log"
+    cmd = f'echo "start $(date +%s.%N)" >> {log}; sleep 0.05; echo "end $(date +%s.%N)" >> {log}'
+    procs = [_spawn(pg, tmp_path, "run", "--remote", pg.url, "overlap", cmd) for _ in range(runs)]
+    codes = [p.wait(50) for p in procs]
+    errors = [e.read_text() for e in sorted(tmp_path.glob("cli*.err"))]
+    assert codes == [0] * runs, errors
+    lines = log.read_text().split("\n")[:-1]
+    assert len(lines) == 2 * runs
+    spans = [(float(a.split()[1]), float(b.split()[1])) for a, b in zip(lines[::2], lines[1::2])]
+    assert all(
+        a.startswith("start") and b.startswith("end") for a, b in zip(lines[::2], lines[1::2])
+    )
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        assert end <= start, spans
+
+
+@needs_cli
+@pytest.mark.parametrize("victim", ["keeper", "supervisor"])
+def test_cli_killed_wrapper_does_not_free_the_lock_while_the_command_runs(
+    pg: PgServer, tmp_path: Path, victim: str
+) -> None:
+    pidfile, go = tmp_path / "pid", tmp_path / "go"
+    # The command ignores TERM, so stopping it takes until the KILL.
+    cmd = (
+        f"trap '' TERM; echo $$ > {pidfile}; i=0; "
+        f"while [ ! -e {go} ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done"
+    )
+    wrapper = _spawn(pg, tmp_path, "run", "--remote", pg.url, "--kill-after", "2", "kept", cmd)
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "", 20, "command")
+    command = int(pidfile.read_text())
+    if victim == "keeper":
+        os.kill(wrapper.pid, signal.SIGKILL)
+    else:
+        (sup,) = _children(wrapper.pid)  # the forked supervisor, parent of the command's sh
+        os.kill(sup, signal.SIGKILL)
+    key = name_key(b"kept")
+    deadline = time.monotonic() + 15
+    while _alive(command) and time.monotonic() < deadline:
+        assert _held(pg, key), "the lock was free while the command ran"
+        time.sleep(0.05)
+    # Either way the survivor stops the command (it ignores TERM: KILL after 2 s); the
+    # lock stays held through all of that.
+    assert not _alive(command)
+    wrapper.wait(10)
+    wait_for(lambda: not _alive(command), 20, "the command ended")
+    wait_for(lambda: not _held(pg, key), 10, "the lock freed once the command was gone")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+@needs_cli
+def test_cli_terminated_session_stops_the_command_with_69(pg: PgServer, tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    cmd = f"echo $$ > {pidfile}; sleep 30"
+    wrapper = _spawn(pg, tmp_path, "run", "--remote", pg.url, "doomed", cmd)
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "", 20, "command")
+    ((server_pid, _),) = _advisory(pg, name_key(b"doomed"))
+    pg.psql(f"SELECT pg_terminate_backend({server_pid})")
+    assert wrapper.wait(20) == 69
+    err = (tmp_path / "cli0.err").read_text()
+    assert "lost lock doomed" in err
+    assert not _alive(int(pidfile.read_text()))
+
+
+@needs_cli
+def test_cli_hold_status_list_release(pg: PgServer, tmp_path: Path) -> None:
+    held = _cli(pg, "hold", "--remote", pg.url, "--message", "deploying", "gate")
+    assert held.returncode == 0, held.stderr
+    token = held.stdout.split()[-1]
+    busy = _cli(pg, "run", "--remote", pg.url, "--no-wait", "gate", f"touch {tmp_path}/ran")
+    assert busy.returncode == 75 and not (tmp_path / "ran").exists()
+    status = _cli(pg, "status", "--remote", pg.url, "gate", "--json")
+    assert status.returncode == 1, status.stderr
+    data = json.loads(status.stdout)
+    assert data["state"] == "held" and data["holders"][0]["message"] == "deploying"
+    listed = _cli(pg, "list", "--remote", pg.url, "--json")
+    assert "gate" in listed.stdout, listed
+    refused = _cli(pg, "release", "--remote", pg.url, "gate", "--token", "wrong")
+    assert refused.returncode == 77
+    done = _cli(pg, "release", "--remote", pg.url, "gate", "--token", token)
+    assert done.returncode == 0, done.stderr
+    assert _cli(pg, "status", "--remote", pg.url, "gate").returncode == 0  # free
+    history = _cli(pg, "history", "--remote", pg.url, "gate")
+    assert history.returncode == 2 and "not kept by this backend" in history.stderr
+
+
+@needs_cli
+def test_cli_bad_addresses(pg: PgServer, tmp_path: Path) -> None:
+    ran = tmp_path / "ran"
+    down = _cli(pg, "run", "--remote", "postgresql://x@127.0.0.1:1/db", "n", f"touch {ran}")
+    assert down.returncode == 69 and "Connection refused" in down.stderr
+    wrong = pg.url.replace("postgres@", "postgres:hunter2@")
+    bad = _cli(pg, "run", "--remote", wrong, "n", f"touch {ran}", env={"PGPASSWORD": ""})
+    assert bad.returncode == 2 and "password authentication failed" in bad.stderr
+    assert "hunter2" not in bad.stderr + bad.stdout
+    nodb = _cli(pg, "run", "--remote", pg.url.rsplit("/", 1)[0] + "/nope", "n", f"touch {ran}")
+    assert nodb.returncode == 2 and 'database "nope" does not exist' in nodb.stderr
+    assert not ran.exists()

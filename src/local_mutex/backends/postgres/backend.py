@@ -16,7 +16,7 @@ import time
 from ...errors import BadAddress, Refused, Unavailable, Unsupported
 from ..base import LockStatus, Released
 from . import observe
-from .address import DropBound, is_postgres, load_driver, mask
+from .address import DropBound, is_postgres, load_driver, mask, password_warning
 from .keys import MAX_SLOTS, describe_key, gate_key, name_key, slot_key
 from .lock import PostgresLock
 from .session import Session, one_line
@@ -50,6 +50,8 @@ class PostgresBackend:
         load_driver()  # a missing extra is a clear error now, not mid-lock
         self.url, self.env, self.reading = url, env, reading
         self.address = mask(url)
+        # For the CLI to print (library code never prints): a password in the URL.
+        self.warning = password_warning(url)
         self.drop = DropBound.from_env(env)
         self._observer: Session | None = None
 
