@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from actions_harness import ACT, run_act, workflow
+from helpers.actions import ACT, run_act, workflow
 
 
 def _timed(tmp: Path, text: str, cache: Path, name: str) -> float:

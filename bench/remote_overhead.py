@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gitserver import git_daemon
+from helpers.gitserver import git_daemon
 from timing import clean_env, cli, compile_package
 
 
@@ -61,15 +61,19 @@ def _bare_push(url: str, work: Path, rounds: int) -> float:
 
 
 def _lock_cycle(url: str, rounds: int) -> float:
-    from local_mutex.remotelock import RemoteLock, new_token
+    from local_mutex.backends.git.backend import GitBackend
 
     times = []
-    with RemoteLock(url, "bench") as lock:
+    backend = GitBackend(url, env=os.environ, poll=1)
+    try:
         for _ in range(rounds):
+            lock = backend.lock(b"bench")
             t0 = time.perf_counter()
-            ours = lock.acquire(message="bench", lease=60, token=new_token(), wait=0, poll=1)
-            lock.release(ours=ours)
+            lock.acquire(shared=False, slots=None, wait=0, reporter=None, progress=None)
+            lock.release()
             times.append(time.perf_counter() - t0)
+    finally:
+        backend.close()
     return statistics.median(times)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from local_mutex.lifecycle import SHIM
 from timing import clean_env, cli, compile_package, median_seconds
 
 
@@ -47,14 +48,13 @@ def main() -> int:
     args = parser.parse_args()
     env = clean_env()
     compile_package()
-    import local_mutex
 
     with tempfile.TemporaryDirectory() as lock_dir:
         lock_file = os.path.join(lock_dir, "bare.lock")
         python = median_seconds([sys.executable, "-c", "pass"], args.runs, env)
         ours = median_seconds([*cli(), "bench", "true", lock_dir], args.runs, env)
         shim = median_seconds(
-            ["sh", local_mutex.wrap.SHIM, "bench", "true", lock_dir],
+            ["sh", SHIM, "bench", "true", lock_dir],
             args.runs,
             {**env, "LOCAL_MUTEX_PYTHON": sys.executable},
         )

@@ -34,17 +34,26 @@ def install_key() -> str:
     # runner user's own), and zlib costs this warm path far less than hashlib.
     digest, size = 0, 0
     version = "0"
-    for name in sorted(os.listdir(PACKAGE_SRC)):
-        path = os.path.join(PACKAGE_SRC, name)
-        if not os.path.isfile(path) or name.endswith(".pyc"):
-            continue
-        with open(path, "rb") as f:
+    for name in _package_files():
+        with open(os.path.join(PACKAGE_SRC, name), "rb") as f:
             data = f.read()
         digest = zlib.crc32(name.encode() + b"\0" + data + b"\0", digest)
         size += len(data)
         if name == "_version.py":
             version = data.decode().split('"')[1]
     return f"{version}-{digest:08x}{size:x}"
+
+
+def _package_files() -> list[str]:
+    """Every file of the package, subpackages included, relative and sorted."""
+    found = []
+    for root, dirs, files in os.walk(PACKAGE_SRC):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        rel = os.path.relpath(root, PACKAGE_SRC)
+        for name in files:
+            if not name.endswith(".pyc"):
+                found.append(name if rel == "." else os.path.join(rel, name))
+    return sorted(found)
 
 
 def cache_roots(env: dict[str, str]) -> list[str]:
@@ -201,8 +210,8 @@ def setup(env: dict[str, str], final: str) -> int:
     lock_dir = env.get("LOCAL_MUTEX_INPUT_LOCK_DIR", "")
     if lock_dir:
         sys.path.insert(0, os.path.join(final, "lib"))
+        from local_mutex.backends.flock.lockdir import resolve_lock_dir
         from local_mutex.errors import ValidationError
-        from local_mutex.lockdir import resolve_lock_dir
 
         try:
             lines.append(f"LOCAL_MUTEX_LOCK_DIR={resolve_lock_dir(lock_dir)}")

@@ -1,66 +1,118 @@
-"""local-mutex: run a command under a named kernel lock that dies with its holder.
+"""local-mutex: run a command under a named lock that dies with its holder.
 
-Light on purpose: a nested ``local-mutex NAME CMD`` imports this package on every call.
+The public names below load on first use: a nested ``local-mutex NAME CMD`` imports this
+package on every call and must not pay for what it does not use.
 """
 
 from __future__ import annotations
 
 from ._version import __version__
-from .errors import (
-    CannotTell,
-    Interrupted,
-    InvalidCommand,
-    InvalidLockDir,
-    InvalidName,
-    LocalMutexError,
-    NestingError,
-    NotAcquired,
-    SpawnError,
-    UnsafeLockFile,
-    ValidationError,
-)
-from .inprocess import HeldLock, hold
-from .lockdir import lock_path
-from .wrap import RunResult, run, run_locked
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .lockstate import LockStatus
+    from .api import HeldLock as HeldLock
+    from .api import hold as hold
+    from .api import list_locks as list_locks
+    from .api import lock_path as lock_path
+    from .api import run as run
+    from .api import status as status
+    from .backends.base import Holder as Holder
+    from .backends.base import HoldInfo as HoldInfo
+    from .backends.base import LockStatus as LockStatus
+    from .backends.base import Released as Released
+    from .backends.base import Waiter as Waiter
+    from .errors import BadAddress as BadAddress
+    from .errors import CannotTell as CannotTell
+    from .errors import Interrupted as Interrupted
+    from .errors import InvalidCommand as InvalidCommand
+    from .errors import InvalidLockDir as InvalidLockDir
+    from .errors import InvalidName as InvalidName
+    from .errors import InvalidTemplate as InvalidTemplate
+    from .errors import LocalMutexError as LocalMutexError
+    from .errors import LockLost as LockLost
+    from .errors import NestingError as NestingError
+    from .errors import NotAcquired as NotAcquired
+    from .errors import RecordNotWritten as RecordNotWritten
+    from .errors import Refused as Refused
+    from .errors import SpawnError as SpawnError
+    from .errors import Unavailable as Unavailable
+    from .errors import UnsafeLockFile as UnsafeLockFile
+    from .errors import Unsupported as Unsupported
+    from .errors import ValidationError as ValidationError
+    from .lifecycle import RunResult as RunResult
 
-
-def status(name: str | bytes, lock_dir: str | None = None) -> LockStatus:
-    """Who holds the lock ``name`` and who waits for it (see ``lockstate.LockStatus``)."""
-    from .lockstate import status as _status
-
-    return _status(name, lock_dir)
-
-
-def list_locks(lock_dir: str | None = None, *, include_free: bool = False) -> list[LockStatus]:
-    """Every held lock in ``lock_dir`` (all lock files with ``include_free``)."""
-    from .lockstate import list_locks as _list_locks
-
-    return _list_locks(lock_dir, include_free=include_free)
-
+_HOME = {
+    "api": ("HeldLock", "hold", "list_locks", "lock_path", "run", "status"),
+    "backends.base": ("Holder", "HoldInfo", "LockStatus", "Released", "Waiter"),
+    "errors": (
+        "BadAddress",
+        "CannotTell",
+        "Interrupted",
+        "InvalidCommand",
+        "InvalidLockDir",
+        "InvalidName",
+        "InvalidTemplate",
+        "LocalMutexError",
+        "LockLost",
+        "NestingError",
+        "NotAcquired",
+        "RecordNotWritten",
+        "Refused",
+        "SpawnError",
+        "Unavailable",
+        "UnsafeLockFile",
+        "Unsupported",
+        "ValidationError",
+    ),
+    "lifecycle": ("RunResult",),
+}
+_WHERE = {name: module for module, names in _HOME.items() for name in names}
 
 __all__ = [
+    "BadAddress",
     "CannotTell",
     "HeldLock",
+    "HoldInfo",
+    "Holder",
     "Interrupted",
     "InvalidCommand",
     "InvalidLockDir",
     "InvalidName",
+    "InvalidTemplate",
     "LocalMutexError",
+    "LockLost",
+    "LockStatus",
     "NestingError",
     "NotAcquired",
+    "RecordNotWritten",
+    "Refused",
+    "Released",
     "RunResult",
     "SpawnError",
+    "Unavailable",
     "UnsafeLockFile",
+    "Unsupported",
     "ValidationError",
+    "Waiter",
     "__version__",
     "hold",
     "list_locks",
     "lock_path",
     "run",
-    "run_locked",
     "status",
 ]
+
+
+def __getattr__(name: str) -> object:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'local_mutex' has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,21 +1,23 @@
 """Entry point of the composite action: inputs come from the environment, never from
-``${{ }}`` pasted into a script. Click-free, so a bare runner with only python3 can run it.
+``${{ }}`` pasted into a script. Click-free, so a bare runner with only python3 runs it.
 
 The step's shell ``exec``s this process, making it the step's entry process: the runner's
-cancel signals reach the supervisor directly. All output bookkeeping happens here, after
-the command ends, in the same process.
+cancel signals reach the keeper directly. All output bookkeeping happens here, after the
+command ends, in the same process. The modes call the same lifecycle and backends as the
+CLI's verbs.
 """
 
 from __future__ import annotations
 
-import math
 import os
 
-from . import github
-from .cli import failure_status
+from .backends import open_backend
 from .errors import LocalMutexError, NotAcquired, ValidationError
+from .lifecycle import Command, Options, run_locked
+from .names import name_bytes
 from .nesting import ENV_HELD
-from .notices import Reporter, duration
+from .ui import github
+from .ui.lines import ANNOTATIONS, Reporter, duration
 
 INPUT_PREFIX = "LOCAL_MUTEX_INPUT_"
 MODES = ("run", "hold", "release", "check")
@@ -24,7 +26,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from .remotelock import RemoteLock
+    from .backends.base import Backend
 
 
 class ActionInputs:
@@ -42,12 +44,12 @@ class ActionInputs:
         if self.mode != "run" and self.command.strip():
             raise ValidationError(f"run: is only for mode: run, not mode: {self.mode}")
         self.lock_dir = get("LOCK_DIR") or None
-        self.wait = _seconds(get("WAIT_SECONDS"), "wait-seconds", allow_zero=True)
-        self.timeout = _seconds(get("TIMEOUT_SECONDS"), "timeout-seconds", allow_zero=False)
-        self.ttl = _seconds(get("TTL_SECONDS"), "ttl-seconds", allow_zero=False)
-        self.shared = _boolean(get("SHARED"), "shared")
-        self.reentrant = _boolean(get("REENTRANT"), "reentrant")
-        self.force = _boolean(get("FORCE"), "force")
+        self.wait = seconds(get("WAIT_SECONDS"), "wait-seconds", allow_zero=True)
+        self.timeout = seconds(get("TIMEOUT_SECONDS"), "timeout-seconds", allow_zero=False)
+        self.ttl = seconds(get("TTL_SECONDS"), "ttl-seconds", allow_zero=False)
+        self.shared = boolean(get("SHARED"), "shared")
+        self.reentrant = boolean(get("REENTRANT"), "reentrant")
+        self.force = boolean(get("FORCE"), "force")
         self.message = get("MESSAGE") or None
         self.token = get("TOKEN") or None
         slots = get("SLOTS").strip()
@@ -58,15 +60,20 @@ class ActionInputs:
         if self.slots is not None and not 1 <= self.slots <= 1024:
             raise ValidationError(f"slots must be between 1 and 1024, not {slots!r}")
         self.remote = get("REMOTE").strip() or None
-        self.key_prefix = get("KEY_PREFIX") or "lock__"
-        if self.remote and (self.slots or self.shared):
-            raise ValidationError("slots and shared cannot be used with remote")
+        self.key_prefix = get("KEY_PREFIX")
+        if self.remote and (self.slots or self.shared) and not self.remote.startswith("postgres"):
+            raise ValidationError("slots and shared cannot be used with a git remote")
         self.if_locked = get("IF_LOCKED").strip().lower() or "fail"
         if self.if_locked not in ("fail", "skip"):
             raise ValidationError(f"if-locked must be 'fail' or 'skip', not {get('IF_LOCKED')!r}")
+        self.annotations = get("ANNOTATIONS").strip().lower() or "always"
+        if self.annotations not in ANNOTATIONS:
+            raise ValidationError(
+                f"annotations must be one of {', '.join(ANNOTATIONS)}, not {get('ANNOTATIONS')!r}"
+            )
 
 
-def _seconds(text: str, label: str, *, allow_zero: bool) -> float | None:
+def seconds(text: str, label: str, *, allow_zero: bool) -> float | None:
     text = text.strip()
     if not text:
         return None
@@ -74,12 +81,12 @@ def _seconds(text: str, label: str, *, allow_zero: bool) -> float | None:
         value = float(text)
     except ValueError:
         raise ValidationError(f"{label} must be a number of seconds, not {text!r}") from None
-    if math.isnan(value) or value < 0 or (value == 0 and not allow_zero) or value > 1e9:
+    if value != value or value < 0 or (value == 0 and not allow_zero) or value > 1e9:
         raise ValidationError(f"{label} {text!r} is out of range")
     return value
 
 
-def _boolean(text: str, label: str) -> bool:
+def boolean(text: str, label: str) -> bool:
     value = text.strip().lower()
     if value in ("", "false"):
         return False
@@ -113,72 +120,54 @@ class _Step:
     def not_acquired(self, exc: NotAcquired, skip: bool) -> int:
         self.outputs["waited-seconds"] = f"{exc.waited:.3f}"
         if skip:
-            self.reporter.write(f"{exc}; skipping (if-locked: skip)", "notice")
+            self.reporter.notice(f"{exc}; skipping (if-locked: skip)")
             self.outcome = "skipped: lock held"
             return 0
         self.outcome = "not acquired"
-        return failure_status(exc, self.reporter)
+        return self.reporter.failure(exc)
+
+    def plain_env(self) -> dict[str, str]:
+        """The step's environment without the action's inputs (a token among them)."""
+        return {k: v for k, v in self.env.items() if not k.startswith(INPUT_PREFIX)}
+
+    def lock_env(self) -> dict[str, str]:
+        """What the backend sees: the remote-token input as LOCAL_MUTEX_GIT_TOKEN."""
+        env = self.plain_env()
+        token = self.env.get(INPUT_PREFIX + "REMOTE_TOKEN", "")
+        if token:
+            env["LOCAL_MUTEX_GIT_TOKEN"] = token
+        return env
 
 
-def _plain_env(step: _Step) -> dict[str, str]:
-    """The step's environment without the action's inputs (a token among them)."""
-    return {k: v for k, v in step.env.items() if not k.startswith(INPUT_PREFIX)}
+def _backend(inputs: ActionInputs, step: _Step, *, reading: bool = False) -> Backend:
+    return open_backend(
+        inputs.remote,
+        lock_dir=inputs.lock_dir,
+        env=step.lock_env(),
+        key_prefix=inputs.key_prefix or None,
+        reading=reading,
+    )
 
 
-def _git_env(step: _Step) -> dict[str, str]:
-    """What git sees: the token input as LOCAL_MUTEX_GIT_TOKEN (never in a command line)."""
-    env = _plain_env(step)
-    token = step.env.get(INPUT_PREFIX + "REMOTE_TOKEN", "")
-    if token:
-        env["LOCAL_MUTEX_GIT_TOKEN"] = token
-    return env
-
-
-def _remote_lock(inputs: ActionInputs, step: _Step) -> RemoteLock:
-    from .remotelock import RemoteLock
-
-    assert inputs.remote is not None
-    return RemoteLock(inputs.remote, inputs.name, prefix=inputs.key_prefix, env=_git_env(step))
-
-
-def _run(inputs: ActionInputs, step: _Step) -> int:
-    from .wrap import run_locked
-
+def _run(inputs: ActionInputs, step: _Step, backend: Backend) -> int:
     # The command's own GITHUB_OUTPUT goes to a private file, exposed as output-file:
     # composite actions do not pass a nested command's outputs on by themselves.
     capture = github.capture_file(step.env)
     step.outputs["output-file"] = capture
-    child = _plain_env(step)
+    child = step.plain_env()
     child["GITHUB_OUTPUT"] = capture
-    if inputs.remote:
-        from .remotecli import run_remote_locked
-
-        status, waited, held = run_remote_locked(
-            inputs.command,
-            inputs.name,
-            inputs.remote,
-            prefix=inputs.key_prefix,
+    result = run_locked(
+        backend,
+        inputs.name,
+        Command(inputs.command),
+        Options(
             wait=inputs.wait,
             timeout=inputs.timeout,
-            lock_dir=inputs.lock_dir,
-            env=child,
-            lock_env=_git_env(step),
-            reporter=step.reporter,
-        )
-        step.outputs.update(
-            {"acquired": "true", "waited-seconds": f"{waited:.3f}", "held-seconds": f"{held:.3f}"}
-        )
-        step.outcome = f"exit {status}"
-        return status
-    result = run_locked(
-        inputs.command,
-        inputs.name,
-        lock_dir=inputs.lock_dir,
-        wait=inputs.wait,
-        timeout=inputs.timeout,
-        shared=inputs.shared,
-        slots=inputs.slots,
-        reentrant=inputs.reentrant,
+            shared=inputs.shared,
+            slots=inputs.slots,
+            reentrant=inputs.reentrant,
+            message=inputs.message,
+        ),
         env=child,
         reporter=step.reporter,
     )
@@ -190,122 +179,93 @@ def _run(inputs: ActionInputs, step: _Step) -> int:
         }
     )
     step.outcome = f"exit {result.status}" + (" (timed out)" if result.timed_out else "")
+    if result.lost is not None:
+        step.outcome = "lock lost; command stopped"
     return result.status
 
 
-def _hold(inputs: ActionInputs, step: _Step) -> int:
-    if inputs.remote:
-        from .remotelock import new_token
+def _hold(inputs: ActionInputs, step: _Step, backend: Backend) -> int:
+    from .commands.holds import take_hold
 
-        token = new_token()
-        with _remote_lock(inputs, step) as lock:
-            lock.acquire(
-                message=inputs.message or "hold",
-                lease=inputs.ttl,
-                token=token,
-                wait=inputs.wait,
-                poll=5.0,
-            )
-        step.outputs.update({"acquired": "true", "token": token})
-        step.reporter.write(
-            f"holding {inputs.name} on {inputs.remote} until a release step "
-            "(remote holds do not end with the job)",
-            "notice",
-        )
-        step.outcome = "held (remote)"
-        return 0
-    from .holds import start_hold
-
-    info = start_hold(
-        inputs.name,
-        lock_dir=inputs.lock_dir,
-        wait=inputs.wait,
-        ttl=inputs.ttl,
-        message=inputs.message,
-        slots=inputs.slots,
-        env=_plain_env(step),
-    )
+    values = {
+        "wait": inputs.wait,
+        "ttl": inputs.ttl,
+        "message": inputs.message,
+        "slots": inputs.slots,
+        "remote_url": inputs.remote,
+    }
+    info = take_hold(backend, inputs.name, values, step.plain_env())
     step.outputs.update(
         {"acquired": "true", "token": info.token, "waited-seconds": f"{info.waited:.3f}"}
     )
-    step.reporter.write(
-        f"holding {info.name} in detached pid {info.pid} until a later "
-        "step releases it or this job ends",
-        "notice",
-    )
+    if backend.persistent_holds:
+        ends = "until a release step (remote holds do not end with the job)"
+    else:
+        ends = "until a later step releases it or this job ends"
+    where = f"detached pid {info.pid}" if info.pid else info.lock_file
+    step.reporter.notice(f"holding {info.name} in {where} {ends}")
     step.outcome = "held"
     return 0
 
 
-def _release(inputs: ActionInputs, step: _Step) -> int:
-    if inputs.remote:
-        with _remote_lock(inputs, step) as lock:
-            released = lock.release(token=inputs.token, force=inputs.force)
-        step.outputs["released"] = "true" if released is not None else "false"
-        step.outcome = "released (remote)" if released is not None else None
-        return 0
-    from .holds import release
+def _release(inputs: ActionInputs, step: _Step, backend: Backend) -> int:
+    from .commands.holds import report_release
 
-    done = release(
-        inputs.name,
-        lock_dir=inputs.lock_dir,
+    done = backend.release_hold(
+        name_bytes(inputs.name),
         token=inputs.token,
         force=inputs.force,
         slots=inputs.slots is not None,
+        delete_branch=False,
         env=step.env,
     )
     step.outputs["released"] = "true" if done.was_held else "false"
     if done.was_held:
-        held = done.held_seconds or 0.0
-        step.outputs["held-seconds"] = f"{held:.3f}"
-        step.reporter.write(f"released {inputs.name} (hold pid {done.pid})", "notice")
+        step.outputs["held-seconds"] = f"{done.held_seconds or 0.0:.3f}"
         step.outcome = "released"
-    else:
-        step.reporter.write(f"{inputs.name} is not held; nothing to release", "notice")
+    report_release(step.reporter, inputs.name, done)
     return 0
 
 
-def _check(inputs: ActionInputs, step: _Step) -> int:
-    from .lockstate import status
-    from .record import dump_json
+def _check(inputs: ActionInputs, step: _Step, backend: Backend) -> int:
+    from ._json import dumps
 
-    if inputs.remote:
-        with _remote_lock(inputs, step) as lock:
-            state = lock.read()
-        step.outputs.update(
-            {
-                "locked": "true" if state.locked else "false",
-                "holder": dump_json(state.as_dict()) if state.locked else "",
-            }
-        )
-        return 0
-
-    st = status(inputs.name, inputs.lock_dir)
-    busy = st.held or (bool(st.slots) and all(s.held for s in st.slots))
+    st = backend.status(name_bytes(inputs.name))
     holders = [h.as_dict() for h in st.holders] or [
         h.as_dict() for s in st.slots for h in s.holders
     ]
     step.outputs.update(
-        {"locked": "true" if busy else "false", "holder": dump_json(holders[0]) if holders else ""}
+        {
+            "locked": "true" if st.busy else "false",
+            "holder": dumps(holders[0]) if holders else "",
+        }
     )
     return 0
 
 
 def main(env: Mapping[str, str] | None = None) -> int:
     env_d = dict(os.environ if env is None else env)
-    reporter = Reporter(nested=bool(env_d.get(ENV_HELD)))
+    annotations = env_d.get(INPUT_PREFIX + "ANNOTATIONS", "").strip().lower()
+    reporter = Reporter(
+        nested=bool(env_d.get(ENV_HELD)),
+        annotations=annotations if annotations in ANNOTATIONS else "always",
+    )
     step = _Step(env_d, reporter)
     label = env_d.get(INPUT_PREFIX + "NAME", "")
     try:
         inputs = ActionInputs(env_d)
     except ValidationError as exc:
-        return step.finish(failure_status(exc, reporter), label)
+        return step.finish(reporter.failure(exc), label)
     modes = {"run": _run, "hold": _hold, "release": _release, "check": _check}
     try:
-        status = modes[inputs.mode](inputs, step)
+        backend = _backend(inputs, step, reading=inputs.mode in ("release", "check"))
+        try:
+            status = modes[inputs.mode](inputs, step, backend)
+        finally:
+            backend.close()
     except NotAcquired as exc:
         status = step.not_acquired(exc, inputs.if_locked == "skip")
     except (LocalMutexError, KeyboardInterrupt) as exc:
-        status = failure_status(exc, reporter)
+        status = reporter.failure(exc)
         step.outcome = step.outcome or ("invalid input" if status == 2 else f"exit {status}")
     return step.finish(status, label)

@@ -1,14 +1,31 @@
-"""Typed errors raised by the library; the CLI maps each family to one exit code."""
+"""Typed errors raised by the library. Each class carries the exit status the CLI gives it
+(``exit_code``); ``ui.lines.Reporter.failure`` is the one place that turns them into a line
+and a status. Library callers catch them like any exception."""
 
 from __future__ import annotations
+
+# The exit statuses of local-mutex's own outcomes (README, "Exit status").
+EXIT_USAGE = 2
+EXIT_CANNOT_TELL = 3
+EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: a remote is down, or a held remote lock was lost
+EXIT_IOERR = 74  # EX_IOERR: the holder record could not be written
+EXIT_NOT_ACQUIRED = 75  # as BSD lockf(1): not acquired in time
+EXIT_REFUSED = 77  # EX_NOPERM: release declined
+EXIT_TIMEOUT = 124  # as timeout(1)
+EXIT_KILLED = 137
+EXIT_CANNOT_START = 125  # as timeout(1): the command could not start
 
 
 class LocalMutexError(Exception):
     """Base class of every error this package raises on purpose."""
 
+    exit_code = EXIT_CANNOT_START
+
 
 class ValidationError(LocalMutexError):
-    """Bad input or an unsafe setup: nothing was locked and nothing ran (exit 2)."""
+    """Bad input or an unsafe setup: nothing was locked and nothing ran."""
+
+    exit_code = EXIT_USAGE
 
 
 class InvalidName(ValidationError):
@@ -24,18 +41,34 @@ class InvalidLockDir(ValidationError):
 
 
 class UnsafeLockFile(ValidationError):
-    """The lock path is a symlink, not a regular file, or owned by another user."""
+    """The lock path is a symlink, not a regular file, has other links, or is another
+    user's."""
 
 
 class NestingError(ValidationError):
     """An exclusive lock was asked for inside a shared hold of the same lock."""
 
 
+class InvalidTemplate(ValidationError):
+    """A ``{`` or ``}`` in an ``each`` template that is neither ``{}`` nor doubled."""
+
+
+class BadAddress(ValidationError):
+    """A lock address (``--remote``) that names no usable backend, or a server that cannot
+    serve locks (a standby, too old)."""
+
+
+class Unsupported(ValidationError):
+    """The backend cannot do what was asked (shared locks on git, history on flock, ...)."""
+
+
 class NotAcquired(LocalMutexError):
-    """The lock was not acquired within the wait ceiling (exit 75, as BSD lockf).
+    """The lock was not acquired within the wait ceiling.
 
     ``holder`` describes who held it when we gave up, when that is known.
     """
+
+    exit_code = EXIT_NOT_ACQUIRED
 
     def __init__(self, message: str, holder: object | None = None, waited: float = 0.0) -> None:
         super().__init__(message)
@@ -44,25 +77,50 @@ class NotAcquired(LocalMutexError):
 
 
 class Interrupted(LocalMutexError):
-    """A signal arrived while waiting for the lock; the command never ran (exit 128+N)."""
+    """A stop signal arrived while waiting for the lock; the command never ran."""
 
     def __init__(self, signum: int) -> None:
-        super().__init__(f"interrupted by signal {signum} while waiting")
+        super().__init__(
+            f"stopped waiting for the lock: received signal {signum}; the command did not run"
+        )
         self.signum = signum
+        self.exit_code = 128 + signum
 
 
 class SpawnError(LocalMutexError):
-    """The command could not be started at all (exit 125, as timeout(1))."""
+    """The command could not be started at all."""
+
+    exit_code = EXIT_CANNOT_START
 
 
 class CannotTell(LocalMutexError):
-    """The lock's state could not be determined (status exit 3)."""
+    """The lock's state could not be determined."""
+
+    exit_code = EXIT_CANNOT_TELL
 
 
 class Refused(LocalMutexError):
-    """``release`` declined: the lock is not a hold, or not this job's (exit 77)."""
+    """``release`` declined: not a hold, another job's, or another user's."""
+
+    exit_code = EXIT_REFUSED
 
 
-class RemoteError(LocalMutexError):
-    """A git remote could not be reached, or refused for a reason other than a lost race
-    (exit 69, as EX_UNAVAILABLE); nothing was left half-taken."""
+class RecordNotWritten(LocalMutexError):
+    """The lock was taken but the holder record could not be written; it was let go."""
+
+    exit_code = EXIT_IOERR
+
+
+class Unavailable(LocalMutexError):
+    """A remote could not be reached, or refused for a reason other than a lost race;
+    nothing was left half-taken."""
+
+    exit_code = EXIT_UNAVAILABLE
+
+
+class LockLost(Unavailable):
+    """A held lock was lost while its command ran (lease taken over, session ended)."""
+
+
+# The name the git backend used before there were other remotes.
+RemoteError = Unavailable

@@ -2,13 +2,15 @@
 # LOCAL_MUTEX_CLI points here. Both `sh "$LOCAL_MUTEX_CLI" NAME CMD [DIR]` and
 # `"$LOCAL_MUTEX_CLI" NAME CMD [DIR]` run the same CLI as the console script, with the
 # interpreter that ran the enclosing local-mutex (LOCAL_MUTEX_PYTHON), else python3.
-# The package's parent directory goes on sys.path inside Python, not via PYTHONPATH,
-# so the command's environment is left exactly as the caller had it.
+# -I -S: no site processing and no PYTHON* variables, so a nested call starts faster than
+# a bare interpreter; the package's parent directory goes on sys.path inside Python (the
+# command's environment stays exactly as the caller had it), and what needs installed
+# packages (click for --help, psycopg) loads site itself.
 case $0 in
     */*) here=${0%/*} ;;
     *) here=$(command -v -- "$0") && here=${here%/*} || here=. ;;
 esac
-exec "${LOCAL_MUTEX_PYTHON:-python3}" -c '
+exec "${LOCAL_MUTEX_PYTHON:-python3}" -I -S -c '
 import sys
 sys.path.insert(0, sys.argv.pop(1))
 from local_mutex.cli import main

@@ -30,7 +30,7 @@ def name_bytes(name: str | bytes) -> bytes:
 
 
 def display(raw: bytes) -> str:
-    """A str that encodes back to ``raw`` byte for byte (see ``notices.write``)."""
+    """A str that encodes back to ``raw`` byte for byte (see ``ui.lines.Reporter.write``)."""
     return raw.decode("utf-8", "surrogateescape")
 
 
@@ -41,7 +41,10 @@ def validate_name(name: str | bytes) -> bytes:
         raise InvalidName("lock name is empty")
     bad = next((b for b in raw if b in _CONTROL), None)
     if bad is not None:
-        raise InvalidName(f"lock name {display(raw)!r} holds control character 0x{bad:02X}")
+        # "control characters" is the wording existing log searches match.
+        raise InvalidName(
+            f"lock name {display(raw)!r} contains control characters (byte 0x{bad:02X})"
+        )
     if display(raw).isspace():
         raise InvalidName("lock name is only whitespace")
     return raw
@@ -53,7 +56,17 @@ def validate_command(command: str) -> str:
     return command
 
 
+def digest(name: str | bytes) -> str:
+    """SHA-256 hex of the name's bytes: the one way a name ever reaches a path or a key."""
+    return str(sha256(name_bytes(name)).hexdigest())
+
+
 def lock_filename(name: str | bytes) -> str:
     """``local-mutex-<sha256 hex of the name's bytes>.lock``: names never reach a path raw."""
-    digest = sha256(name_bytes(name)).hexdigest()
-    return f"{LOCK_PREFIX}{digest}{LOCK_SUFFIX}"
+    return f"{LOCK_PREFIX}{digest(name)}{LOCK_SUFFIX}"
+
+
+def shell_quote(text: str) -> str:
+    """``text`` as one word for a POSIX shell (for hints people copy and paste)."""
+    safe = text and all(c.isalnum() or c in "-_./=:@%+," for c in text)
+    return text if safe else "'" + text.replace("'", "'\\''") + "'"

@@ -23,17 +23,36 @@ def test_lock_path_matches_the_cli(lock_dir: Path) -> None:
 def test_run_returns_the_status_and_prints_nothing(
     lock_dir: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    assert local_mutex.run("exit 4", "api", lock_dir=str(lock_dir)) == 4
+    assert local_mutex.run("api", command="exit 4", lock_dir=str(lock_dir)).status == 4
     assert capfd.readouterr().err == ""
+
+
+def test_run_takes_an_argv_verbatim(lock_dir: Path, marks: Path) -> None:
+    weird = "it's $HOME; `x`"
+    result = local_mutex.run(
+        "api",
+        argv=["sh", "-c", 'printf %s "$1" > "$2"', "sh", weird, str(marks / "out")],
+        lock_dir=str(lock_dir),
+    )
+    assert result.status == 0
+    assert (marks / "out").read_text() == weird
+
+
+def test_the_old_positional_call_fails_loudly(lock_dir: Path) -> None:
+    """run(command, name) was the 1.x signature: it must not run anything now."""
+    with pytest.raises(TypeError):
+        local_mutex.run("touch x", "api", lock_dir=str(lock_dir))  # type: ignore[call-arg]
+    with pytest.raises(local_mutex.ValidationError):
+        local_mutex.run("api", lock_dir=str(lock_dir))  # neither command nor argv
 
 
 def test_run_raises_typed_errors(lock_dir: Path) -> None:
     with pytest.raises(local_mutex.InvalidCommand):
-        local_mutex.run(" ", "api", lock_dir=str(lock_dir))
+        local_mutex.run("api", command=" ", lock_dir=str(lock_dir))
     with pytest.raises(local_mutex.InvalidName):
-        local_mutex.run("true", "a\nb", lock_dir=str(lock_dir))
+        local_mutex.run("a\nb", command="true", lock_dir=str(lock_dir))
     with pytest.raises(local_mutex.ValidationError):
-        local_mutex.run("true", "api", lock_dir="/nonexistent/dir")
+        local_mutex.run("api", command="true", lock_dir="/nonexistent/dir")
 
 
 def test_hold_serializes_against_the_cli(lock_dir: Path, marks: Path) -> None:
@@ -48,9 +67,9 @@ def test_hold_serializes_against_the_cli(lock_dir: Path, marks: Path) -> None:
         assert r.returncode == 75
         assert b"migrating" in r.stderr
         # Inside the block a run on the same name is reentrant instead of deadlocking.
-        assert local_mutex.run("exit 0", "api", lock_dir=str(lock_dir)) == 0
+        assert local_mutex.run("api", command="exit 0", lock_dir=str(lock_dir)).status == 0
     assert not (marks / "ran").exists()
-    assert local_mutex.run("exit 0", "api", lock_dir=str(lock_dir), wait=0) == 0
+    assert local_mutex.run("api", command="exit 0", lock_dir=str(lock_dir), wait=0).status == 0
 
 
 def test_hold_waits_for_the_cli_and_gives_up_with_not_acquired(
@@ -70,8 +89,8 @@ def test_hold_waits_for_the_cli_and_gives_up_with_not_acquired(
     assert holder.wait(20) == 0
 
 
-def test_run_locked_reports_numbers(lock_dir: Path) -> None:
-    result = local_mutex.run_locked("sleep 0.2", "api", lock_dir=str(lock_dir))
+def test_run_reports_numbers(lock_dir: Path) -> None:
+    result = local_mutex.run("api", command="sleep 0.2", lock_dir=str(lock_dir))
     assert result.status == 0 and result.acquired and not result.timed_out
     assert result.held >= 0.15 and result.waited < 5  # spawn is stamped once it returns
 

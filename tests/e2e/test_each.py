@@ -93,7 +93,7 @@ def test_nul_separated_items(lock_dir: Path, tmp_path: Path) -> None:
     assert out.read_text() == "[with space][back\\slash][last]"
     # A newline inside an item is fine for the command but not for a lock name.
     r = run_cli(["each", "-0", "--lock-dir", str(lock_dir), "n-{}", "true"], input=b"a\nb\0")
-    assert r.returncode == 2 and b"control character 0x0A" in r.stderr
+    assert r.returncode == 2 and b"control characters (byte 0x0A)" in r.stderr
 
 
 def test_stops_at_the_first_failure_or_counts_with_keep_going(
@@ -169,13 +169,13 @@ def test_each_bad_input(lock_dir: Path, marks: Path) -> None:
         (["each", "--lock-dir", str(lock_dir), "x-{", cmd], "lone '{'"),
         (["each", "--lock-dir", str(lock_dir), "x-{}", " "], "command is only whitespace"),
         (["each", "--skip-locked", "--lock-dir", str(lock_dir), "x-{}", cmd], "--skip-locked"),
-        (["each", "--lock-dir", "rel", "x-{}", cmd], "not an absolute path"),
+        (["each", "--lock-dir", "rel", "x-{}", cmd], "must be an absolute path"),
     ]:
         r = run_cli(args, input=b"a\n")
         assert r.returncode == 2, (args, r.stderr)
         assert needle in r.stderr.decode()
     r = run_cli(["each", "--lock-dir", str(lock_dir), "x-{}", cmd], input=b"ok\nbad\tname\n")
-    assert r.returncode == 2 and b"control character 0x09" in r.stderr
+    assert r.returncode == 2 and b"control characters (byte 0x09)" in r.stderr
     assert collections.Counter(p.name for p in lock_dir.iterdir()) == {
         lock_file(lock_dir, "x-ok").name: 1
     }

@@ -159,8 +159,8 @@ def test_hold_bad_input(lock_dir: Path) -> None:
     for args, needle in [
         (["hold", ""], b"lock name is empty"),
         (["hold", "x", "--ttl", "0"], b"more than 0"),
-        (["hold", "x", "--lock-dir", "rel"], b"not an absolute path"),
-        (["release", "x", "--lock-dir", "rel"], b"not an absolute path"),
+        (["hold", "x", "--lock-dir", "rel"], b"must be an absolute path"),
+        (["release", "x", "--lock-dir", "rel"], b"must be an absolute path"),
     ]:
         r = run_cli(args if "--lock-dir" in args else [*args, "--lock-dir", str(lock_dir)])
         assert r.returncode == 2, (args, r.stderr)

@@ -26,7 +26,7 @@ def test_shim_passes_exit_status_and_arg_errors(lock_dir: Path) -> None:
     r = run_cli(["outer", 'sh "$LOCAL_MUTEX_CLI" a "exit 9"', str(lock_dir)])
     assert r.returncode == 9
     r = run_cli(["outer", 'sh "$LOCAL_MUTEX_CLI" only-one-arg', str(lock_dir)])
-    assert r.returncode == 2 and b"expected 2 or 3 arguments" in r.stderr
+    assert r.returncode == 2 and b"missing COMMAND after NAME" in r.stderr
 
 
 def test_per_item_loop_with_items_kept_out_of_the_shell_text(

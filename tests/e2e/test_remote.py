@@ -42,7 +42,7 @@ def test_ten_concurrent_holds_exactly_one_wins(remote: str) -> None:
     ]
     codes = [p.wait(120) for p in procs]
     assert sorted(codes) == [0] + [75] * 9, [p.stderr.read() for p in procs if p.stderr]
-    assert _status("one", remote)["locked"] is True
+    assert _status("one", remote)["state"] == "held"
 
 
 def test_two_runs_never_overlap(procs: Procs, remote: str, tmp_path: Path) -> None:
@@ -65,14 +65,28 @@ def test_a_killed_holder_is_taken_over_only_after_its_lease(
     marks = tmp_path / "m"
     marks.mkdir()
     first = procs.start(
-        ["run", "--remote", remote, "--lease", "4", "lease", f"touch {marks}/first; sleep 60"]
+        [
+            "run",
+            "--remote",
+            remote,
+            *("--lease", "9", "--kill-after", "1"),
+            "lease",
+            f"touch {marks}/first; sleep 60",
+        ]
     )
     wait_for(marks / "first", 60)
     first.send_signal(signal.SIGKILL)  # supervisor and heartbeat die; no unlock is pushed
     first.wait(10)
-    expires = float(_status("lease", remote)["expires_at"])  # type: ignore[arg-type]
+    expires = float(_status("lease", remote)["detail"]["expires_at"])  # type: ignore[index]
     second = procs.start(
-        ["run", "--remote", remote, "--lease", "4", "--poll", "0.2", "lease", "date +%s.%N"]
+        [
+            "run",
+            "--remote",
+            remote,
+            *("--lease", "9", "--kill-after", "1", "--poll", "0.2"),
+            "lease",
+            "date +%s.%N",
+        ]
     )
     assert second.wait(60) == 0, procs.stderr(second)
     started = float(procs.stdout(second).strip())
@@ -147,7 +161,7 @@ def test_release_by_non_holder_force_and_history(remote: str) -> None:
     assert run_cli(["release", "h", "--remote", remote, "--force"]).returncode == 0
     run_cli(["hold", "h", "--remote", remote])
     r = run_cli(["release", "h", "--remote", remote, "--force", "--delete-branch"])
-    assert r.returncode == 0 and _status("h", remote)["state"] == "absent"
+    assert r.returncode == 0 and _status("h", remote)["detail"]["state"] == "absent"  # type: ignore[index]
     r = run_cli(["history", "h", "--remote", remote])
     assert r.returncode == 0 and b"no history" in r.stdout  # the branch is gone with it
     run_cli(["hold", "h2", "--remote", remote])
@@ -168,7 +182,7 @@ def test_remote_down_or_refusing_is_a_clear_error(tmp_path: Path) -> None:
     with git_daemon(tmp_path / "ro", writable=False) as url:
         r = run_cli(["hold", "x", "--remote", url])
         assert r.returncode == 69 and b"push" in r.stderr
-        assert _status("x", url)["state"] == "absent"  # nothing half-taken
+        assert _status("x", url)["detail"]["state"] == "absent"  # type: ignore[index]  # nothing half-taken
 
 
 def test_bad_remote_names_are_refused_not_mangled(remote: str) -> None:
@@ -176,7 +190,7 @@ def test_bad_remote_names_are_refused_not_mangled(remote: str) -> None:
         r = run_cli(["hold", "--remote", remote, "--", name])
         assert r.returncode == 2 and b"cannot be a git branch" in r.stderr, name
     r = run_cli(["run", "--remote", remote, "--shared", "x", "true"])
-    assert r.returncode == 2 and b"cannot be used with --remote" in r.stderr
+    assert r.returncode == 2 and b"cannot be used with git remotes" in r.stderr
 
 
 def test_remote_from_the_environment(remote: str, tmp_path: Path) -> None:

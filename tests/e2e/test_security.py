@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import signal
 import stat
 from pathlib import Path
 
 import pytest
 
-from helpers import lock_file, run_cli
+from helpers import lock_file, lock_is_free, run_cli
 
 
 def test_planted_symlink_to_an_existing_file_is_refused(
@@ -79,6 +80,21 @@ def test_new_lock_file_mode_follows_the_umask(lock_dir: Path) -> None:
     assert stat.S_IMODE(lock_file(lock_dir, "n").stat().st_mode) == 0o644
 
 
-def test_the_command_does_not_inherit_the_lock_descriptor(lock_dir: Path) -> None:
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc/<pid>/fd")
+def test_the_command_inherits_the_lock_and_a_normal_end_drops_it(
+    lock_dir: Path, marks: Path
+) -> None:
+    """The command shares the lock's open file description (so the lock outlives a killed
+    supervisor while the command runs), but a normal end drops it with LOCK_UN: leftover
+    background processes that still hold the descriptor run on unlocked."""
     r = run_cli(["n", 'ls -l /proc/$$/fd/ | grep -c "local-mutex-" || true', str(lock_dir)])
-    assert r.stdout.strip() == b"0"
+    assert int(r.stdout.strip()) >= 1
+    leftover = f"sleep 30 & echo $! > '{marks}/pid'"
+    r = run_cli(["n", leftover, str(lock_dir)])
+    assert r.returncode == 0, r.stderr
+    pid = int((marks / "pid").read_text())
+    try:
+        assert lock_is_free(lock_file(lock_dir, "n"))
+        assert run_cli(["--no-wait", "n", "true", str(lock_dir)]).returncode == 0
+    finally:
+        os.kill(pid, signal.SIGKILL)

@@ -182,7 +182,7 @@ def test_status_bad_input(lock_dir: Path, tmp_path: Path) -> None:
     r = run_cli(["status", "x", "--lock-dir", str(tmp_path / "missing")])
     assert r.returncode == 2 and b"does not exist" in r.stderr
     r = run_cli(["list", "--lock-dir", "relative"])
-    assert r.returncode == 2 and b"not an absolute path" in r.stderr
+    assert r.returncode == 2 and b"must be an absolute path" in r.stderr
 
 
 def _hidden_proc(args: list[str], user: bool = False) -> subprocess.CompletedProcess[bytes]:

@@ -6,10 +6,8 @@ import errno
 import os
 import stat
 
-from .errors import InvalidLockDir, UnsafeLockFile
-from .names import lock_filename, validate_name
+from ...errors import InvalidLockDir, UnsafeLockFile
 
-# Type-only imports: typing and collections cost a plain run measurable startup time.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -17,6 +15,9 @@ if TYPE_CHECKING:
 DEFAULT_LOCK_DIR = "/tmp"
 ENV_LOCK_DIR = "LOCAL_MUTEX_LOCK_DIR"
 ENV_ALLOW_OTHER_OWNER = "LOCAL_MUTEX_ALLOW_OTHER_OWNER"
+# Exactly this mode whatever the umask: others may open the file read-only to take the lock
+# (flock works on any descriptor), but only its owner may rewrite the holder record in it.
+FILE_MODE = 0o644
 
 # O_NONBLOCK keeps a planted FIFO from hanging the open; it has no effect on regular files
 # and none on flock(), which takes its own LOCK_NB flag.
@@ -35,26 +36,23 @@ def resolve_lock_dir(
     explicit: str | None, env: Mapping[str, str] | None = None, *, writable: bool = True
 ) -> str:
     """The lock directory to use, checked: absolute, an existing directory, writable
-    (``writable=False`` for readers such as ``status``, which never create a file)."""
+    (``writable=False`` for readers such as ``status``, which never create a file).
+    The wording matches what existing log searches look for."""
     path = choose_lock_dir(explicit, env)
     if not os.path.isabs(path):
-        raise InvalidLockDir(f"lock dir {path!r} is not an absolute path")
+        raise InvalidLockDir(f"lock dir {path!r} must be an absolute path")
     try:
         st = os.stat(path)
-    except FileNotFoundError:
-        raise InvalidLockDir(f"lock dir {path!r} does not exist") from None
     except OSError as exc:
-        raise InvalidLockDir(f"lock dir {path!r} cannot be used: {exc.strerror}") from None
+        why = "" if exc.errno in (errno.ENOENT, errno.ENOTDIR) else f" ({exc.strerror})"
+        raise InvalidLockDir(
+            f"lock dir {path!r} does not exist or is not a directory{why}"
+        ) from None
     if not stat.S_ISDIR(st.st_mode):
-        raise InvalidLockDir(f"lock dir {path!r} is not a directory")
+        raise InvalidLockDir(f"lock dir {path!r} does not exist or is not a directory")
     if writable and not os.access(path, os.W_OK | os.X_OK):
         raise InvalidLockDir(f"lock dir {path!r} is not writable")
     return path
-
-
-def lock_path(name: str | bytes, lock_dir: str | None = None) -> str:
-    """The lock file for ``name``; both are validated and resolved as the CLI does."""
-    return os.path.join(resolve_lock_dir(lock_dir), lock_filename(validate_name(name)))
 
 
 def allow_other_owner_from_env(env: Mapping[str, str] | None = None) -> bool:
@@ -73,18 +71,35 @@ def open_lock_file(path: str, *, allow_other_owner: bool = False) -> int:
         fd = _open_existing(path)
         if fd is None:
             try:
-                # 0o666 is masked by the umask, as for any file the user creates.
-                fd = os.open(path, _OPEN_FLAGS | os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+                fd = os.open(path, _OPEN_FLAGS | os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
             except FileExistsError:
                 continue  # another process created it between our two opens
             except OSError as exc:
                 raise _refusal(path, exc) from None
+            try:
+                os.fchmod(fd, FILE_MODE)  # the umask may have taken bits away, or left 0666
+            except OSError:
+                pass
         try:
-            _check_opened(fd, path, allow_other_owner)
+            if check_opened(fd, path, allow_other_owner):
+                return fd
         except BaseException:
             os.close(fd)
             raise
-        return fd
+        os.close(fd)  # unlinked between open and check: open what is there now
+
+
+def create_exclusive(path: str) -> int | None:
+    """A fresh lock file at ``path`` (None if something is already there)."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS | os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    except OSError:
+        return None
+    try:
+        os.fchmod(fd, FILE_MODE)
+    except OSError:
+        pass
+    return fd
 
 
 def _open_existing(path: str) -> int | None:
@@ -108,12 +123,41 @@ def _refusal(path: str, exc: OSError) -> Exception:
     return UnsafeLockFile(f"lock file {path!r} cannot be opened: {exc.strerror}")
 
 
-def _check_opened(fd: int, path: str, allow_other_owner: bool) -> None:
-    st = os.fstat(fd)
+def refusal_for(st: os.stat_result, path: str, allow_other_owner: bool) -> UnsafeLockFile | None:
+    """Why a lock file with these stats must not be used, or None when it may be."""
+    if stat.S_ISLNK(st.st_mode):
+        return UnsafeLockFile(f"lock file {path!r} is a symlink; refusing to follow it")
     if not stat.S_ISREG(st.st_mode):
-        raise UnsafeLockFile(f"lock file {path!r} is not a regular file; refusing to use it")
+        return UnsafeLockFile(f"lock file {path!r} is not a regular file; refusing to use it")
+    if st.st_nlink > 1:
+        return UnsafeLockFile(
+            f"lock file {path!r} has {st.st_nlink} links, so it may be someone else's file; "
+            "refusing to write to it"
+        )
     if st.st_uid not in (0, os.geteuid()) and not allow_other_owner:
-        raise UnsafeLockFile(
+        return UnsafeLockFile(
             f"lock file {path!r} is owned by uid {st.st_uid}, another user who could hold it "
             f"forever; pass --allow-other-owner or set {ENV_ALLOW_OTHER_OWNER}=1 to trust it"
         )
+    return None
+
+
+def check_opened(fd: int, path: str, allow_other_owner: bool) -> bool:
+    """Raise if the opened file must not be used; False if it was unlinked meanwhile."""
+    st = os.fstat(fd)
+    if st.st_nlink == 0 and stat.S_ISREG(st.st_mode):
+        return False
+    refusal = refusal_for(st, path, allow_other_owner)
+    if refusal is not None:
+        raise refusal
+    return True
+
+
+def names_inode(path: str, fd: int) -> bool:
+    """Does ``path`` still name the file open on ``fd``, with no other link to it?"""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino) and mine.st_nlink == 1

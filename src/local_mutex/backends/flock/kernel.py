@@ -7,19 +7,15 @@ timer whose SIGALRM interrupts that sleep. There is no polling loop.
 from __future__ import annotations
 
 import fcntl
-import sys
 import time
 
-from .errors import Interrupted
-from .fastsignal import signal
+from ..._fastsignal import interruptible, main_thread, signal
 
-# Type-only imports: typing and collections cost a plain run measurable startup time.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import FrameType
 
-# Signals that abandon a wait: the command has not started, so there is nothing to forward.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+__all__ = ["interruptible", "try_lock", "unlock", "wait_lock"]
 
 
 class _Alarm(Exception):
@@ -52,7 +48,7 @@ def wait_lock(fd: int, *, shared: bool = False, timeout: float | None = None) ->
     if timeout is None:
         fcntl.flock(fd, _mode(shared))
         return True
-    if not _main_thread():
+    if not main_thread():
         return _poll_lock(fd, shared, timeout)
     try:
         with _AlarmIn(max(timeout, 0.001)):
@@ -62,12 +58,6 @@ def wait_lock(fd: int, *, shared: bool = False, timeout: float | None = None) ->
         # The alarm may have landed just after flock() returned: a non-blocking
         # retry on the same descriptor tells whether we hold it now.
         return try_lock(fd, shared=shared)
-
-
-def _main_thread() -> bool:
-    # Without the threading module loaded there are no other Python threads to be in.
-    threading = sys.modules.get("threading")
-    return threading is None or threading.current_thread() is threading.main_thread()
 
 
 def _poll_lock(fd: int, shared: bool, timeout: float) -> bool:
@@ -104,31 +94,3 @@ class _AlarmIn:
         self.armed = False  # a SIGALRM still in flight must not raise past this point
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, self.previous)  # type: ignore[arg-type]
-
-
-class interruptible:  # noqa: N801 - used like a function: ``with interruptible():``
-    """SIGINT/SIGTERM/SIGHUP/SIGQUIT raise ``Interrupted`` inside the block (unless the
-    caller ignored them), so a waiter that is told to stop exits without running anything.
-    Outside the main thread, where Python cannot take signals, it does nothing."""
-
-    def __init__(self) -> None:
-        self.previous: dict[int, object] = {}
-
-    @staticmethod
-    def _stop(signum: int, frame: FrameType | None) -> None:
-        raise Interrupted(signum)
-
-    def __enter__(self) -> None:
-        if not _main_thread():
-            return
-        for sig in STOP_SIGNALS:
-            current = signal.getsignal(sig)
-            if current == signal.SIG_IGN or current is None:
-                continue  # e.g. nohup: the caller asked for this signal to be ignored
-            self.previous[sig] = current
-            signal.signal(sig, self._stop)
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
-        self.previous.clear()

@@ -7,23 +7,36 @@ reach the shell text: the command reads its item from $LOCAL_MUTEX_ITEM.
 from __future__ import annotations
 
 import os
+import sys
+import time
 
-from .errors import Interrupted, NotAcquired, ValidationError
-from .names import display, name_bytes
-from .notices import duration
+from ..errors import (
+    EXIT_NOT_ACQUIRED,
+    EXIT_USAGE,
+    Interrupted,
+    InvalidTemplate,
+    LocalMutexError,
+    NotAcquired,
+    ValidationError,
+)
+from ..lifecycle import run_locked
+from ..names import display, name_bytes
+from ..ui.lines import duration
+from . import backend_for, reporter_for
+from .options import UsageError
+from .run import command_of, options_of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping
 
-    from .notices import Reporter
+    from ..backends.base import Backend
+    from ..lifecycle import Command, Options
+    from ..ui.lines import Reporter
+    from .options import Parsed
 
 ENV_ITEM = "LOCAL_MUTEX_ITEM"
 MAX_EXIT = 125
-
-
-class InvalidTemplate(ValidationError):
-    """A ``{`` or ``}`` in the template that is neither ``{}`` nor doubled."""
 
 
 def parse_template(template: str) -> list[str | None]:
@@ -57,11 +70,11 @@ def expand(parts: list[str | None], item: str) -> str:
     return "".join(item if part is None else part for part in parts)
 
 
-def read_items(stream: Iterable[bytes] | object, *, null: bool) -> Iterator[str]:
+def read_items(stream: object, *, null: bool) -> Iterator[str]:
     """Items from a binary stream: lines (or NUL-separated), empty ones skipped."""
     buffer = b""
     sep = b"\0" if null else b"\n"
-    read = stream.read1 if hasattr(stream, "read1") else stream.read  # type: ignore[attr-defined]
+    read = getattr(stream, "read1", None) or stream.read  # type: ignore[attr-defined]
     while True:
         chunk = read(65536)
         if not chunk:
@@ -93,65 +106,51 @@ class EachResult:
 
 
 def run_each(
+    backend: Backend,
     items: Iterable[str],
     template: str,
-    command: str,
+    command: Command,
+    opts: Options,
     *,
     keep_going: bool = False,
     skip_locked: bool = False,
-    lock_dir: str | None = None,
-    wait: float | None = None,
-    timeout: float | None = None,
-    kill_after: float = 5.0,
-    shared: bool = False,
-    slots: int | None = None,
-    allow_other_owner: bool | None = None,
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, str],
     reporter: Reporter | None = None,
+    subreaper: bool = False,
 ) -> EachResult:
     """Run ``command`` once per item under the lock named by ``template``."""
-    from .names import validate_command
-    from .wrap import run_locked
-
-    validate_command(command)
     parts = parse_template(template)
-    base_env = dict(os.environ if env is None else env)
+    base_env = dict(env)
     result = EachResult()
+    opts.stdin_devnull = True  # items come from our stdin
     for item in items:
-        name = expand(parts, item)
         item_env = {**base_env, ENV_ITEM: item}
         try:
             run = run_locked(
+                backend,
+                name_bytes(expand(parts, item)),
                 command,
-                name_bytes(name),
-                lock_dir=lock_dir,
-                wait=wait,
-                timeout=timeout,
-                kill_after=kill_after,
-                shared=shared,
-                slots=slots,
-                allow_other_owner=allow_other_owner,
+                opts,
                 env=item_env,
                 reporter=reporter,
-                stdin_devnull=True,
+                subreaper=subreaper,
             )
-            status = run.status
-            signalled = run.signalled
+            status, signalled = run.status, run.signalled
         except NotAcquired as exc:
             if skip_locked:
                 result.skipped.append(item)
                 if reporter is not None:
-                    reporter.write(f"skipped item {item!r}: {exc}")
+                    reporter.info(f"skipped item {item!r}: {exc}")
                 continue
-            status, signalled = 75, False
+            status, signalled = EXIT_NOT_ACQUIRED, False
             if reporter is not None:
                 reporter.error(f"item {item!r}: {exc}")
         except ValidationError as exc:
-            status, signalled = 2, False
+            status, signalled = EXIT_USAGE, False
             if reporter is not None:
                 reporter.error(f"item {item!r}: {exc}")
         except Interrupted as exc:
-            result.status, result.stopped = 128 + exc.signum, True
+            result.status, result.stopped = exc.exit_code, True
             return result
         result.ran += 1
         if status != 0:
@@ -177,3 +176,36 @@ def summary(result: EachResult, seconds: float) -> str:
     if result.stopped:
         text += ", stopped early"
     return text + f" in {duration(seconds)}"
+
+
+def each(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
+    env = os.environ if env is None else env
+    reporter = reporter_for(parsed, env, only_contended=True)
+    start = time.monotonic()
+    try:
+        wait = parsed.wait()
+        if parsed.flag("skip_locked") and wait is None:
+            raise UsageError("--skip-locked needs --wait SECONDS or --no-wait")
+        parse_template(parsed.positionals[0])
+        command, opts = command_of(parsed), options_of(parsed)
+        backend = backend_for(parsed, env)
+        try:
+            result = run_each(
+                backend,
+                read_items(sys.stdin.buffer, null=parsed.flag("null")),
+                parsed.positionals[0],
+                command,
+                opts,
+                keep_going=parsed.flag("keep_going"),
+                skip_locked=parsed.flag("skip_locked"),
+                env=env,
+                reporter=reporter,
+                subreaper=True,
+            )
+        finally:
+            backend.close()
+    except (LocalMutexError, KeyboardInterrupt) as exc:
+        return reporter.failure(exc)
+    if not parsed.flag("quiet") or result.failed:
+        reporter.write(summary(result, time.monotonic() - start))
+    return result.status

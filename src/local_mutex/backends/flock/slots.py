@@ -13,15 +13,15 @@ from __future__ import annotations
 import os
 import time
 
+from ...errors import NotAcquired
+from ...names import LOCK_SUFFIX
+from ...ui.lines import describe_holder, duration
 from . import kernel, record
-from .errors import NotAcquired
-from .lockdir import open_lock_file
-from .names import LOCK_SUFFIX
-from .notices import describe_holder, duration
+from .lockdir import names_inode, open_lock_file
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .notices import Reporter
+    from ...ui.lines import Reporter
 
 MAX_SLOTS = 1024
 _POLL_MIN, _POLL_MAX = 0.005, 0.1
@@ -63,8 +63,23 @@ def _try_slots(lock_path: str, slots: int, allow_other_owner: bool) -> Slot | No
         path = slot_path(lock_path, index)
         fd = open_lock_file(path, allow_other_owner=allow_other_owner)
         if kernel.try_lock(fd):
-            return Slot(fd, path, index)
+            if names_inode(path, fd):
+                return Slot(fd, path, index)
+            fresh = _retake(path, allow_other_owner, fd)
+            if fresh is not None:
+                return Slot(fresh, path, index)
+            continue
         os.close(fd)
+    return None
+
+
+def _retake(path: str, allow_other_owner: bool, stale: int) -> int | None:
+    """The slot file was replaced while we took it: try the file now at the path once."""
+    os.close(stale)
+    fd = open_lock_file(path, allow_other_owner=allow_other_owner)
+    if kernel.try_lock(fd) and names_inode(path, fd):
+        return fd
+    os.close(fd)
     return None
 
 

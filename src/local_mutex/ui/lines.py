@@ -1,4 +1,4 @@
-"""Every line local-mutex shows a person, formatted in one place.
+"""Every line local-mutex writes to stderr, formatted in one place.
 
 Under GitHub Actions the bookends and errors are workflow commands (``::notice::``,
 ``::error::``); elsewhere the same text prints plainly. Nested calls print plain lines even
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
-# Type-only imports: typing and collections cost a plain run measurable startup time.
+from ..identity import utc_stamp
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -19,10 +19,7 @@ if TYPE_CHECKING:
 
 PREFIX = "local-mutex: "
 _MAX_COMMAND = 120
-
-
-def utc_stamp(epoch: float | None = None) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+ANNOTATIONS = ("always", "waited", "never")
 
 
 def duration(seconds: float) -> str:
@@ -41,7 +38,10 @@ def one_line(text: str, limit: int = _MAX_COMMAND) -> str:
 
 def describe_holder(holder: Mapping[str, Any], now: float | None = None) -> str:
     """``pid 123 ('make deps' in /src on host, runner r1, since …, for 2m03s, <url>)``."""
-    parts = [f"pid {holder.get('pid', '?')}"]
+    import time
+
+    pid = holder.get("pid")
+    parts = [f"pid {pid}" if pid is not None else str(holder.get("user") or "?")]
     details = []
     if holder.get("command"):
         details.append(repr(one_line(str(holder["command"]))))
@@ -54,9 +54,10 @@ def describe_holder(holder: Mapping[str, Any], now: float | None = None) -> str:
     if holder.get("job"):
         details.append(f"job {holder['job']}")
     since = holder.get("since_epoch")
-    if isinstance(since, (int, float)):
+    if isinstance(since, (int, float)) and not isinstance(since, bool) and since == since:
         held = (time.time() if now is None else now) - since
-        details.append(f"since {utc_stamp(since)}, for {duration(max(held, 0.0))}")
+        if -1e12 < held < 1e12:
+            details.append(f"since {utc_stamp(since)}, for {duration(max(held, 0.0))}")
     if holder.get("message"):
         details.append(f"message {one_line(str(holder['message']))!r}")
     if holder.get("run_url"):
@@ -72,7 +73,12 @@ def _escape_data(text: str) -> str:
 
 
 class Reporter:
-    """Writes the user-facing lines to a stream (stderr by default)."""
+    """Writes the user-facing lines to a stream (stderr by default).
+
+    ``annotations`` (under Actions): "always" makes the bookends ``::notice::`` lines,
+    "waited" only for runs that waited, failed or were stopped, "never" keeps them plain.
+    Errors are ``::error::`` lines under Actions whatever it says.
+    """
 
     def __init__(
         self,
@@ -82,6 +88,7 @@ class Reporter:
         nested: bool = False,
         quiet: bool = False,
         only_contended: bool = False,
+        annotations: str = "always",
     ) -> None:
         self.stream = stream
         # For batches: only lines about waits and failures, never the routine bookends.
@@ -89,15 +96,21 @@ class Reporter:
         if actions is None:
             actions = os.environ.get("GITHUB_ACTIONS") == "true"
         self.actions = actions
-        self.annotate = actions and not nested
+        self.annotations = "never" if nested or not actions else annotations
         self.quiet = quiet
 
     def write(self, text: str, kind: str | None = None) -> None:
-        """One line; ``kind`` is 'notice' or 'error' (a workflow command under Actions)."""
-        if (kind == "error" and self.actions) or (kind and self.annotate):
+        """One line; ``kind`` is 'notice', 'warning' or 'error' (a workflow command under
+        Actions: errors and warnings always, notices as ``annotations`` says)."""
+        if self.actions and kind in ("error", "warning"):
             line = f"::{kind}::{_escape_data(PREFIX + text)}\n"
+        elif kind == "notice" and self.annotations == "always":
+            line = f"::notice::{_escape_data(PREFIX + text)}\n"
         else:
             line = f"{PREFIX}{text}\n"
+        self._emit(line)
+
+    def _emit(self, line: str) -> None:
         stream = self.stream if self.stream is not None else sys.stderr
         buffer = getattr(stream, "buffer", None)
         if buffer is not None:
@@ -109,19 +122,24 @@ class Reporter:
             stream.write(line)
             stream.flush()
 
-    # -- the lines ---------------------------------------------------------------------------------
+    def _notable(self, notable: bool) -> str | None:
+        """The kind of a bookend: a notice, unless ``waited`` mode and nothing happened."""
+        return "notice" if notable or self.annotations != "waited" else None
+
+    # -- the lines ---------------------------------------------------------------------------
 
     def waiting(
         self, name: str, holder: Mapping[str, Any] | None, detail: str | None = None
     ) -> None:
-        if self.quiet or (self.only_contended and holder is None and detail is None):
+        busy = holder is not None or detail is not None
+        if self.quiet or (self.only_contended and not busy):
             return
         text = f"waiting for lock {name} at {utc_stamp()}"
         if holder is not None:
             text += f" held by {describe_holder(holder)}"
         if detail:
             text += f": {detail}"
-        self.write(text, "notice")
+        self.write(text, self._notable(busy))
 
     def still_waiting(
         self, name: str, waited: float, holder: Mapping[str, Any] | None, position: str | None
@@ -138,6 +156,10 @@ class Reporter:
         if not self.quiet:
             self.write(f"acquired lock {name} at {utc_stamp()} after waiting {duration(waited)}")
 
+    def reentrant(self, name: str, pid: int) -> None:
+        if not self.quiet:
+            self.write(f"lock {name} is already held by enclosing pid {pid}; running inside it")
+
     def reentrant_done(self, name: str, held: float, status: int) -> None:
         if not self.quiet:
             self.write(
@@ -145,32 +167,49 @@ class Reporter:
                 f"(ran {duration(held)}, exit {status})"
             )
 
-    def reentrant(self, name: str, pid: int) -> None:
-        if not self.quiet:
-            self.write(f"lock {name} is already held by enclosing pid {pid}; running inside it")
-
-    def released(self, name: str, waited: float, held: float, status: int) -> None:
-        if self.quiet or (self.only_contended and waited == 0 and status == 0):
+    def released(
+        self, name: str, waited: float, held: float, status: int, *, stopped: bool = False
+    ) -> None:
+        notable = waited > 0 or status != 0 or stopped
+        if self.quiet or (self.only_contended and not notable):
             return
         self.write(
             f"released {name} at {utc_stamp()} "
             f"(waited {duration(waited)}, held {duration(held)}, exit {status})",
-            "notice",
+            self._notable(notable),
         )
 
-    def timed_out(self, name: str, timeout: float, killed: bool) -> None:
-        how = "SIGKILL (it ignored SIGTERM)" if killed else "SIGTERM"
-        self.write(
-            f"command under lock {name} ran past --timeout {timeout:g}s; stopped it with {how}",
-            "error",
-        )
+    def notice(self, text: str) -> None:
+        """A line worth an annotation (a hold taken, a release done)."""
+        if not self.quiet:
+            self.write(text, "notice")
 
-    def gave_up_on_group(self, name: str) -> None:
-        self.write(
-            f"a process of the command under lock {name} survived SIGKILL "
-            "(uninterruptible sleep?); releasing the lock anyway",
-            "error",
-        )
+    def info(self, text: str) -> None:
+        if not self.quiet:
+            self.write(text)
+
+    def warning(self, text: str) -> None:
+        self.write(text, "warning")
 
     def error(self, message: str) -> None:
         self.write(message, "error")
+
+    def timed_out(self, name: str, timeout: float, killed: bool) -> None:
+        how = "SIGKILL (it ignored SIGTERM)" if killed else "SIGTERM"
+        self.error(
+            f"command under lock {name} ran past --timeout {timeout:g}s; stopped it with {how}"
+        )
+
+    def gave_up_on_group(self, name: str) -> None:
+        self.error(
+            f"a process of the command under lock {name} survived SIGKILL "
+            "(uninterruptible sleep?); releasing the lock anyway"
+        )
+
+    def failure(self, exc: BaseException) -> int:
+        """Report a library error the way every command does; return its exit status."""
+        if isinstance(exc, KeyboardInterrupt):
+            return 130
+        code = getattr(exc, "exit_code", None)
+        self.error(str(exc) or type(exc).__name__)
+        return code if isinstance(code, int) else 1

@@ -11,13 +11,12 @@ import subprocess
 import tempfile
 from urllib.parse import urlsplit
 
-from .errors import RemoteError
+from ...errors import Unavailable as RemoteError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-ENV_TOKEN = "LOCAL_MUTEX_GIT_TOKEN"
 __all__ = ["Git", "RemoteError"]
 GIT_TIMEOUT = 60.0
 EMPTY_TREE_INPUT = b""
@@ -38,10 +37,13 @@ _LOST_RACE = (
 class Git:
     """One remote, talked to through a private temporary bare repository."""
 
-    def __init__(self, url: str, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, url: str, env: Mapping[str, str] | None = None, token: str | None = None
+    ) -> None:
         if not url.strip():
             raise RemoteError("the remote URL is empty")
         self.url = url
+        self.timeout = GIT_TIMEOUT
         self.dir = tempfile.mkdtemp(prefix="local-mutex-git-")
         base = dict(os.environ if env is None else env)
         self.env = {
@@ -50,7 +52,6 @@ class Git:
             "GIT_TERMINAL_PROMPT": "0",  # never wait on a password prompt
             "GIT_ASKPASS": "true" if not base.get("GIT_ASKPASS") else base["GIT_ASKPASS"],
         }
-        token = base.get(ENV_TOKEN, "")
         if token:
             self._add_token(token)
         self.run("init", "--bare", "--quiet", self.dir)
@@ -89,13 +90,13 @@ class Git:
                 input=stdin,
                 capture_output=True,
                 env=env or self.env,
-                timeout=GIT_TIMEOUT,
+                timeout=self.timeout,
                 check=False,
             )
         except FileNotFoundError:
             raise RemoteError("git is not installed") from None
         except subprocess.TimeoutExpired:
-            raise RemoteError(f"git {args[0]} timed out after {GIT_TIMEOUT:g}s") from None
+            raise RemoteError(f"git {args[0]} timed out after {self.timeout:g}s") from None
         if check and proc.returncode != 0:
             raise RemoteError(f"git {args[0]} failed: {self._why(proc)}")
         return proc
@@ -131,19 +132,30 @@ class Git:
         with open(os.path.join(self.dir, "FETCH_HEAD"), encoding="utf-8") as f:
             return f.read().split("\t", 1)[0].strip()
 
-    def message(self, oid: str) -> str:
-        raw = self.run("cat-file", "commit", oid).stdout.decode("utf-8", "replace")
+    def message(self, oid: str, limit: int = 1 << 20) -> str:
+        raw = self.run("cat-file", "commit", oid).stdout[:limit].decode("utf-8", "replace")
         return raw.split("\n\n", 1)[1] if "\n\n" in raw else ""
 
-    def history(self, oid: str) -> list[tuple[str, int, str]]:
-        """(oid, commit time, message) from newest to oldest."""
-        out = self.run("log", "--format=%H%x00%ct%x00%B%x1e", oid).stdout.decode("utf-8", "replace")
+    def heads(self, prefix: str) -> list[tuple[str, str]]:
+        """(ref, oid) of every branch under ``refs/heads/<prefix>``."""
+        out = self.run("ls-remote", "--heads", "--", self.url).stdout.decode("utf-8", "replace")
+        found = []
+        for line in out.splitlines():
+            oid, _, ref = line.partition("\t")
+            if ref.startswith(f"refs/heads/{prefix}"):
+                found.append((ref, oid))
+        return found
+
+    def history(self, oid: str, limit: int = 1000) -> list[tuple[str, int, str]]:
+        """(oid, commit time, message) from newest to oldest, at most ``limit``."""
+        out = self.run(
+            "log", f"--max-count={limit}", "--format=%H%x00%ct%x00%B%x00%x1e", oid
+        ).stdout.decode("utf-8", "replace")
         entries = []
-        for raw in out.split("\x1e"):
-            chunk = raw.strip("\n")
-            if chunk:
-                oid_, ct, body = chunk.split("\x00", 2)
-                entries.append((oid_, int(ct), body))
+        for raw in out.split("\x00\x1e"):
+            parts = raw.strip("\n").split("\x00", 2)
+            if len(parts) == 3 and parts[1].isdigit():
+                entries.append((parts[0], int(parts[1]), parts[2]))
         return entries
 
     # -- writing --

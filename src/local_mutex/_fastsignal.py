@@ -1,0 +1,62 @@
+"""The signal API without its enum wrappers, and the stop signals that abandon a wait.
+
+``import signal`` pulls in enum, functools and collections: about two thirds of a bare
+interpreter's start on a small machine, paid by every nested call in a loop. The C module
+underneath has the same functions with plain-int signals and handlers, which is all this
+package uses (compare handlers with ``==``, never ``is``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from .errors import Interrupted
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import signal
+    from types import FrameType
+else:
+    try:
+        import _signal as signal
+    except ImportError:  # an interpreter without the C module split
+        import signal
+
+__all__ = ["STOP_SIGNALS", "interruptible", "main_thread", "signal"]
+
+# Signals that abandon a wait: the command has not started, so there is nothing to forward.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+def main_thread() -> bool:
+    # Without the threading module loaded there are no other Python threads to be in.
+    threading = sys.modules.get("threading")
+    return threading is None or threading.current_thread() is threading.main_thread()
+
+
+class interruptible:  # noqa: N801 - used like a function: ``with interruptible():``
+    """SIGINT/SIGTERM/SIGHUP/SIGQUIT raise ``Interrupted`` inside the block (unless the
+    caller ignored them), so a waiter that is told to stop exits without running anything.
+    Outside the main thread, where Python cannot take signals, it does nothing."""
+
+    def __init__(self) -> None:
+        self.previous: dict[int, object] = {}
+
+    @staticmethod
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(signum)
+
+    def __enter__(self) -> None:
+        if not main_thread():
+            return
+        for sig in STOP_SIGNALS:
+            current = signal.getsignal(sig)
+            if current == signal.SIG_IGN or current is None:
+                continue  # e.g. nohup: the caller asked for this signal to be ignored
+            self.previous[sig] = current
+            signal.signal(sig, self._stop)
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self.previous.clear()

@@ -1,0 +1,166 @@
+"""What this package reads about other processes: parents, names, command lines, state.
+
+Linux answers from /proc; elsewhere ``ps`` answers the few questions the callers need.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+PROC = "/proc"
+_CMD_LIMIT = 4096
+# LOCAL_MUTEX_NO_PROC=1 takes the paths a system without /proc takes (macOS), so that they
+# are exercised on Linux too (the tests set it).
+USE_PROC = (
+    sys.platform.startswith("linux")
+    and os.path.isdir(PROC)
+    and os.environ.get("LOCAL_MUTEX_NO_PROC") != "1"
+)
+
+
+def stat_fields(pid: int) -> list[bytes] | None:
+    """Fields of /proc/PID/stat after the command name (which may hold spaces or ')')."""
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return data[data.rindex(b")") + 2 :].split()
+
+
+def parent_of(pid: int) -> int | None:
+    if USE_PROC:
+        fields = stat_fields(pid)
+        return int(fields[1]) if fields else None
+    out = _ps(pid, "ppid=")
+    return int(out) if out.isdigit() else None
+
+
+def is_alive(pid: int) -> bool:
+    """Running, stopped or asleep -- but not a zombie waiting for its parent to reap it."""
+    if USE_PROC:
+        fields = stat_fields(pid)
+        return fields is not None and fields[0] not in (b"Z", b"X")
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return _ps(pid, "stat=")[:1] != "Z"
+
+
+def is_ancestor(pid: int, max_depth: int = 4096) -> bool:
+    """Is ``pid`` our parent, or its parent, and so on?"""
+    current = os.getppid()
+    for _ in range(max_depth):
+        if current == pid:
+            return True
+        if current <= 1:
+            return False
+        parent = parent_of(current)
+        if parent is None:
+            return False
+        current = parent
+    return False
+
+
+def comm(pid: int) -> str | None:
+    if not USE_PROC:
+        return os.path.basename(_ps(pid, "comm=")) or None
+    try:
+        with open(f"{PROC}/{pid}/comm", encoding="utf-8", errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        pass
+    return os.path.basename(_ps(pid, "comm=")) or None
+
+
+def cmdline(pid: int) -> str | None:
+    if not USE_PROC:
+        return _ps(pid, "command=") or None
+    try:
+        with open(f"{PROC}/{pid}/cmdline", "rb") as f:
+            raw = f.read(_CMD_LIMIT)
+    except OSError:
+        return None
+    parts = [p.decode("utf-8", "replace") for p in raw.split(b"\0") if p]
+    return " ".join(parts) or None
+
+
+def boot_time() -> float | None:
+    try:
+        with open(f"{PROC}/stat", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def start_time(pid: int, boot: float | None) -> float | None:
+    """When ``pid`` started (epoch seconds), from its start time in clock ticks."""
+    if boot is None:
+        return None
+    fields = stat_fields(pid)
+    try:
+        ticks = int(fields[19]) if fields else None
+    except (ValueError, IndexError):
+        return None
+    return None if ticks is None else boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    """Live children of ``pid`` (of any of its threads)."""
+    if not USE_PROC:
+        return [child for child, parent in _ps_all() if parent == pid]
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"{PROC}/{pid}/task")
+    except OSError:
+        tasks = []
+    for tid in tasks:
+        try:
+            with open(f"{PROC}/{pid}/task/{tid}/children", encoding="ascii") as f:
+                found.extend(int(p) for p in f.read().split())
+        except (OSError, ValueError):
+            return _children_by_scan(pid)
+    return found if tasks else _children_by_scan(pid)
+
+
+def _children_by_scan(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir(PROC):
+        if entry.isdigit() and parent_of(int(entry)) == pid:
+            found.append(int(entry))
+    return found
+
+
+def _ps(pid: int, field: str) -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(
+            ["ps", "-o", field, "-p", str(pid)], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    except OSError:
+        return ""
+
+
+def _ps_all() -> list[tuple[int, int]]:
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True, check=False
+        ).stdout
+    except OSError:
+        return []
+    pairs = []
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit():
+            pairs.append((int(fields[0]), int(fields[1])))
+    return pairs

@@ -1,0 +1,160 @@
+"""The Python API: ``run``, ``hold``, ``status``, ``list_locks``, ``lock_path``.
+
+Library calls print nothing unless given a ``reporter`` and raise the typed errors in
+``errors``; the lock is the same lock the CLI and the action take.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .backends import open_backend
+from .lifecycle import Command, Held, Options, RunResult, run_locked
+from .names import display
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from .backends.base import LockStatus
+    from .ui.lines import Reporter
+
+
+def run(
+    name: str | bytes,
+    /,
+    *,
+    command: str | None = None,
+    argv: Sequence[str] | None = None,
+    lock_dir: str | None = None,
+    remote: str | None = None,
+    wait: float | None = None,
+    timeout: float | None = None,
+    kill_after: float = 5.0,
+    shared: bool = False,
+    slots: int | None = None,
+    allow_other_owner: bool | None = None,
+    env: Mapping[str, str] | None = None,
+    reporter: Reporter | None = None,
+) -> RunResult:
+    """Run ``command`` (``/bin/sh -c``) or ``argv`` (a program and its arguments) under
+    the lock ``name`` and return a ``RunResult`` (``.status`` is the exit status).
+
+    ``wait``: seconds to wait for the lock (None: forever, 0: fail at once); on expiry
+    ``NotAcquired`` is raised and nothing runs. ``timeout``: run ceiling from the start;
+    on expiry the command's process group gets SIGTERM, then SIGKILL ``kill_after``
+    seconds later, and the status is 124 or 137. A command killed by signal N gives 128+N.
+    ``shared`` takes a reader lock; ``slots`` makes ``name`` a counting semaphore.
+    ``remote`` locks on a git remote or PostgreSQL URL instead of ``lock_dir``. Nothing is
+    printed unless a ``reporter`` is given. Call it from the main thread (signals drive it).
+    """
+    env = os.environ if env is None else env
+    backend = open_backend(remote, lock_dir=lock_dir, env=env, allow_other_owner=allow_other_owner)
+    try:
+        return run_locked(
+            backend,
+            name,
+            Command(command, argv),
+            Options(wait=wait, timeout=timeout, kill_after=kill_after, shared=shared, slots=slots),
+            env=env,
+            reporter=reporter,
+        )
+    finally:
+        backend.close()
+
+
+class HeldLock:
+    """What ``with hold(...) as lock`` gives: the lock file and how long we waited."""
+
+    __slots__ = ("name", "path", "shared", "waited")
+
+    def __init__(self, name: str, path: str, shared: bool, waited: float) -> None:
+        self.name, self.path, self.shared, self.waited = name, path, shared, waited
+
+
+class hold:  # noqa: N801 - reads as a function: ``with hold("name"):``
+    """Hold the named lock in this process for the body of a ``with`` block.
+
+    Serializes against the CLI and the action on the same name and lock dir. Raises
+    ``NotAcquired`` when ``wait`` runs out (None waits forever, 0 fails at once). A
+    ``local_mutex.run`` on the same name inside the block runs within it instead of
+    waiting for itself; another thread asking for the same lock waits its turn. A lock
+    file deleted under the block is put back by a watcher thread.
+    """
+
+    def __init__(
+        self,
+        name: str | bytes,
+        *,
+        lock_dir: str | None = None,
+        remote: str | None = None,
+        wait: float | None = None,
+        shared: bool = False,
+        allow_other_owner: bool | None = None,
+        message: str | None = None,
+    ) -> None:
+        self._args = (name, lock_dir, remote, allow_other_owner)
+        self._opts = Options(wait=wait, shared=shared, message=message)
+        self._held: Held | None = None
+
+    def __enter__(self) -> HeldLock:
+        name, lock_dir, remote, allow_other_owner = self._args
+        backend = open_backend(
+            remote, lock_dir=lock_dir, env=os.environ, allow_other_owner=allow_other_owner
+        )
+        held = Held(
+            backend,
+            name,
+            self._opts,
+            command=" ".join(sys.argv) or sys.executable,
+            env=os.environ,
+        )
+        held.__enter__()
+        self._held = held
+        lock_file = held.lock.lock_file if held.lock is not None else ""
+        return HeldLock(held.label, lock_file, self._opts.shared, held.waited)
+
+    def __exit__(self, *exc: object) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            try:
+                held.__exit__(*exc)
+            finally:
+                held.backend.close()
+
+
+def status(
+    name: str | bytes, lock_dir: str | None = None, *, remote: str | None = None
+) -> LockStatus:
+    """Who holds the lock ``name`` and who waits for it."""
+    backend = open_backend(remote, lock_dir=lock_dir, env=os.environ, reading=True)
+    try:
+        from .names import name_bytes
+
+        return backend.status(name_bytes(name))
+    finally:
+        backend.close()
+
+
+def list_locks(
+    lock_dir: str | None = None, *, include_free: bool = False, remote: str | None = None
+) -> list[LockStatus]:
+    """Every held lock in ``lock_dir`` (all lock files with ``include_free``)."""
+    backend = open_backend(remote, lock_dir=lock_dir, env=os.environ, reading=True)
+    try:
+        return backend.list_locks(include_free=include_free)
+    finally:
+        backend.close()
+
+
+def lock_path(name: str | bytes, lock_dir: str | None = None) -> str:
+    """The lock file for ``name``; both are validated and resolved as the CLI does."""
+    from .backends.flock.backend import FlockBackend
+
+    return FlockBackend(lock_dir, env=os.environ).path_of(
+        name if isinstance(name, bytes) else os.fsencode(name)
+    )
+
+
+__all__ = ["HeldLock", "display", "hold", "list_locks", "lock_path", "run", "status"]

@@ -1,0 +1,54 @@
+"""Lock backends, and the one place that picks one from a lock's address.
+
+An address is a lock directory (this machine's kernel) or a ``--remote`` URL: the scheme
+picks the backend (``postgresql://``/``postgres://``: PostgreSQL; ``self`` or any other
+git URL: a git remote). Nothing here imports a backend until it is chosen, so the plain
+local path never loads git or database code.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from .base import Backend
+
+ENV_REMOTE = "LOCAL_MUTEX_REMOTE"
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+def remote_address(explicit: str | None, env: Mapping[str, str]) -> str | None:
+    """``--remote`` > $LOCAL_MUTEX_REMOTE; empty or blank counts as unset."""
+    value = explicit if explicit is not None else env.get(ENV_REMOTE, "")
+    return value.strip() or None
+
+
+def open_backend(
+    remote: str | None,
+    *,
+    lock_dir: str | None = None,
+    env: Mapping[str, str] | None = None,
+    allow_other_owner: bool | None = None,
+    key_prefix: str | None = None,
+    lease: float | None = None,
+    poll: float | None = None,
+    reading: bool = False,
+) -> Backend:
+    """The backend for this address. ``remote`` None means this machine's lock dir
+    (``lock_dir``, else $LOCAL_MUTEX_LOCK_DIR, else /tmp). ``reading``: for status, list
+    and release, which never create anything."""
+    env = os.environ if env is None else env
+    if remote is None:
+        from .flock.backend import FlockBackend
+
+        return FlockBackend(lock_dir, env=env, allow_other_owner=allow_other_owner, reading=reading)
+    if remote.startswith(POSTGRES_SCHEMES):
+        from .postgres.backend import PostgresBackend  # type: ignore[import-not-found, unused-ignore]
+
+        return PostgresBackend(remote, env=env, reading=reading)  # type: ignore[no-any-return, unused-ignore]
+    from .git.backend import GitBackend
+
+    return GitBackend(remote, env=env, key_prefix=key_prefix, lease=lease, poll=poll)

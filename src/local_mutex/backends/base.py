@@ -1,0 +1,294 @@
+"""The seam between the one lifecycle and the places a lock can live.
+
+A *backend* is a lock domain: a lock directory on this machine (``flock``), a git remote
+(``git``), a PostgreSQL database (``postgres``). ``backends.open_backend`` picks one from
+the lock's address. A backend hands out ``Lock`` objects, one per name; the lifecycle
+(``lifecycle.py``) drives a ``Lock`` through acquire -> record -> supervise -> release and
+never looks behind it. This module holds the protocol (type-checking only) and the plain
+data every backend reports: who holds, who waits, what a hold or a release did.
+
+The holder guarantee -- while any process of a locked command runs, nobody else holds the
+lock -- is kept in two places: ``Lock.keep_fds`` names the descriptors whose lifetime *is*
+the lock (the flock file, a database connection); the supervisor's keeper process and the
+command inherit them, so the lock outlives whichever process dies first. ``Lock.check``
+runs periodically while the lock is held and raises ``LockLost`` when a lease or session is
+gone, so the command is stopped (exit 69) instead of running unprotected.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any, Protocol
+
+    from ..ui.lines import Reporter
+
+    class Lock(Protocol):
+        """One name in one backend: opened by ``Backend.lock``, not yet taken."""
+
+        label: str  # the name as people read it
+        lock_file: str  # where it lives: a path, a branch, a key (for outputs and errors)
+        # Set by the lifecycle before ``acquire``: seconds it may need to stop the command
+        # (TERM, grace, KILL). A lease or heartbeat deadline must leave at least this much.
+        stop_grace: float
+
+        def enclosing(self, env: Mapping[str, str]) -> tuple[int, str] | None:
+            """(pid, "x" | "s") when an ancestor process already holds this very lock, so a
+            nested call runs inside it instead of waiting for itself; else None."""
+
+        def acquire(
+            self,
+            *,
+            shared: bool,
+            slots: int | None,
+            wait: float | None,
+            reporter: Reporter | None,
+            progress: float | None,
+        ) -> float:
+            """Take the lock, announcing the wait through ``reporter``; return the seconds
+            waited. Raises NotAcquired (wait ran out), Interrupted (a stop signal arrived),
+            Unsupported (shared/slots where the backend has none), Unavailable."""
+
+        def write_record(self, record: Mapping[str, Any]) -> None:
+            """Publish who holds it (pid, command, cwd, host, job, ...). Raises
+            RecordNotWritten when it cannot; the caller then releases and exits 74."""
+
+        def keep_fds(self) -> tuple[int, ...]:
+            """Descriptors whose open file description keeps the lock held. The keeper
+            process and the command inherit them (never at a fixed number)."""
+
+        def check_interval(self) -> float | None:
+            """Seconds between ``check`` calls while held; None: never needed."""
+
+        def check(self) -> str | None:
+            """Runs while held, from the process that took the lock. Renew a lease, watch
+            a session, put back a deleted lock file. Returns a warning to print, or None;
+            raises LockLost when the lock is gone (the command is then stopped)."""
+
+        def release(self) -> None:
+            """Let go at a normal end. Raises Unavailable when a remote could not be told
+            (the caller warns and keeps the command's exit status)."""
+
+        def abandon(self) -> None:
+            """Let go after the supervisor died, without trusting any shared state."""
+
+        def child_env(self, env: Mapping[str, str], held: bool) -> dict[str, str]:
+            """The command's environment: ``env`` plus what nested calls need to stay in
+            this lock domain (and, when ``held``, to find this lock held)."""
+
+        def close(self) -> None: ...
+
+    class Backend(Protocol):
+        kind: str  # "flock", "git", "postgres"
+        address: str  # printable: a lock dir, or a URL with any password masked
+        # Options of the command line (by their ``dest`` in commands/options.py) this
+        # backend cannot honour: refused with exit 2 when given.
+        refuses: tuple[str, ...]
+        # Holds that outlive their holder process (git branches) versus holds kept by a
+        # detached holder process (flock, postgres).
+        persistent_holds: bool
+
+        def lock(self, name: bytes) -> Lock: ...
+
+        def status(self, name: bytes) -> LockStatus: ...
+
+        def list_locks(self, *, include_free: bool) -> list[LockStatus]: ...
+
+        def history(self, name: bytes) -> list[dict[str, Any]]:
+            """Raises Unsupported where the backend keeps none."""
+
+        def hold_persistent(
+            self, name: bytes, *, wait: float | None, ttl: float | None, message: str | None
+        ) -> HoldInfo:
+            """Only where ``persistent_holds``."""
+
+        def release_hold(
+            self,
+            name: bytes,
+            *,
+            token: str | None,
+            force: bool,
+            slots: bool,
+            delete_branch: bool,
+            env: Mapping[str, str],
+        ) -> Released: ...
+
+        def close(self) -> None: ...
+
+
+class _Fields:
+    """Plain data with ``as_dict``; not dataclasses, whose import costs startup time."""
+
+    __slots__: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.as_dict()!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, _Fields)
+            and type(other) is type(self)
+            and (self.as_dict() == other.as_dict())
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable: not hashable
+
+
+class Holder(_Fields):
+    """A process (or session) holding the lock; ``source`` says where the details came
+    from: "record" (what the holder published) or "kernel"/"server" (observed only)."""
+
+    __slots__ = (
+        "command",
+        "cwd",
+        "held_seconds",
+        "host",
+        "job",
+        "message",
+        "mode",
+        "pid",
+        "run_url",
+        "runner",
+        "since",
+        "since_epoch",
+        "source",
+        "user",
+        "workflow",
+    )
+
+    def __init__(
+        self,
+        pid: int | None,
+        mode: str,
+        command: str | None = None,
+        *,
+        cwd: str | None = None,
+        host: str | None = None,
+        user: str | None = None,
+        since: str | None = None,
+        since_epoch: float | None = None,
+        held_seconds: float | None = None,
+        runner: str | None = None,
+        job: str | None = None,
+        workflow: str | None = None,
+        run_url: str | None = None,
+        message: str | None = None,
+        source: str = "kernel",
+    ) -> None:
+        self.pid, self.mode, self.command, self.cwd = pid, mode, command, cwd
+        self.host, self.user, self.since, self.since_epoch = host, user, since, since_epoch
+        self.held_seconds, self.runner, self.job = held_seconds, runner, job
+        self.workflow, self.run_url, self.message = workflow, run_url, message
+        self.source = source
+
+
+class Waiter(_Fields):
+    """A queued waiter, ``position`` 1 being next; ``started`` is when it started (the
+    process for flock, the wait itself where the backend knows it)."""
+
+    __slots__ = ("command", "host", "mode", "pid", "position", "started", "started_epoch")
+
+    def __init__(
+        self,
+        pid: int | None,
+        mode: str,
+        position: int,
+        command: str | None = None,
+        started: str | None = None,
+        started_epoch: float | None = None,
+        host: str | None = None,
+    ) -> None:
+        self.pid, self.mode, self.position, self.command = pid, mode, position, command
+        self.started, self.started_epoch, self.host = started, started_epoch, host
+
+
+class LockStatus(_Fields):
+    """One lock's state. ``method`` says how it was learned: "proc" (kernel, full picture),
+    "probe" (held/free only), "git" (a branch), "server" (a database)."""
+
+    __slots__ = (
+        "detail",
+        "holders",
+        "lock_file",
+        "method",
+        "mode",
+        "name",
+        "slot",
+        "slots",
+        "state",
+        "waiters",
+    )
+
+    def __init__(
+        self,
+        lock_file: str,
+        name: str | None,
+        state: str,
+        method: str,
+        mode: str | None = None,
+        holders: list[Holder] | None = None,
+        waiters: list[Waiter] | None = None,
+    ) -> None:
+        self.lock_file, self.name, self.state, self.method = lock_file, name, state, method
+        self.mode = mode
+        self.holders: list[Holder] = holders or []
+        self.waiters: list[Waiter] = waiters or []
+        self.slots: list[LockStatus] = []  # a counting semaphore's slots, when it has any
+        self.slot: int | None = None  # for a slot: its index
+        # What only this backend knows (a git branch's commit and lease, ...), or None.
+        self.detail: dict[str, Any] | None = None
+
+    @property
+    def held(self) -> bool:
+        return self.state == "held"
+
+    @property
+    def busy(self) -> bool:
+        """Held, or every slot of a counting semaphore is."""
+        return self.held or (bool(self.slots) and all(s.held for s in self.slots))
+
+    def as_dict(self) -> dict[str, Any]:
+        out = super().as_dict()
+        out["holders"] = [h.as_dict() for h in self.holders]
+        out["waiters"] = [w.as_dict() for w in self.waiters]
+        out["queue_length"] = len(self.waiters)
+        out["slots"] = [s.as_dict() for s in self.slots]
+        out["slots_in_use"] = sum(1 for s in self.slots if s.held)
+        return out
+
+
+class HoldInfo:
+    """A hold that was taken: where, by which process (None for a persistent hold), the
+    token that releases it, and how long it waited."""
+
+    __slots__ = ("lock_file", "name", "pid", "token", "waited")
+
+    def __init__(
+        self, name: str, lock_file: str, pid: int | None, token: str, waited: float
+    ) -> None:
+        self.name, self.lock_file, self.pid = name, lock_file, pid
+        self.token, self.waited = token, waited
+
+
+class Released:
+    """What ``release`` did. ``found`` False: no lock of that name exists there at all;
+    ``was_held`` False: it exists and is free (nothing to release)."""
+
+    __slots__ = ("found", "held_seconds", "holder", "lock_file", "pid", "was_held")
+
+    def __init__(
+        self,
+        lock_file: str,
+        was_held: bool,
+        pid: int | None = None,
+        held_seconds: float | None = None,
+        *,
+        found: bool = True,
+        holder: str | None = None,
+    ) -> None:
+        self.lock_file, self.was_held, self.pid = lock_file, was_held, pid
+        self.held_seconds, self.found, self.holder = held_seconds, found, holder

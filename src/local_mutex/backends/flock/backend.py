@@ -1,0 +1,163 @@
+"""The flock backend: a lock directory on this machine."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from ...errors import InvalidLockDir, Refused, Unsupported
+from ...identity import ENV_TOKEN, owned
+from ...names import display, lock_filename, validate_name
+from ..base import Released
+from .lock import FlockLock
+from .lockdir import allow_other_owner_from_env, resolve_lock_dir
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+    from ..base import HoldInfo, LockStatus
+
+# How long ``release`` gives a holder to go after SIGTERM, then after SIGKILL.
+RELEASE_GRACE = (10.0, 2.0)
+
+
+class FlockBackend:
+    kind = "flock"
+    persistent_holds = False
+    # Options of the command line that mean nothing here (they are for remotes).
+    refuses: tuple[str, ...] = ("key_prefix", "lease", "poll", "delete_branch")
+
+    def __init__(
+        self,
+        lock_dir: str | None,
+        *,
+        env: Mapping[str, str],
+        allow_other_owner: bool | None = None,
+        reading: bool = False,
+    ) -> None:
+        self.env = env
+        self.lock_dir = resolve_lock_dir(lock_dir, env, writable=not reading)
+        self.address = self.lock_dir
+        if allow_other_owner is None:
+            allow_other_owner = allow_other_owner_from_env(env)
+        self.allow_other_owner = allow_other_owner
+
+    def path_of(self, name: bytes) -> str:
+        return os.path.join(self.lock_dir, lock_filename(validate_name(name)))
+
+    def lock(self, name: bytes) -> FlockLock:
+        return FlockLock(
+            validate_name(name),
+            self.lock_dir,
+            allow_other_owner=self.allow_other_owner,
+            env=self.env,
+        )
+
+    def status(self, name: bytes) -> LockStatus:
+        from .slots import existing_slots
+        from .state import status_of_path
+
+        path = self.path_of(name)
+        st = status_of_path(path, display(name), allow_other_owner=self.allow_other_owner)
+        st.slots = [
+            status_of_path(p, display(name), allow_other_owner=self.allow_other_owner)
+            for p in existing_slots(path)
+        ]
+        return st
+
+    def list_locks(self, *, include_free: bool) -> list[LockStatus]:
+        from .state import list_locks
+
+        return list_locks(self.lock_dir, include_free=include_free)
+
+    def history(self, name: bytes) -> list[dict[str, Any]]:
+        raise Unsupported("history is kept only by git remotes (--remote URL)")
+
+    def hold_persistent(
+        self, name: bytes, *, wait: float | None, ttl: float | None, message: str | None
+    ) -> HoldInfo:
+        raise Unsupported("holds on this machine are kept by a holder process")
+
+    def release_hold(
+        self,
+        name: bytes,
+        *,
+        token: str | None,
+        force: bool,
+        slots: bool,
+        delete_branch: bool,
+        env: Mapping[str, str],
+    ) -> Released:
+        """End the hold on ``name`` started by this job (or with ``token``; any with
+        ``force``) by stopping its holder process."""
+        from . import record
+        from .slots import existing_slots
+        from .state import status_of_path
+
+        if delete_branch:
+            raise Unsupported("--delete-branch is for git remotes (--remote URL)")
+        token = token or env.get(ENV_TOKEN) or None
+        label = display(validate_name(name))
+        path = self.path_of(name)
+        candidates = existing_slots(path) if slots else [path]
+        existing = [c for c in candidates if os.path.lexists(c)]
+        if not existing:
+            where = "slot files" if slots else "lock file"
+            raise InvalidLockDir(
+                f"no {where} for {label} in {self.lock_dir!r}; was the hold taken with "
+                "another --lock-dir?"
+            )
+        refusal: Refused | None = None
+        for candidate in existing:
+            st = status_of_path(candidate, allow_other_owner=True)
+            if not st.held:
+                continue
+            rec = record.read_record(candidate)
+            pids = {h.pid for h in st.holders}
+            if rec is None or not rec.get("hold") or rec.get("pid") not in pids:
+                who = ", ".join(str(p) for p in sorted(p for p in pids if p)) or "?"
+                refusal = Refused(
+                    f"lock {label} is held by pid {who}, which is not a hold; "
+                    "release only ends holds started with `local-mutex hold`"
+                )
+                continue
+            if not force and not owned(rec, env, token):
+                refusal = Refused(
+                    f"the hold on {label} (pid {rec['pid']}) belongs to another job or "
+                    "token; pass its --token, or --force to end it anyway"
+                )
+                continue
+            pid = int(rec["pid"])
+            since = rec.get("since_epoch")
+            held = time.time() - since if isinstance(since, (int, float)) else None
+            _end_holder(pid, candidate, label, rec.get("user"))
+            return Released(candidate, True, pid, held)
+        if refusal is not None:
+            raise refusal
+        return Released(existing[0], False)
+
+    def close(self) -> None:
+        pass
+
+
+def _end_holder(pid: int, path: str, label: str, user: object) -> None:
+    from .state import status_of_path
+
+    for sig, grace in zip((signal.SIGTERM, signal.SIGKILL), RELEASE_GRACE):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            raise Refused(
+                f"the hold on {label} (pid {pid}) belongs to user {user or '?'}; only that "
+                "user or root can end it"
+            ) from None
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if not status_of_path(path, allow_other_owner=True).held:
+                return
+            time.sleep(0.02)

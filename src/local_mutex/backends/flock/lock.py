@@ -1,0 +1,326 @@
+"""One name in one lock directory: the ``Lock`` of the flock backend.
+
+The lock is ``flock(2)`` on ``<lock-dir>/local-mutex-<sha256>.lock``. Two things make the
+lock file the file *at the path*: after every successful flock the path must still name
+the locked inode (a waiter that woke on a file deleted or replaced while it waited retries
+on the file now there), and while held, ``check`` puts a locked file back within a tick when
+a tmp cleaner deletes or renames ours -- a newcomer cannot tell a deleted holder's path from
+a free one, so the holder must notice first.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ... import nesting
+from ...errors import NotAcquired, UnsafeLockFile
+from ...names import display, lock_filename
+from ...ui.lines import describe_holder, duration
+from . import kernel, record
+from .lockdir import ENV_LOCK_DIR, create_exclusive, names_inode, open_lock_file, refusal_for
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Any
+
+    from ...ui.lines import Reporter
+
+# How often a holder looks at its lock file's path: the issue's bound is 250 ms.
+WATCH_INTERVAL = 0.1
+# A waiter that keeps waking on replaced files gives up after this many (exit 2).
+MAX_RETRIES = 20
+
+
+class FlockLock:
+    """A validated name, its lock file, and an open descriptor on it (not yet locked)."""
+
+    def __init__(
+        self, raw: bytes, lock_dir: str, *, allow_other_owner: bool, env: Mapping[str, str]
+    ) -> None:
+        self.raw = raw
+        self.label = display(raw)
+        self.lock_dir = lock_dir
+        self.path = os.path.join(lock_dir, lock_filename(raw))
+        self.lock_file = self.path
+        self.allow_other_owner = allow_other_owner
+        self.env = env
+        self.fd = open_lock_file(self.path, allow_other_owner=allow_other_owner)
+        self.shared = False
+        self.stop_grace = 0.0  # nothing to renew: the kernel keeps this lock for us
+        self.slot: int | None = None
+        self.held = False
+        self.record: dict[str, Any] | None = None
+        self.spares: list[int] = []  # files we put back at the path while holding
+        self.lost_to: int | None = None  # pid that took a replacement file before us
+
+    # -- who we are ----------------------------------------------------------------------
+
+    def _inode(self) -> tuple[int, int]:
+        st = os.fstat(self.fd)
+        return st.st_dev, st.st_ino
+
+    def _key(self) -> str:
+        dev, ino = self._inode()
+        return f"{dev}:{ino}"
+
+    def enclosing(self, env: Mapping[str, str]) -> tuple[int, str] | None:
+        return nesting.enclosing_hold(env, self._key())
+
+    def held_by_our_hold(self, env: Mapping[str, str], token: str | None) -> int | None:
+        """The pid of a ``hold`` of this very job (or token) that has this lock busy."""
+        from ...identity import owned
+
+        if kernel.try_lock(self.fd):
+            kernel.unlock(self.fd)
+            return None
+        rec = record.read_record(self.path)
+        if rec is not None and owned(rec, env, token) and isinstance(rec.get("pid"), int):
+            return int(rec["pid"])
+        return None
+
+    # -- taking it -----------------------------------------------------------------------
+
+    def acquire(
+        self,
+        *,
+        shared: bool,
+        slots: int | None,
+        wait: float | None,
+        reporter: Reporter | None,
+        progress: float | None,
+    ) -> float:
+        if slots is not None:
+            return self._take_slot(slots, wait, reporter)
+        self.shared = shared
+        start = time.monotonic()
+        announced = False
+        for _ in range(MAX_RETRIES):
+            remaining = None if wait is None else max(wait - (time.monotonic() - start), 0.0)
+            got, announced = self._take_once(
+                shared, remaining, reporter, progress, start, announced
+            )
+            if not got:
+                holder = self.busy_holder()
+                waited = time.monotonic() - start
+                raise NotAcquired(_not_acquired_text(self.label, waited, holder), holder, waited)
+            if names_inode(self.path, self.fd):
+                self.held = True
+                waited = time.monotonic() - start if announced else 0.0
+                if reporter is not None and announced:
+                    reporter.acquired(self.label, waited)
+                return waited
+            # We woke on a file deleted or replaced while we waited: it locks nothing.
+            kernel.unlock(self.fd)
+            os.close(self.fd)
+            self.fd = open_lock_file(self.path, allow_other_owner=self.allow_other_owner)
+        raise UnsafeLockFile(
+            f"lock file {self.path!r} was deleted or replaced {MAX_RETRIES} times while we "
+            "took it; something keeps removing lock files in that directory"
+        )
+
+    def _take_once(
+        self,
+        shared: bool,
+        wait: float | None,
+        reporter: Reporter | None,
+        progress: float | None,
+        start: float,
+        announced: bool,
+    ) -> tuple[bool, bool]:
+        """(got it, announced a wait so far)."""
+        with kernel.interruptible():
+            if kernel.try_lock(self.fd, shared=shared):
+                if reporter is not None and not announced:
+                    reporter.waiting(self.label, None)
+                return True, announced
+            holder = self.busy_holder()
+            if reporter is not None and not announced:
+                reporter.waiting(self.label, holder)
+            if wait is not None and wait <= 0:
+                return False, True
+            with _Progress(self, reporter, progress, start):
+                return kernel.wait_lock(self.fd, shared=shared, timeout=wait), True
+
+    def _take_slot(self, slots: int, wait: float | None, reporter: Reporter | None) -> float:
+        from .slots import take_slot
+
+        slot, waited = take_slot(
+            self.label,
+            self.path,
+            slots,
+            wait=wait,
+            allow_other_owner=self.allow_other_owner,
+            reporter=reporter,
+        )
+        os.close(self.fd)
+        self.fd, self.path, self.slot = slot.fd, slot.path, slot.index
+        self.lock_file = slot.path
+        self.held = True
+        return waited
+
+    def busy_holder(self) -> dict[str, Any] | None:
+        """Who holds the lock right now, from its record or, failing that, the kernel."""
+        rec = record.read_record(self.path)
+        if rec is not None:
+            return rec
+        from .state import kernel_holders  # only paid for when the lock is busy
+
+        holders = kernel_holders(self.path)
+        return holders[0].as_dict() if holders else None
+
+    # -- while held ----------------------------------------------------------------------
+
+    def write_record(self, rec: Mapping[str, Any]) -> None:
+        if self.shared:
+            return  # shared holders are many: the kernel lists them, no record
+        self.record = dict(rec)
+        if self.slot is not None:
+            self.record["slot"] = self.slot
+        if not record.write_record(self.fd, self.record, self.path) and rec.get("hold"):
+            from ...errors import RecordNotWritten
+
+            raise RecordNotWritten(
+                f"took {self.label} but cannot write its holder record: {self.path!r} is "
+                "another user's file (read-only to us), and a hold without a record could "
+                "never be released; let it go"
+            )
+
+    def keep_fds(self) -> tuple[int, ...]:
+        return (self.fd,)
+
+    def check_interval(self) -> float | None:
+        return WATCH_INTERVAL
+
+    def check(self) -> str | None:
+        """Put a locked file back at the path if ours was deleted or renamed."""
+        if self.lost_to is not None:
+            return None
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        except OSError:
+            return None
+        for held_fd in (self.fd, *self.spares):
+            mine = os.fstat(held_fd)
+            if st is not None and (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
+                return None
+        fd: int | None = create_exclusive(self.path) if st is None else _open_quietly(self.path)
+        if fd is not None and refusal_for(os.fstat(fd), self.path, self.allow_other_owner):
+            os.close(fd)  # never write into a file that may be someone else's
+            fd = None
+        if fd is not None and kernel.try_lock(fd, shared=self.shared):
+            self.spares.append(fd)
+            if self.record is not None:
+                try:
+                    record.write_record(fd, self.record, self.path)
+                except Exception:
+                    pass
+            return (
+                f"lock file {self.path!r} of {self.label} was deleted or replaced while held; "
+                "put a locked file back at the path"
+            )
+        if fd is not None:
+            os.close(fd)
+        other = self.busy_holder() or {}
+        self.lost_to = other.get("pid") if isinstance(other.get("pid"), int) else -1
+        return (
+            f"lock file {self.path!r} of {self.label} was deleted or replaced while pid "
+            f"{os.getpid()} held it, and pid {other.get('pid', '?')} took the new file first: "
+            "both now run"
+        )
+
+    # -- letting go ----------------------------------------------------------------------
+
+    def release(self) -> None:
+        """Clear the record, drop the lock for every holder of its descriptions (leftover
+        background processes of the command run on without it), close."""
+        for fd in (self.fd, *self.spares):
+            if self.held and self.record is not None:
+                record.clear_record(fd)
+            try:
+                kernel.unlock(fd)
+            except OSError:
+                pass
+        self.held = False
+        self.close()
+
+    def abandon(self) -> None:
+        self.release()
+
+    def close(self) -> None:
+        for fd in (self.fd, *self.spares):
+            if fd >= 0:
+                try:
+                    os.close(fd)  # closing the last descriptor is what releases the lock
+                except OSError:
+                    pass
+        self.fd, self.spares = -1, []
+
+    def child_env(self, env: Mapping[str, str], held: bool) -> dict[str, str]:
+        """The caller's environment plus what nested calls need to join our lock domain."""
+        out = dict(env)
+        out[ENV_LOCK_DIR] = self.lock_dir
+        out.pop("LOCAL_MUTEX_REMOTE", None)
+        if held and self.fd >= 0:
+            out[nesting.ENV_HELD] = nesting.extend(
+                env, nesting.entry(os.getpid(), self._key(), self.shared)
+            )
+        return out
+
+
+def _open_quietly(path: str) -> int | None:
+    try:
+        return os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+
+
+def _not_acquired_text(label: str, waited: float, holder: Mapping[str, Any] | None) -> str:
+    text = f"lock {label} not acquired after waiting {duration(waited)}"
+    return text + (f"; held by {describe_holder(holder)}" if holder else "")
+
+
+class _Progress:
+    """Repeat a progress line from a helper thread while the main thread stays queued in
+    flock(): interrupting the call to print would take us out of the kernel's queue."""
+
+    def __init__(
+        self, lock: FlockLock, reporter: Reporter | None, every: float | None, start: float
+    ) -> None:
+        self.lock, self.reporter, self.every, self.start = lock, reporter, every, start
+        self.stop: Callable[[], None] | None = None
+
+    def __enter__(self) -> None:
+        reporter, every = self.reporter, self.every
+        if reporter is None or every is None:
+            return
+        import threading
+
+        done = threading.Event()
+
+        def tick() -> None:
+            from .state import queue_position
+
+            while not done.wait(every):
+                reporter.still_waiting(
+                    self.lock.label,
+                    time.monotonic() - self.start,
+                    self.lock.busy_holder(),
+                    queue_position(self.lock.path),
+                )
+
+        thread = threading.Thread(target=tick, name="local-mutex-progress", daemon=True)
+        thread.start()
+
+        def stop() -> None:
+            done.set()
+            thread.join()
+
+        self.stop = stop
+
+    def __exit__(self, *exc: object) -> None:
+        if self.stop is not None:
+            self.stop()

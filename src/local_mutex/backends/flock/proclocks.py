@@ -1,0 +1,133 @@
+"""The kernel's view of flock(2) locks on Linux: /proc/locks and /proc/<pid>/fdinfo.
+
+The pid /proc/locks prints is whoever *took* the lock, which may have exited while a child
+that inherited the descriptor holds on, so holders are confirmed through fdinfo. Waiters are
+the ``->`` lines, in the kernel's queue order.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..._proc import PROC, USE_PROC
+
+
+class KernelLock:
+    """One line of /proc/locks (or of an fdinfo ``lock:`` line)."""
+
+    __slots__ = ("depth", "exclusive", "inode", "kind", "major", "minor", "pid")
+
+    def __init__(
+        self, kind: str, exclusive: bool, pid: int, major: int, minor: int, inode: int, depth: int
+    ) -> None:
+        self.kind = kind  # FLOCK, POSIX, OFDLCK
+        self.exclusive = exclusive
+        self.pid = pid
+        self.major, self.minor, self.inode = major, minor, inode
+        self.depth = depth  # 0 for a granted lock, n for a waiter n arrows deep
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return (self.major, self.minor, self.inode)
+
+
+def parse_lock_line(line: str) -> KernelLock | None:
+    """``1: -> FLOCK  ADVISORY  WRITE 1924 fe:00:2146419 0 EOF`` -> KernelLock."""
+    fields = line.split()
+    if not fields:
+        return None
+    if fields[0] == "lock:":
+        fields = fields[1:]
+    depth = 0
+    rest = fields[1:]
+    while rest and rest[0] == "->":
+        depth += 1
+        rest = rest[1:]
+    if len(rest) < 5:
+        return None
+    kind, _advisory, access, pid, dev_ino = rest[:5]
+    try:
+        major, minor, inode = dev_ino.split(":")
+        return KernelLock(
+            kind=kind,
+            exclusive=access == "WRITE",
+            pid=int(pid),
+            major=int(major, 16),
+            minor=int(minor, 16),
+            inode=int(inode),
+            depth=depth,
+        )
+    except ValueError:
+        return None
+
+
+def read_proc_locks() -> list[KernelLock] | None:
+    """All flock(2) locks, in the kernel's order; None when /proc/locks is unreadable."""
+    if not USE_PROC:
+        return None
+    try:
+        with open(f"{PROC}/locks", encoding="ascii", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return None
+    locks = []
+    for line in text.splitlines():
+        parsed = parse_lock_line(line)
+        if parsed is not None and parsed.kind == "FLOCK":
+            locks.append(parsed)
+    return locks
+
+
+def key_of(st: os.stat_result) -> tuple[int, int, int]:
+    return (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+
+
+def fd_holds(pid: int, key: tuple[int, int, int]) -> bool:
+    """Does some descriptor of ``pid`` carry a granted lock on this inode?"""
+    return _lock_fd(pid, key) is not None
+
+
+def _lock_fd(pid: int, key: tuple[int, int, int]) -> str | None:
+    base = f"{PROC}/{pid}/fdinfo"
+    try:
+        fds = os.listdir(base)
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            with open(f"{base}/{fd}", encoding="ascii", errors="replace") as f:
+                for line in f:
+                    if line.startswith("lock:"):
+                        parsed = parse_lock_line(line)
+                        if parsed is not None and parsed.key == key and parsed.depth == 0:
+                            return fd
+        except OSError:
+            continue
+    return None
+
+
+def all_fd_holders(key: tuple[int, int, int]) -> list[int]:
+    pids = []
+    for entry in os.listdir(PROC):
+        if entry.isdigit() and fd_holds(int(entry), key):
+            pids.append(int(entry))
+    return sorted(pids)
+
+
+def held_deleted(path: str, locks: list[KernelLock]) -> tuple[KernelLock, str] | None:
+    """A granted lock on a file that was at ``path`` and has been deleted or renamed away
+    while held: found through the holder's descriptors, which still name the old path.
+    Returns the lock and a /proc path that reads the file's content."""
+    for lock in locks:
+        if lock.depth:
+            continue
+        fd = _lock_fd(lock.pid, lock.key)
+        if fd is None:
+            continue
+        try:
+            target = os.readlink(f"{PROC}/{lock.pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target in (path + " (deleted)", path):
+            return lock, f"{PROC}/{lock.pid}/fd/{fd}"
+    return None

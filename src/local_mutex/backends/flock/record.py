@@ -1,0 +1,95 @@
+"""The holder record: one JSON line the exclusive holder keeps inside the lock file.
+
+It is advisory. Readers trust it only while the kernel says the lock is held, so a record
+left behind by a holder that was SIGKILLed means nothing once the lock is free. Anyone who
+can write the file can write anything into it: it is read with bounds and typed checks.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from ..._json import dumps, loads_object
+from ...errors import RecordNotWritten
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+MAX_RECORD = 64 * 1024
+
+
+def write_record(fd: int, record: Mapping[str, Any], path: str) -> bool:
+    """Replace the file's content with the record. False when the descriptor is read-only
+    (a lock file another user owns: the lock works, the record cannot be published);
+    RecordNotWritten when the write fails (a full disk, a file size limit)."""
+    line = (dumps(record) + "\n").encode("ascii")
+    try:
+        os.ftruncate(fd, 0)
+        written = os.pwrite(fd, line, 0)
+        if written != len(line):
+            raise OSError(errno.ENOSPC, "short write")
+    except OSError as exc:
+        if exc.errno in (errno.EBADF, errno.EINVAL) and not _writable(fd):
+            return False
+        clear_record(fd)
+        raise RecordNotWritten(
+            f"took the lock but could not write its holder record to {path!r}: "
+            f"{exc.strerror}; let it go"
+        ) from None
+    return True
+
+
+def _writable(fd: int) -> bool:
+    import fcntl
+
+    return fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY
+
+
+def clear_record(fd: int) -> None:
+    try:
+        os.ftruncate(fd, 0)
+    except OSError:
+        pass  # a read-only descriptor never wrote a record
+
+
+def read_record_fd(fd: int) -> dict[str, Any] | None:
+    try:
+        data = os.pread(fd, MAX_RECORD, 0)
+    except OSError:
+        return None
+    return _parse(data)
+
+
+def read_record(path: str) -> dict[str, Any] | None:
+    """The record in ``path``, or None when absent, unreadable, torn or malformed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return read_record_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def _parse(data: bytes) -> dict[str, Any] | None:
+    line = data.split(b"\n", 1)[0]
+    if not line:
+        return None
+    rec = loads_object(line.decode("utf-8", "replace"), max_depth=4, max_size=MAX_RECORD)
+    if rec is None:
+        return None
+    # Typed fields: a planted record must not be able to break who reads it.
+    pid = rec.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or not 0 < pid < 1 << 31:
+        rec["pid"] = None
+    since = rec.get("since_epoch")
+    if not isinstance(since, (int, float)) or isinstance(since, bool) or not 0 <= since < 1e11:
+        rec["since_epoch"] = None
+    for key, value in list(rec.items()):
+        if isinstance(value, (dict, list)):
+            del rec[key]
+    return rec

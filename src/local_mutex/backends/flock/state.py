@@ -1,0 +1,235 @@
+"""Who holds a lock and who waits for it, read without taking the lock.
+
+On Linux, /proc/locks joined with /proc/<pid>/fdinfo gives holders and the waiters' queue.
+Elsewhere (or when /proc is unreadable) a non-blocking probe tells held from free and
+nothing more. A lock file that ``run`` would refuse (a symlink, a FIFO, a file with other
+links, another user's) is refused here too, with the same message.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+import time
+
+from ... import _proc
+from ...errors import CannotTell
+from ...identity import utc_stamp
+from ...names import LOCK_PREFIX, LOCK_SUFFIX
+from ..base import Holder, LockStatus, Waiter
+from . import record
+from .lockdir import refusal_for
+from .proclocks import KernelLock, all_fd_holders, fd_holds, held_deleted, key_of, read_proc_locks
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+
+def _holder_from(pid: int, exclusive: bool, rec: Mapping[str, Any] | None, now: float) -> Holder:
+    mode = "exclusive" if exclusive else "shared"
+    if rec is not None and rec.get("pid") == pid:
+        since = rec.get("since_epoch")
+        since_f = float(since) if isinstance(since, (int, float)) else None
+
+        def text(key: str) -> str | None:
+            value = rec.get(key)
+            return None if value is None else str(value)
+
+        return Holder(
+            pid=pid,
+            mode=mode,
+            command=text("command"),
+            cwd=text("cwd"),
+            host=text("host"),
+            user=text("user"),
+            since=None if since_f is None else utc_stamp(since_f),
+            since_epoch=since_f,
+            held_seconds=None if since_f is None else round(max(now - since_f, 0.0), 3),
+            runner=text("runner"),
+            job=text("job"),
+            workflow=text("workflow"),
+            run_url=text("run_url"),
+            message=text("message"),
+            source="record",
+        )
+    return Holder(pid=pid, mode=mode, command=_proc.cmdline(pid))
+
+
+def _from_kernel(
+    path: str,
+    name: str | None,
+    key: tuple[int, int, int],
+    entries: list[KernelLock],
+    boot: float | None,
+    rec: Mapping[str, Any] | None = None,
+) -> LockStatus:
+    granted = [e for e in entries if e.depth == 0]
+    queued = [e for e in entries if e.depth > 0]
+    if not granted:
+        return LockStatus(path, name, "free", "proc")
+    now = time.time()
+    if rec is None and any(e.exclusive for e in granted):
+        rec = record.read_record(path)
+    pids = [(e.pid, e.exclusive) for e in granted if fd_holds(e.pid, key)]
+    if not pids:  # the pid that took it is gone; find who inherited the descriptor
+        exclusive = granted[0].exclusive
+        pids = [(pid, exclusive) for pid in all_fd_holders(key)]
+    if not pids:  # a holder we cannot see into (another user's /proc): keep the kernel's pid
+        pids = [(e.pid, e.exclusive) for e in granted]
+    holders = [_holder_from(pid, excl, rec, now) for pid, excl in pids]
+    if name is None and rec is not None and any(h.source == "record" for h in holders):
+        recorded = rec.get("name")
+        name = recorded if isinstance(recorded, str) else None
+    waiters: list[Waiter] = []
+    seen: set[int] = set()
+    for e in queued:
+        if e.pid in seen:
+            continue
+        seen.add(e.pid)
+        started = _proc.start_time(e.pid, boot)
+        waiters.append(
+            Waiter(
+                pid=e.pid,
+                mode="exclusive" if e.exclusive else "shared",
+                position=len(waiters) + 1,
+                command=_proc.cmdline(e.pid),
+                started=None if started is None else utc_stamp(started),
+                started_epoch=None if started is None else round(started, 3),
+            )
+        )
+    mode = "exclusive" if any(e.exclusive for e in granted) else "shared"
+    st = LockStatus(path, name, "held", "proc", mode, holders, waiters)
+    slot = rec.get("slot") if rec is not None else None
+    if isinstance(slot, int) and not isinstance(slot, bool):
+        st.slot = slot
+    return st
+
+
+def _probe(path: str, name: str | None) -> LockStatus:
+    """Held or free by trying the lock without blocking; for systems without /proc/locks."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return LockStatus(path, name, "free", "probe")
+    except OSError as exc:
+        raise CannotTell(f"cannot open lock file {path!r}: {exc.strerror}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            rec = record.read_record_fd(fd)
+            holders = []
+            if rec is not None and isinstance(rec.get("pid"), int):
+                holders.append(_holder_from(rec["pid"], True, rec, time.time()))
+                recorded = rec.get("name")
+                name = name or (recorded if isinstance(recorded, str) else None)
+            return LockStatus(path, name, "held", "probe", None, holders)
+        except OSError as exc:
+            raise CannotTell(f"cannot probe lock file {path!r}: {exc.strerror}") from None
+        return LockStatus(path, name, "free", "probe")
+    finally:
+        os.close(fd)
+
+
+def status_of_path(
+    path: str, name: str | None = None, *, allow_other_owner: bool = True
+) -> LockStatus:
+    """The state of one lock file. Never creates it; on Linux never takes the lock."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return _missing(path, name)
+    except OSError as exc:
+        raise CannotTell(f"cannot stat lock file {path!r}: {exc.strerror}") from None
+    refusal = refusal_for(st, path, allow_other_owner)
+    if refusal is not None:
+        raise refusal
+    locks = read_proc_locks()
+    if locks is None:
+        return _probe(path, name)
+    key = key_of(st)
+    return _from_kernel(path, name, key, [e for e in locks if e.key == key], _proc.boot_time())
+
+
+def _missing(path: str, name: str | None) -> LockStatus:
+    """No file at the path: free -- unless a holder's file was deleted under it (its
+    holder puts one back within a moment; until then the truth is "held")."""
+    locks = read_proc_locks()
+    if locks is None:
+        return LockStatus(path, name, "free", "probe")
+    found = held_deleted(path, locks)
+    if found is None:
+        return LockStatus(path, name, "free", "proc")
+    lock, content = found
+    entries = [e for e in locks if e.key == lock.key]
+    return _from_kernel(
+        path, name, lock.key, entries, _proc.boot_time(), record.read_record(content)
+    )
+
+
+def list_locks(directory: str, *, include_free: bool = False) -> list[LockStatus]:
+    """Every local-mutex lock file in the directory that is held (or all of them)."""
+    try:
+        entries = [e for e in os.scandir(directory) if _is_lock_name(e.name)]
+        infos = [(e, e.stat(follow_symlinks=False)) for e in entries]
+    except OSError as exc:
+        raise CannotTell(f"cannot read lock dir {directory!r}: {exc.strerror}") from None
+    locks = read_proc_locks()
+    out = []
+    boot = _proc.boot_time()
+    for entry, st in infos:
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        path = os.path.join(directory, entry.name)
+        if locks is None:
+            probed = _probe(path, None)
+            if include_free or probed.held:
+                out.append(probed)
+            continue
+        key = key_of(st)
+        mine = [e for e in locks if e.key == key]
+        if mine:
+            out.append(_from_kernel(path, None, key, mine, boot))
+        elif include_free:
+            out.append(LockStatus(path, None, "free", "proc"))
+    return ordered([s for s in out if include_free or s.held])
+
+
+def _is_lock_name(name: str) -> bool:
+    return name.startswith(LOCK_PREFIX) and name.endswith(LOCK_SUFFIX)
+
+
+def ordered(items: list[LockStatus]) -> list[LockStatus]:
+    def longest_first(s: LockStatus) -> tuple[int, float, str]:
+        since = [h.since_epoch for h in s.holders if h.since_epoch is not None]
+        if s.held:
+            return (0, min(since), s.lock_file) if since else (1, 0.0, s.lock_file)
+        return (2, 0.0, s.lock_file)
+
+    return sorted(items, key=longest_first)
+
+
+# -- used by a waiting run -----------------------------------------------------------------
+
+
+def kernel_holders(path: str) -> list[Holder]:
+    try:
+        return status_of_path(path).holders
+    except Exception:
+        return []
+
+
+def queue_position(path: str) -> str | None:
+    """``position 2 of 3 in the queue`` for this process, when the kernel tells."""
+    try:
+        st = status_of_path(path)
+    except Exception:
+        return None
+    me = os.getpid()
+    for w in st.waiters:
+        if w.pid == me:
+            return f"position {w.position} of {len(st.waiters)} in the queue"
+    return None

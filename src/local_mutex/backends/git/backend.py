@@ -1,0 +1,192 @@
+"""The git backend: locks as branches of a git remote (``--remote URL`` or ``self``)."""
+
+from __future__ import annotations
+
+from ...errors import BadAddress
+from ...identity import ENV_TOKEN, new_token, utc_stamp
+from ...names import validate_name
+from ..base import Holder, HoldInfo, LockStatus, Released
+from .lock import GitLock, unlock
+from .plumbing import GIT_TIMEOUT, Git
+from .protocol import DEFAULT_PREFIX, NotALock, RemoteState, describe, parse_message
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+ENV_GIT_TOKEN = "LOCAL_MUTEX_GIT_TOKEN"
+DEFAULT_LEASE = 60.0
+DEFAULT_POLL = 5.0
+
+
+def resolve_url(url: str, env: Mapping[str, str]) -> tuple[str, str | None]:
+    """(URL, token): ``self`` is this GitHub repository, with the job's token."""
+    token = env.get(ENV_GIT_TOKEN) or None
+    if url != "self":
+        return url, token
+    server, repo = env.get("GITHUB_SERVER_URL", ""), env.get("GITHUB_REPOSITORY", "")
+    if not server or not repo:
+        raise BadAddress(
+            "--remote self means this GitHub repository, but GITHUB_SERVER_URL and "
+            "GITHUB_REPOSITORY are not set (not inside GitHub Actions); give the URL"
+        )
+    return f"{server.rstrip('/')}/{repo}.git", token or env.get("GITHUB_TOKEN") or None
+
+
+class GitBackend:
+    kind = "git"
+    persistent_holds = True
+    refuses: tuple[str, ...] = ("shared", "slots", "slotted", "reentrant", "allow_other_owner")
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        env: Mapping[str, str],
+        key_prefix: str | None = None,
+        lease: float | None = None,
+        poll: float | None = None,
+    ) -> None:
+        self.env = env
+        self.url, token = resolve_url(url, env)
+        self.address = self.url
+        self.prefix = DEFAULT_PREFIX if key_prefix is None else key_prefix
+        self.lease = DEFAULT_LEASE if lease is None else lease
+        self.poll = DEFAULT_POLL if poll is None else poll
+        self.git_timeout = GIT_TIMEOUT
+        self.actor = env.get("GITHUB_ACTOR") or env.get("USER") or "local-mutex"
+        self.git = Git(self.url, env, token)
+
+    def lock(self, name: bytes) -> GitLock:
+        return GitLock(self, validate_name(name))
+
+    def status(self, name: bytes) -> LockStatus:
+        lock = self.lock(name)
+        return _status(lock.read(), lock.lock_file, lock.label)
+
+    def list_locks(self, *, include_free: bool) -> list[LockStatus]:
+        out = []
+        for ref, oid in self.git.heads(self.prefix):
+            name = ref[len("refs/heads/") + len(self.prefix) :]
+            try:
+                fetched = self.git.fetch(ref)
+                state = parse_message(oid, self.git.message(fetched or oid), ref)
+            except NotALock:
+                continue  # not ours to describe
+            st = _status(state, f"{self.address} {ref}", name)
+            if include_free or st.held:
+                out.append(st)
+        return out
+
+    def history(self, name: bytes) -> list[dict[str, Any]]:
+        lock = self.lock(name)
+        oid = self.git.fetch(lock.ref, depth=None)
+        if oid is None:
+            return []
+        entries = []
+        for commit, when, message in self.git.history(oid):
+            try:
+                entries.append((when, parse_message(commit, message, lock.ref)))
+            except NotALock:
+                continue
+        return _story(entries)
+
+    def hold_persistent(
+        self, name: bytes, *, wait: float | None, ttl: float | None, message: str | None
+    ) -> HoldInfo:
+        """A lock commit that stays until released (or its ``ttl`` runs out)."""
+        lock = self.lock(name)
+        lock.token = new_token()
+        waited = lock.take(wait, None, lease=ttl, message=message or "hold", extra={"hold": True})
+        return HoldInfo(lock.label, lock.lock_file, None, lock.token, waited)
+
+    def release_hold(
+        self,
+        name: bytes,
+        *,
+        token: str | None,
+        force: bool,
+        slots: bool,
+        delete_branch: bool,
+        env: Mapping[str, str],
+    ) -> Released:
+        lock = self.lock(name)
+        done = unlock(
+            lock,
+            None,
+            force=force,
+            delete_branch=delete_branch,
+            token=token or env.get(ENV_TOKEN) or None,
+        )
+        if done is None:
+            return Released(lock.lock_file, False)
+        return Released(lock.lock_file, True, None, None, holder=describe(done))
+
+    def close(self) -> None:
+        self.git.close()
+
+
+def _status(state: RemoteState, where: str, name: str) -> LockStatus:
+    st = _bare_status(state, where, name)
+    st.detail = state.as_dict()
+    return st
+
+
+def _bare_status(state: RemoteState, where: str, name: str) -> LockStatus:
+    if not state.locked:
+        return LockStatus(where, name, "free", "git")
+    body = state.body
+
+    def text(key: str) -> str | None:
+        value = body.get(key)
+        return value if isinstance(value, str) and value else None
+
+    pid = body.get("pid")
+    holder = Holder(
+        pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+        "exclusive",
+        text("command"),
+        cwd=text("cwd"),
+        host=text("host"),
+        user=state.actor or None,
+        runner=text("runner"),
+        job=text("job"),
+        run_url=text("github_actions_workflow_run_url"),
+        message=state.message or None,
+        source="record",
+    )
+    return LockStatus(where, name, "held", "git", "exclusive", [holder])
+
+
+def _story(entries: list[tuple[int, RemoteState]]) -> list[dict[str, Any]]:
+    rows = []
+    previous: RemoteState | None = None
+    for when, st in reversed(entries):  # oldest first: a story reads forwards
+        what = st.state or "?"
+        holder = st.holder_id
+        if st.body.get("takeover_of"):
+            what = "takeover"
+        elif (
+            what == "lock"
+            and previous is not None
+            and previous.state == "lock"
+            and holder
+            and previous.holder_id == holder
+        ):
+            what = "renew"
+        previous = st
+        host = st.body.get("host")
+        rows.append(
+            {
+                "time": utc_stamp(when),
+                "event": what,
+                "actor": st.actor,
+                "message": st.message,
+                "host": host if isinstance(host, str) else None,
+                "holder_id": holder or None,
+                "oid": st.oid,
+                "run_url": st.body.get("github_actions_workflow_run_url") or None,
+            }
+        )
+    return rows

@@ -1,0 +1,314 @@
+"""One lock on a git remote: taken by a compare-and-swap push, kept by a leased heartbeat.
+
+A lease cannot fence a process that keeps running after its holder lost it, so the holder
+stops its own command first: the deadline to have it stopped is counted from when the
+last acknowledged renewal was *sent* (the lease may have started then on a contender's
+clock), minus the time a stop takes; past it, ``check`` raises LockLost and the command is
+stopped (TERM, then KILL) before anyone can take the lock over. A renewal push that hangs
+is cut off at that deadline, so it cannot stall it. Clocks must agree to within a third of
+the lease.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+from ... import nesting
+from ..._fastsignal import interruptible
+from ...errors import LockLost, NotAcquired, Refused, Unavailable, Unsupported
+from ...identity import job_identity, owned, run_url, token_hash
+from ...names import digest, display
+from .protocol import RemoteState, branch_for, describe, format_message, parse_message
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+    from ...ui.lines import Reporter
+    from .backend import GitBackend
+
+ENV_REMOTE = "LOCAL_MUTEX_REMOTE"
+# The lease outlasts a stop three times over: a heartbeat every third of it, and two
+# missed renewals still leave time to stop the command before it runs out.
+LEASE_PER_STOP = 3.0
+_ATTEMPTS = 5
+
+
+class GitLock:
+    def __init__(self, backend: GitBackend, raw: bytes) -> None:
+        self.backend = backend
+        self.git = backend.git
+        self.label = display(raw)
+        self.ref = branch_for(self.label, backend.prefix, backend.env)
+        self.lock_file = f"{backend.address} {self.ref}"
+        self.key = "g-" + digest(self.lock_file.encode())[:32]
+        self.stop_grace = 7.0
+        self.token = os.urandom(16).hex()
+        self.ours: RemoteState | None = None
+        self.record: dict[str, Any] = {}
+        self.acked_sent = 0.0  # when the last renewal that went through was sent
+        self.lease: float | None = None  # set once taken for a run
+        self.warned = False
+
+    # -- reading -------------------------------------------------------------------------
+
+    def read(self) -> RemoteState:
+        oid = self.git.fetch(self.ref)
+        if oid is None:
+            return RemoteState(None, None)
+        return parse_message(oid, self.git.message(oid), self.ref)
+
+    def enclosing(self, env: Mapping[str, str]) -> tuple[int, str] | None:
+        return nesting.enclosing_hold(env, self.key)
+
+    # -- taking it -----------------------------------------------------------------------
+
+    def _body(self, extra: Mapping[str, Any]) -> dict[str, Any]:
+        env = self.backend.env
+        pr = env.get("LOCAL_MUTEX_PULL_REQUEST_NUMBER", "")
+        body: dict[str, Any] = {
+            "github_actions_workflow_run_url": run_url(env) or "",
+            "pull_request_number": int(pr) if pr.isdigit() else None,
+            "host": os.uname().nodename,
+            "pid": os.getpid(),
+        }
+        body.update(job_identity(env) or {})
+        body.update(extra)
+        return body
+
+    def try_take(
+        self, current: RemoteState, *, message: str, lease: float | None, extra: Mapping[str, Any]
+    ) -> RemoteState | None:
+        """One CAS attempt to lock; our new state, or None when someone else got there."""
+        body = self._body(
+            {
+                "holder_id": token_hash(self.token)[:16],
+                "token_sha256": token_hash(self.token),
+                "expires_at": None if lease is None else round(time.time() + lease, 3),
+                **extra,
+            }
+        )
+        if current.state == "lock" and current.expired():
+            body["takeover_of"] = current.holder_id or current.actor
+        text = format_message("lock", self.backend.actor, message, body)
+        sent = time.time()
+        new = self.git.commit(current.oid, text, self.backend.actor)
+        if not self.git.push(self.ref, new, current.oid):
+            return None
+        self.acked_sent = sent
+        self.ours = parse_message(new, text, self.ref)
+        return self.ours
+
+    def acquire(
+        self,
+        *,
+        shared: bool,
+        slots: int | None,
+        wait: float | None,
+        reporter: Reporter | None,
+        progress: float | None,
+    ) -> float:
+        """Take it for a run: leased, renewed by ``check`` while the command runs."""
+        if shared or slots is not None:
+            raise Unsupported("git remotes have no shared locks or slots")
+        lease = self.backend.lease
+        if lease < LEASE_PER_STOP * self.stop_grace:
+            raise Unsupported(
+                f"--lease {lease:g}s is too short: the holder must be able to stop its "
+                f"command ({self.stop_grace:g}s with --kill-after) well before the lease "
+                f"runs out; give at least {LEASE_PER_STOP * self.stop_grace:g}s"
+            )
+        waited = self.take(wait, reporter, lease=lease, message=None, extra={})
+        self.lease = lease
+        return waited
+
+    def take(
+        self,
+        wait: float | None,
+        reporter: Reporter | None,
+        *,
+        lease: float | None,
+        message: str | None,
+        extra: Mapping[str, Any],
+    ) -> float:
+        """Take it with this lease (None: until released) and these body fields."""
+        start = time.monotonic()
+        with interruptible():
+            current = self.read()
+            if reporter is not None:
+                detail = (
+                    f"held on {self.backend.address} by {describe(current)}"
+                    if current.locked
+                    else None
+                )
+                reporter.waiting(self.label, None, detail=detail)
+            ours = self._take(current, start, wait, lease, message or "run", extra)
+        if "takeover_of" in ours.body and reporter is not None:
+            reporter.notice(
+                f"took over remote lock {self.label}: the previous holder's lease had expired"
+            )
+        return time.monotonic() - start
+
+    def _take(
+        self,
+        current: RemoteState,
+        start: float,
+        wait: float | None,
+        lease: float | None,
+        message: str,
+        extra: Mapping[str, Any],
+    ) -> RemoteState:
+        last_oid = current.oid
+        poll = self.backend.poll
+        while True:
+            if not current.locked:
+                ours = self.try_take(current, message=message, lease=lease, extra=extra)
+                if ours is not None:
+                    return ours
+                current = self.read()  # lost the race: look again at once
+                last_oid = current.oid
+                continue
+            elapsed = time.monotonic() - start
+            if wait is not None and elapsed >= wait:
+                raise NotAcquired(
+                    f"remote lock {self.label} not acquired after {elapsed:.1f}s; "
+                    f"held by {describe(current)}",
+                    current.as_dict(),
+                    elapsed,
+                )
+            pause = poll * random.uniform(0.8, 1.2)  # jitter: contenders do not march in step
+            if wait is not None:
+                pause = min(pause, max(wait - elapsed, 0.0))
+            time.sleep(pause)
+            # A cheap ls-remote first; fetch the commit only when the branch moved.
+            if self.git.head(self.ref) != last_oid:
+                current = self.read()
+                last_oid = current.oid
+
+    # -- while held ----------------------------------------------------------------------
+
+    def write_record(self, record: Mapping[str, Any]) -> None:
+        """Published with the next renewal (a push of its own would double the cost)."""
+        self.record = {
+            k: v for k, v in record.items() if k in ("command", "cwd", "user", "message")
+        }
+
+    def keep_fds(self) -> tuple[int, ...]:
+        return ()
+
+    def _lease(self) -> float | None:
+        return None if self.ours is None else self.lease
+
+    def _stop_by(self, lease: float) -> float:
+        """Epoch time by which the command must have been stopped."""
+        return self.acked_sent + lease - self.stop_grace
+
+    def check_interval(self) -> float | None:
+        lease = self._lease()
+        return None if lease is None else min(1.0, lease / 10)
+
+    def check(self) -> str | None:
+        """Renew every third of the lease; stop the command in time if renewals fail."""
+        lease, ours = self._lease(), self.ours
+        if lease is None or ours is None:
+            return None
+        now = time.time()
+        if now < self.acked_sent + lease / 3:
+            return None
+        stop_by = self._stop_by(lease)
+        if now >= stop_by:
+            raise LockLost(
+                f"lost the lease on remote lock {self.label}: renewals to "
+                f"{self.backend.address} failed since {time.ctime(self.acked_sent)}"
+            )
+        body = {**ours.body, **self.record, "expires_at": round(now + lease, 3)}
+        text = format_message("lock", ours.actor, ours.message, body)
+        self.git.timeout = max(stop_by - now, 0.5)  # a hung push must not stall the deadline
+        try:
+            new = self.git.commit(ours.oid, text, self.backend.actor)
+            moved = not self.git.push(self.ref, new, ours.oid)
+        except Unavailable as exc:
+            self.warned = True
+            return f"could not renew the lease on {self.label} yet: {exc}"
+        finally:
+            self.git.timeout = self.backend.git_timeout
+        if moved:
+            raise LockLost(
+                f"lost the lease on remote lock {self.label}: it was taken over before "
+                "its renewal went through"
+            )
+        self.acked_sent = now
+        self.ours = parse_message(new, text, self.ref)
+        return None
+
+    # -- letting go ----------------------------------------------------------------------
+
+    def release(self) -> None:
+        if self.ours is None:
+            return
+        ours, self.ours = self.ours, None
+        try:
+            done = unlock(self, ours, force=False, delete_branch=False, token=None)
+        except LockLost:
+            raise
+        if done is None:
+            raise LockLost(f"remote lock {self.label} changed hands before release")
+
+    def abandon(self) -> None:
+        try:
+            self.release()
+        except Unavailable:
+            pass  # the lease runs out by itself
+
+    def child_env(self, env: Mapping[str, str], held: bool) -> dict[str, str]:
+        out = dict(env)
+        out[ENV_REMOTE] = self.backend.url
+        if held:
+            out[nesting.ENV_HELD] = nesting.extend(env, nesting.entry(os.getpid(), self.key, False))
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def unlock(
+    lock: GitLock,
+    ours: RemoteState | None,
+    *,
+    force: bool,
+    delete_branch: bool,
+    token: str | None,
+) -> RemoteState | None:
+    """Unlock (or delete the branch) by CAS; only the holder unless ``force``. Returns the
+    state that was released, or None when it was not locked."""
+    for _ in range(_ATTEMPTS):  # only a concurrent renew or takeover moves it under us
+        current = ours if ours is not None else lock.read()
+        if current.oid is None or current.state != "lock":
+            return None
+        if (
+            ours is None
+            and not force
+            and not owned({"hold": True, **current.body}, lock.backend.env, token)
+        ):
+            raise Refused(
+                f"remote lock {lock.label} is held by {describe(current)}; "
+                "release it with its --token, from its job, or --force"
+            )
+        if delete_branch:
+            done = lock.git.push(lock.ref, None, current.oid)
+        else:
+            keep = ("github_actions_workflow_run_url", "pull_request_number")
+            body = {k: v for k, v in current.body.items() if k in keep}
+            body.update(lock._body({"released_holder_id": current.holder_id}))
+            text = format_message("unlock", lock.backend.actor, current.message, body)
+            done = lock.git.push(
+                lock.ref, lock.git.commit(current.oid, text, lock.backend.actor), current.oid
+            )
+        if done:
+            return current
+        if ours is not None:
+            raise LockLost(f"remote lock {lock.label} changed hands before release")
+    raise Unavailable(f"remote lock {lock.label} kept changing; release not done")

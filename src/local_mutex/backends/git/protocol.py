@@ -1,0 +1,187 @@
+"""lock-action's protocol on a git branch: what a lock commit says, read as untrusted input.
+
+The lock named KEY is the branch ``<prefix>KEY`` (prefix ``lock__`` by default). Every
+transition is a commit on the empty tree whose message is ``<lock|unlock> by <actor>:
+<message>`` followed by a JSON body -- ``message``, ``state``, ``actor``,
+``github_actions_workflow_run_url``, ``pull_request_number`` as lock-action writes them, plus
+``host``, ``pid``, ``holder_id``, ``expires_at`` (leases), ``token_sha256`` and the job's
+identity. Anyone who can push to the repository writes these branches, so a body is read
+with bounds on size and nesting and with typed fields, and a branch whose tip is not a
+lock commit is never taken, rewritten or deleted.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+from ..._json import dumps, loads
+from ...errors import ValidationError
+from ...identity import utc_stamp
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+DEFAULT_PREFIX = "lock__"
+MAX_BODY = 64 * 1024
+MAX_DEPTH = 8
+# Epoch seconds a lease may name: anything outside is not a time but an attack or a bug.
+_EPOCH_RANGE = (0.0, 1e11)
+
+
+class NotALock(ValidationError):
+    """The branch exists but its tip is not a commit of the lock protocol."""
+
+
+class BadBody(ValidationError):
+    """A lock commit whose body cannot be trusted (too big, too deep, mistyped)."""
+
+
+def branch_for(name: str, prefix: str, env: Mapping[str, str] | None = None) -> str:
+    """``refs/heads/<prefix><name>``, checked by git's own ref-name rules; no mangling."""
+    if not prefix:
+        raise ValidationError(
+            "--key-prefix must not be empty: every branch of the repository would be a lock"
+        )
+    ref = f"refs/heads/{prefix}{name}"
+    if not name or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        raise ValidationError(f"lock name {name!r} is not a valid git branch name")
+    proc = subprocess.run(
+        ["git", "check-ref-format", ref],
+        capture_output=True,
+        check=False,
+        env=dict(os.environ if env is None else env),
+    )
+    if proc.returncode != 0:
+        raise ValidationError(
+            f"lock name {name!r} cannot be a git branch ({prefix}{name}); remote locks need "
+            "names that git accepts as branch names (no spaces, '..', '~', '^', ':', '?', "
+            "'*', '[', '\\\\', no leading '-' or trailing '.lock')"
+        )
+    return ref
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else "" if value is None else str(value)
+
+
+def _epoch(value: object) -> float | None:
+    """A lease end as epoch seconds: a finite number in range, or lock-action's ISO form."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        number = float(value)
+        if number == number and _EPOCH_RANGE[0] <= number <= _EPOCH_RANGE[1]:
+            return number
+        return None
+    if isinstance(value, str) and len(value) < 64:
+        import calendar
+
+        try:
+            return float(calendar.timegm(time.strptime(value, "%Y-%m-%dT%H:%M:%SZ")))
+        except (ValueError, OverflowError):
+            return None
+    return None
+
+
+class RemoteState:
+    """The branch's newest commit, parsed."""
+
+    __slots__ = ("actor", "body", "expires_at", "message", "oid", "state")
+
+    def __init__(
+        self,
+        oid: str | None,
+        state: str | None,
+        actor: str = "",
+        message: str = "",
+        body: dict[str, Any] | None = None,
+    ) -> None:
+        self.oid, self.state, self.actor, self.message = oid, state, actor, message
+        self.body: dict[str, Any] = body or {}
+        self.expires_at = _epoch(self.body.get("expires_at"))
+
+    def expired(self, now: float | None = None) -> bool:
+        expires = self.expires_at
+        return expires is not None and (time.time() if now is None else now) >= expires
+
+    @property
+    def locked(self) -> bool:
+        """Locked right now: a lock commit whose lease (if it has one) has not run out."""
+        return self.state == "lock" and not self.expired()
+
+    @property
+    def holder_id(self) -> str:
+        return _text(self.body.get("holder_id"))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "oid": self.oid,
+            "state": self.state or "absent",
+            "locked": self.locked,
+            "actor": self.actor,
+            "message": self.message,
+            "expired": self.expired(),
+            **{k: v for k, v in self.body.items() if k not in ("state", "actor", "message")},
+        }
+
+
+def parse_message(oid: str, text: str, ref: str) -> RemoteState:
+    """A commit of the protocol; NotALock when the first line is not ``lock by …`` or
+    ``unlock by …``; BadBody when its JSON body cannot be trusted."""
+    first, _, rest = text.partition("\n")
+    head = first.strip()
+    kind, sep, after = head.partition(" by ")
+    if kind not in ("lock", "unlock") or not sep:
+        raise NotALock(
+            f"branch {ref} ({oid[:12]}) is not a lock: its newest commit is not a lock "
+            "commit; refusing to take, rewrite or delete it"
+        )
+    actor, _, message = after.partition(":")
+    body: dict[str, Any] = {}
+    raw = rest.strip()
+    if raw:
+        try:
+            loaded = loads(raw, max_depth=MAX_DEPTH, max_size=MAX_BODY)
+        except ValueError as exc:
+            raise BadBody(
+                f"branch {ref} ({oid[:12]}) has a lock body that is not usable JSON: {exc}"
+            ) from None
+        if not isinstance(loaded, dict):
+            raise BadBody(f"branch {ref} ({oid[:12]}) has a lock body that is not a JSON object")
+        body = loaded
+    state = body.get("state") if body.get("state") in ("lock", "unlock") else kind
+    if (
+        "expires_at" in body
+        and body["expires_at"] is not None
+        and _epoch(body["expires_at"]) is None
+    ):
+        raise BadBody(
+            f"branch {ref} ({oid[:12]}) has a lease end that is not a time: "
+            f"{_text(body['expires_at'])[:40]!r}"
+        )
+    actor_s = _text(body.get("actor")) or actor.strip()
+    message_s = _text(body["message"]) if "message" in body else message.strip()
+    return RemoteState(oid, state, actor_s, message_s, body)
+
+
+def format_message(state: str, actor: str, message: str, body: Mapping[str, Any]) -> str:
+    full = {"message": message, "state": state, "actor": actor, **body}
+    return f"{state} by {actor}: {' '.join(message.split())}\n{dumps(full)}\n"
+
+
+def describe(state: RemoteState) -> str:
+    parts = [state.actor or "?"]
+    body = state.body
+    if body.get("host"):
+        parts.append(f"on {_text(body['host'])}")
+    if state.message:
+        parts.append(f"message {state.message!r}")
+    if state.expires_at is not None:
+        parts.append("lease expires " + utc_stamp(state.expires_at))
+    if body.get("github_actions_workflow_run_url"):
+        parts.append(_text(body["github_actions_workflow_run_url"]))
+    return ", ".join(parts)

@@ -1,0 +1,51 @@
+"""The verbs as plain functions, one per verb, each ``(Parsed) -> int``: the click-free
+fast path and the action call the same functions. What they share lives here."""
+
+from __future__ import annotations
+
+from ..backends import open_backend, remote_address
+from ..errors import Unsupported
+from ..ui.lines import Reporter
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from ..backends.base import Backend
+    from .options import Parsed
+
+ENV_HELD = "LOCAL_MUTEX_HELD"
+
+
+def reporter_for(parsed: Parsed, env: Mapping[str, str], **options: object) -> Reporter:
+    return Reporter(
+        nested=bool(env.get(ENV_HELD)),
+        quiet=parsed.flag("quiet"),
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def backend_for(parsed: Parsed, env: Mapping[str, str], *, reading: bool = False) -> Backend:
+    """The backend the command line names, with options it cannot honour refused."""
+    remote = remote_address(parsed.text("remote"), env)
+    backend = open_backend(
+        remote,
+        lock_dir=parsed.text("lock_dir"),
+        env=env,
+        allow_other_owner=True if parsed.flag("allow_other_owner") else None,
+        key_prefix=parsed.text("key_prefix"),
+        lease=parsed.number("lease"),
+        poll=parsed.number("poll"),
+        reading=reading,
+    )
+    used = [d for d in getattr(backend, "refuses", ()) if d in parsed.given]
+    if used:
+        backend.close()
+        flags = ", ".join("--" + _flag(d) for d in used)
+        where = "this machine's locks" if backend.kind == "flock" else f"{backend.kind} remotes"
+        raise Unsupported(f"{flags} cannot be used with {where}")
+    return backend
+
+
+def _flag(dest: str) -> str:
+    return "slots" if dest == "slotted" else dest.replace("_", "-")

@@ -1,0 +1,123 @@
+"""``hold`` and ``release``: a lock kept across commands, and its end."""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import LocalMutexError
+from ..names import name_bytes, shell_quote
+from . import backend_for, reporter_for
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+    from ..backends.base import Backend, HoldInfo
+    from ..ui.lines import Reporter
+    from .options import Parsed
+
+
+def take_hold(
+    backend: Backend, name: str, parsed_values: Mapping[str, Any], env: Mapping[str, str]
+) -> HoldInfo:
+    """A hold on ``name``: persistent where the backend keeps them (git), else a detached
+    holder process (this machine, PostgreSQL)."""
+    raw = name_bytes(name)
+    wait, ttl = parsed_values.get("wait"), parsed_values.get("ttl")
+    message = parsed_values.get("message")
+    if backend.persistent_holds:
+        return backend.hold_persistent(raw, wait=wait, ttl=ttl, message=message)
+    from ..holds.start import start_hold
+
+    return start_hold(
+        raw,
+        backend_spec(backend, parsed_values),
+        lock_file=backend.address,
+        wait=wait,
+        ttl=ttl,
+        message=message,
+        slots=parsed_values.get("slots"),
+        env=env,
+    )
+
+
+def backend_spec(backend: Backend, values: Mapping[str, Any]) -> dict[str, Any]:
+    """How the holder process opens the same backend again."""
+    if backend.kind == "flock":
+        return {
+            "remote": None,
+            "lock_dir": backend.address,
+            "allow_other_owner": bool(getattr(backend, "allow_other_owner", False)),
+        }
+    return {"remote": values.get("remote_url") or backend.address}
+
+
+def release_hint(name: str, parsed: Parsed) -> str:
+    words = ["local-mutex", "release", shell_quote(name)]
+    for dest in ("lock_dir", "remote", "key_prefix"):
+        value = parsed.text(dest)
+        if value is not None and dest in parsed.given:
+            words += ["--" + dest.replace("_", "-"), shell_quote(value)]
+    if parsed.count("slots"):
+        words.append("--slots")
+    return " ".join(words) + " --token <the token printed above>"
+
+
+def hold(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
+    env = os.environ if env is None else env
+    reporter = reporter_for(parsed, env)
+    name = parsed.positionals[0]
+    try:
+        backend = backend_for(parsed, env)
+        try:
+            values = {**parsed.values, "wait": parsed.wait()}
+            values["remote_url"] = parsed.text("remote") or env.get("LOCAL_MUTEX_REMOTE")
+            info = take_hold(backend, name, values, env)
+        finally:
+            backend.close()
+    except (LocalMutexError, KeyboardInterrupt) as exc:
+        return reporter.failure(exc)
+    where = f"detached pid {info.pid}" if info.pid else info.lock_file
+    reporter.notice(f"holding {info.name} in {where}; release with: {release_hint(name, parsed)}")
+    _print_token(info.token)
+    return 0
+
+
+def _print_token(token: str) -> None:
+    """The token goes to stdout only: logs (stderr, annotations) are read by many."""
+    from ..ui.output import out
+
+    out(token)
+
+
+def release(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
+    env = os.environ if env is None else env
+    reporter = reporter_for(parsed, env)
+    name = parsed.positionals[0]
+    try:
+        backend = backend_for(parsed, env, reading=True)
+        try:
+            done = backend.release_hold(
+                name_bytes(name),
+                token=parsed.text("token"),
+                force=parsed.flag("force"),
+                slots=parsed.flag("slotted"),
+                delete_branch=parsed.flag("delete_branch"),
+                env=env,
+            )
+        finally:
+            backend.close()
+    except (LocalMutexError, KeyboardInterrupt) as exc:
+        return reporter.failure(exc)
+    report_release(reporter, name, done)
+    return 0
+
+
+def report_release(reporter: Reporter, name: str, done: Any) -> None:
+    if done.was_held:
+        held = "" if done.held_seconds is None else f" after {done.held_seconds:.1f}s"
+        who = f"hold pid {done.pid}" if done.pid else (done.holder or "hold")
+        reporter.notice(f"released {name} ({who}){held}")
+    else:
+        reporter.warning(f"{name} is not held; nothing to release")

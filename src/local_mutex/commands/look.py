@@ -1,0 +1,87 @@
+"""``status``, ``list`` and ``history``: look, print, pick the exit code. Click-free, so a
+dashboard polling ``local-mutex status NAME`` costs little more than a plain run."""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import CannotTell, LocalMutexError, Unavailable
+from ..names import name_bytes
+from ..ui.output import describe_history, describe_status, out, out_json
+from . import backend_for, reporter_for
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from .options import Parsed
+
+EXIT_FREE, EXIT_HELD = 0, 1
+
+
+def _cannot_tell(exc: BaseException) -> BaseException:
+    """A remote that cannot be reached leaves the question open: exit 3, not 69."""
+    return CannotTell(str(exc)) if isinstance(exc, Unavailable) else exc
+
+
+def status(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
+    """Exit 0 free, 1 held (or every slot busy), 3 cannot tell, 2 bad input."""
+    env = os.environ if env is None else env
+    reporter = reporter_for(parsed, env)
+    name = parsed.positionals[0]
+    try:
+        backend = backend_for(parsed, env, reading=True)
+        try:
+            st = backend.status(name_bytes(name))
+        finally:
+            backend.close()
+    except (LocalMutexError, KeyboardInterrupt) as exc:
+        return reporter.failure(_cannot_tell(exc))
+    data = st.as_dict()
+    if parsed.flag("json"):
+        out_json(data)
+    else:
+        out(describe_status(data, name))
+    if st.state not in ("free", "held"):
+        return CannotTell.exit_code
+    return EXIT_HELD if st.busy else EXIT_FREE
+
+
+def list_(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
+    env = os.environ if env is None else env
+    reporter = reporter_for(parsed, env)
+    try:
+        backend = backend_for(parsed, env, reading=True)
+        try:
+            found = backend.list_locks(include_free=parsed.flag("include_free"))
+        finally:
+            backend.close()
+    except (LocalMutexError, KeyboardInterrupt) as exc:
+        return reporter.failure(_cannot_tell(exc))
+    if parsed.flag("json"):
+        out_json([s.as_dict() for s in found])
+    elif not found:
+        out("no lock files" if parsed.flag("include_free") else "no held locks")
+    else:
+        out("\n".join(describe_status(s.as_dict(), None) for s in found))
+    return 0
+
+
+def history(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
+    env = os.environ if env is None else env
+    reporter = reporter_for(parsed, env)
+    name = parsed.positionals[0]
+    try:
+        backend = backend_for(parsed, env, reading=True)
+        try:
+            rows = backend.history(name_bytes(name))
+            where = backend.address
+        finally:
+            backend.close()
+    except (LocalMutexError, KeyboardInterrupt) as exc:
+        return reporter.failure(exc)
+    if parsed.flag("json"):
+        out_json(rows)
+    else:
+        out(describe_history(rows, name, where))
+    return 0

@@ -1,0 +1,59 @@
+"""``run`` (also the verb-free form): one command under one lock."""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import LocalMutexError
+from ..lifecycle import Command, Options, run_locked
+from . import backend_for, reporter_for
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from .options import Parsed
+
+
+def command_of(parsed: Parsed) -> Command:
+    """The quoted COMMAND, or the program after ``--``."""
+    if parsed.argv is not None:
+        return Command(argv=parsed.argv)
+    return Command(parsed.positionals[1])
+
+
+def options_of(parsed: Parsed, **extra: object) -> Options:
+    return Options(
+        wait=parsed.wait(),
+        timeout=parsed.number("timeout"),
+        kill_after=parsed.number("kill_after") or 0.0,
+        shared=parsed.flag("shared"),
+        slots=parsed.count("slots"),
+        reentrant=parsed.flag("reentrant"),
+        message=parsed.text("message"),
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def run(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
+    env = os.environ if env is None else env
+    reporter = reporter_for(parsed, env)
+    try:
+        command = command_of(parsed)
+        opts = options_of(parsed)
+        backend = backend_for(parsed, env)
+        try:
+            result = run_locked(
+                backend,
+                parsed.positionals[0],
+                command,
+                opts,
+                env=env,
+                reporter=reporter,
+                subreaper=True,
+            )
+        finally:
+            backend.close()
+    except (LocalMutexError, KeyboardInterrupt) as exc:
+        return reporter.failure(exc)
+    return result.status

@@ -1,0 +1,123 @@
+"""The detached holder behind ``local-mutex hold``: take the lock, say so, keep it.
+
+It keeps the lock until SIGTERM (``release``), its TTL, or the end of the job it belongs
+to (the runner process it watches exits), checking the lock all along (a lock file put
+back if deleted, a session watched). Any death, SIGKILL included, frees the lock: nothing
+else runs under it.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+
+from .._json import dumps, loads_object
+from ..backends import open_backend
+from ..errors import LockLost, NotAcquired, RecordNotWritten, Unavailable, ValidationError
+from ..identity import job_identity, new_token, token_hash, utc_stamp
+from ..lifecycle import Held, Options
+from .start import ENV_READY_FD, ENV_SPEC
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+def _say(fd: int, text: str) -> None:
+    os.write(fd, text.encode("utf-8", "surrogateescape"))
+    os.close(fd)
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+def main() -> int:
+    spec: dict[str, Any] = loads_object(os.environ.pop(ENV_SPEC, "")) or {}
+    ready = int(os.environ.pop(ENV_READY_FD, "-1"))
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    env = dict(os.environ)
+    token = new_token()
+    ttl = spec.get("ttl")
+    extra: dict[str, Any] = {"hold": True, "token_sha256": token_hash(token)}
+    extra.update(job_identity(env) or {})
+    if ttl:
+        extra["expires_at"] = utc_stamp(time.time() + ttl)
+    try:
+        backend = open_backend(env=env, **spec.get("backend", {}))
+        held = Held(
+            backend,
+            spec["name"],
+            Options(wait=spec.get("wait"), slots=spec.get("slots"), message=spec.get("message")),
+            command="local-mutex hold",
+            env=env,
+            extra=extra,
+            watch=False,
+        )
+        held.__enter__()
+    except NotAcquired as exc:
+        _say(
+            ready,
+            "busy " + dumps({"message": str(exc), "holder": exc.holder, "waited": exc.waited}),
+        )
+        return exc.exit_code
+    except (ValidationError, Unavailable, RecordNotWritten) as exc:
+        kind = (
+            "invalid"
+            if isinstance(exc, ValidationError)
+            else "record"
+            if isinstance(exc, RecordNotWritten)
+            else "unavailable"
+        )
+        _say(ready, f"{kind} " + dumps({"message": str(exc)}))
+        return exc.exit_code
+    lock_file = held.lock.lock_file if held.lock is not None else ""
+    _say(ready, f"ok {token} {held.waited:.3f} {lock_file}")
+    os.chdir("/")  # a long-lived daemon must not pin the caller's directory (or its mount)
+    try:
+        _keep(held, spec.get("anchor"), ttl)
+    except LockLost:
+        return 69
+    finally:
+        held.__exit__(None, None, None)
+    return 0
+
+
+def _keep(held: Held, anchor: int | None, ttl: float | None) -> None:
+    """Until the TTL runs out or the anchor process exits (SIGTERM ends it earlier),
+    looking at the lock every tick."""
+    deadline = None if not ttl else time.monotonic() + ttl
+    watch = None
+    if anchor:
+        try:
+            watch = os.pidfd_open(anchor)  # becomes readable when the process exits
+        except (AttributeError, OSError):
+            watch = None
+    tick = held.lock.check_interval() if held.lock is not None else None
+    while True:
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            return
+        pause = _min(remaining, tick)
+        if watch is not None:
+            if select.select([watch], [], [], pause)[0]:
+                return
+        elif anchor:
+            try:
+                os.kill(anchor, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(_min(pause, 1.0) or 1.0)
+        else:
+            time.sleep(3600.0 if pause is None else pause)
+        if tick is not None:
+            held.check()
+
+
+def _min(a: float | None, b: float | None) -> float | None:
+    values = [v for v in (a, b) if v is not None]
+    return min(values) if values else None

@@ -1,0 +1,118 @@
+"""Starting a detached holder process and waiting until it holds the lock (or says why not).
+
+A holder ends on ``release``, when its ``--ttl`` runs out, when it is killed, or when the
+job that started it ends: under GitHub Actions it watches the job's runner process, and the
+runner's end-of-job cleanup kills every leftover process carrying the job's
+RUNNER_TRACKING_ID, which the holder inherits. A forgotten release cannot outlive the job.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .. import _proc
+from .._json import dumps, loads_object
+from ..backends.base import HoldInfo
+from ..errors import NotAcquired, RecordNotWritten, SpawnError, Unavailable, ValidationError
+from ..names import display, validate_name
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+ENV_SPEC = "LOCAL_MUTEX_HOLD_SPEC"
+ENV_READY_FD = "LOCAL_MUTEX_HOLD_READY_FD"
+JOB_PROCESSES = ("Runner.Worker", "act")
+_BOOT = (
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+    "from local_mutex.holds.holder import main; sys.exit(main())"
+)
+# What a holder may answer besides "ok": the error to raise in the caller.
+_ANSWERS: dict[str, type[Exception]] = {
+    "invalid": ValidationError,
+    "unavailable": Unavailable,
+    "record": RecordNotWritten,
+}
+
+
+def job_anchor(env: Mapping[str, str]) -> int | None:
+    """The pid of the job's runner process among our ancestors, under Actions."""
+    if env.get("GITHUB_ACTIONS") != "true":
+        return None
+    pid = os.getppid()
+    for _ in range(256):
+        if pid <= 1:
+            return None
+        if _proc.comm(pid) in JOB_PROCESSES:
+            return pid
+        parent = _proc.parent_of(pid)
+        if parent is None:
+            return None
+        pid = parent
+    return None
+
+
+def start_hold(
+    name: str | bytes,
+    backend_spec: Mapping[str, Any],
+    *,
+    lock_file: str,
+    wait: float | None = None,
+    ttl: float | None = None,
+    message: str | None = None,
+    slots: int | None = None,
+    env: Mapping[str, str] | None = None,
+) -> HoldInfo:
+    """Start a detached holder and return once it holds the lock (or raise)."""
+    import subprocess
+
+    env = dict(os.environ if env is None else env)
+    raw = validate_name(name)
+    if ttl is not None and ttl <= 0:
+        raise ValidationError("--ttl must be more than 0 seconds")
+    spec = {
+        "name": display(raw),
+        "backend": dict(backend_spec),
+        "wait": wait,
+        "ttl": ttl,
+        "message": message,
+        "slots": slots,
+        "anchor": job_anchor(env),
+    }
+    read_end, write_end = os.pipe()
+    child_env = {**env, ENV_SPEC: dumps(spec), ENV_READY_FD: str(write_end)}
+    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _BOOT, package_parent],
+            env=child_env,
+            pass_fds=(write_end,),
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    except OSError as exc:
+        raise SpawnError(f"cannot start the holder process: {exc.strerror}") from None
+    finally:
+        os.close(write_end)
+    with os.fdopen(read_end, "rb") as ready:
+        answer = ready.read().decode("utf-8", "surrogateescape")
+    kind, _, rest = answer.partition(" ")
+    if kind == "ok":
+        token, waited, where = rest.split(" ", 2)
+        return HoldInfo(display(raw), where or lock_file, proc.pid, token, float(waited))
+    proc.wait()
+    detail = loads_object(rest) or {}
+    text = str(detail.get("message") or f"the holder process ended (status {proc.returncode})")
+    if kind == "busy":
+        holder = detail.get("holder")
+        waited_f = detail.get("waited")
+        raise NotAcquired(
+            text,
+            holder if isinstance(holder, dict) else None,
+            float(waited_f) if isinstance(waited_f, (int, float)) else 0.0,
+        )
+    raise _ANSWERS.get(kind, SpawnError)(text)

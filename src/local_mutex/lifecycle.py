@@ -1,0 +1,396 @@
+"""The one lifecycle of a lock: validate -> acquire (announcing the wait) -> record ->
+supervise -> release -> report.
+
+``run_locked`` serves ``run``, ``each``, the action and the Python ``run``; ``Held`` (the
+same steps without a command) serves ``with hold(...)`` and ``hold``'s holder process.
+Backends differ only behind the ``Lock`` protocol (``backends/base.py``); processes only
+behind ``supervise``. Nothing here prints except through the ``Reporter`` it is given.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import sys
+import time
+
+from .errors import LockLost, NestingError, RecordNotWritten, Unavailable, ValidationError
+from .identity import ENV_TOKEN, holder_record
+from .names import display, name_bytes, shell_quote, validate_command
+from .supervise.keeper import SignalsHeld, Spec, supervise
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
+
+    from .backends.base import Backend, Lock
+    from .supervise.keeper import Outcome
+    from .ui.lines import Reporter
+
+ENV_CLI = "LOCAL_MUTEX_CLI"
+ENV_PYTHON = "LOCAL_MUTEX_PYTHON"
+# What LOCAL_MUTEX_CLI points at: nested calls run the same CLI with the same interpreter.
+SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "local-mutex.sh")
+ENV_PROGRESS = "LOCAL_MUTEX_PROGRESS_SECONDS"
+DEFAULT_PROGRESS = 30.0
+# Beyond the TERM -> KILL grace: what stopping a command may take (a lease must outlast it).
+STOP_MARGIN = 2.0
+
+# Locks held by ``Held`` in this process: (backend kind, lock file, thread) -> "x" or "s".
+# A ``run`` of the same lock inside the block runs within it instead of waiting for itself.
+_held_here: dict[tuple[str, str, int], str] = {}
+
+
+class RunResult:
+    """What happened: the exit status plus the numbers the action reports."""
+
+    __slots__ = (
+        "acquired",
+        "held",
+        "lock_file",
+        "lost",
+        "reentrant",
+        "signalled",
+        "status",
+        "timed_out",
+        "waited",
+    )
+
+    def __init__(self, lock_file: str) -> None:
+        self.lock_file = lock_file
+        self.status = 0
+        self.signalled = False  # a stop signal reached us: the caller was asked to stop
+        self.acquired = False
+        self.reentrant = False
+        self.timed_out = False
+        self.lost: LockLost | None = None
+        self.waited = 0.0
+        self.held = 0.0
+
+
+class Command:
+    """What to run: a shell command (``/bin/sh -c``) or a program with its arguments."""
+
+    __slots__ = ("argv", "text")
+
+    def __init__(self, command: str | None = None, argv: Sequence[str] | None = None) -> None:
+        if (command is None) == (argv is None):
+            raise ValidationError("give a shell command or a program with its arguments")
+        if argv is not None:
+            if not argv or not argv[0]:
+                raise ValidationError("the program to run is missing after --")
+            self.argv = list(argv)
+            self.text = " ".join(shell_quote(a) for a in argv)
+        else:
+            assert command is not None
+            self.text = validate_command(command)
+            self.argv = ["sh", "-c", command]
+
+
+class Options:
+    """How to take the lock and run: the options every verb and the action share."""
+
+    __slots__ = (
+        "kill_after",
+        "message",
+        "reentrant",
+        "shared",
+        "slots",
+        "stdin_devnull",
+        "timeout",
+        "token",
+        "wait",
+    )
+
+    def __init__(
+        self,
+        *,
+        wait: float | None = None,
+        timeout: float | None = None,
+        kill_after: float = 5.0,
+        shared: bool = False,
+        slots: int | None = None,
+        reentrant: bool = False,
+        stdin_devnull: bool = False,
+        message: str | None = None,
+        token: str | None = None,
+    ) -> None:
+        if slots is not None and (slots < 1 or shared):
+            raise NestingError("--slots needs a count of at least 1 and cannot be --shared")
+        self.wait, self.timeout, self.kill_after = wait, timeout, kill_after
+        self.shared, self.slots, self.reentrant = shared, slots, reentrant
+        self.stdin_devnull, self.message, self.token = stdin_devnull, message, token
+
+
+def progress_interval(env: Mapping[str, str]) -> float:
+    try:
+        value = float(env.get(ENV_PROGRESS, "") or DEFAULT_PROGRESS)
+    except ValueError:
+        return DEFAULT_PROGRESS
+    return value if 0 < value < 1e9 else DEFAULT_PROGRESS
+
+
+def command_env(lock: Lock, env: Mapping[str, str], held: bool) -> dict[str, str]:
+    """The command's environment: the caller's, the lock domain's, and the CLI shim."""
+    out = lock.child_env(env, held)
+    out[ENV_CLI] = SHIM
+    out[ENV_PYTHON] = sys.executable
+    return out
+
+
+def _here_key(backend: Backend, lock: Lock) -> tuple[str, str, int]:
+    return (backend.kind, lock.lock_file, _thread.get_ident())
+
+
+def _enclosing(backend: Backend, lock: Lock, opts: Options, env: Mapping[str, str]) -> int | None:
+    """The pid of an enclosing holder of this very lock (we run inside it), or None."""
+    mode = _held_here.get(_here_key(backend, lock))
+    found = (os.getpid(), mode) if mode is not None else lock.enclosing(env)
+    if found is None and opts.reentrant:
+        ours = getattr(lock, "held_by_our_hold", None)
+        pid = ours(env, opts.token or env.get(ENV_TOKEN)) if ours is not None else None
+        found = None if pid is None else (pid, "x")
+    if found is None:
+        return None
+    pid, held_mode = found
+    if held_mode == "s" and not opts.shared:
+        raise NestingError(
+            f"lock {lock.label} is held shared by enclosing pid {pid}; an exclusive lock "
+            "inside it would wait for itself forever"
+        )
+    return pid
+
+
+def run_locked(
+    backend: Backend,
+    name: str | bytes,
+    command: Command,
+    opts: Options,
+    *,
+    env: Mapping[str, str] | None = None,
+    reporter: Reporter | None = None,
+    subreaper: bool = False,
+) -> RunResult:
+    """Run the command while holding the named lock; see ``api.run`` for the rules."""
+    env = os.environ if env is None else env
+    lock = backend.lock(name_bytes(name))
+    result = RunResult(lock.lock_file)
+    try:
+        pid = _enclosing(backend, lock, opts, env)
+        if pid is not None:
+            return _run_inside(lock, pid, command, opts, env, reporter, result)
+        lock.stop_grace = opts.kill_after + STOP_MARGIN
+        result.waited = lock.acquire(
+            shared=opts.shared,
+            slots=opts.slots,
+            wait=opts.wait,
+            reporter=reporter,
+            progress=progress_interval(env) if reporter is not None else None,
+        )
+        result.acquired = True
+        result.lock_file = lock.lock_file
+        try:
+            lock.write_record(
+                holder_record(
+                    lock.label, command.text, shared=opts.shared, env=env, extra=_extra(opts)
+                )
+            )
+        except RecordNotWritten:
+            lock.release()
+            raise
+        with SignalsHeld() as held:
+            outcome = supervise(
+                _spec(command, command_env(lock, env, True), opts),
+                keep_fds=lock.keep_fds(),
+                lock=lock,
+                reporter=reporter,
+                subreaper=subreaper,
+                held=held,
+            )
+            release_failed = _release(lock, reporter)
+        _finish(result, outcome, lock.label, reporter, opts, release_failed)
+        return result
+    finally:
+        lock.close()
+
+
+def _extra(opts: Options) -> dict[str, Any] | None:
+    return {"message": opts.message} if opts.message else None
+
+
+def _spec(command: Command, env: Mapping[str, str], opts: Options) -> Spec:
+    return Spec(
+        command.argv,
+        env,
+        timeout=opts.timeout,
+        kill_after=opts.kill_after,
+        stdin_devnull=opts.stdin_devnull,
+    )
+
+
+def _run_inside(
+    lock: Lock,
+    pid: int,
+    command: Command,
+    opts: Options,
+    env: Mapping[str, str],
+    reporter: Reporter | None,
+    result: RunResult,
+) -> RunResult:
+    """An enclosing holder has this lock: run the command within its hold."""
+    child_env = command_env(lock, env, False)
+    lock.close()
+    if reporter is not None:
+        reporter.reentrant(lock.label, pid)
+    result.reentrant = True
+    with SignalsHeld() as held:
+        outcome = supervise(_spec(command, child_env, opts), reporter=reporter, held=held)
+    _finish(result, outcome, lock.label, reporter, opts, False)
+    return result
+
+
+def _release(lock: Lock, reporter: Reporter | None) -> bool:
+    """Let go; a remote that cannot be told keeps the command's status (its lease or
+    session will end by itself), with a warning."""
+    try:
+        lock.release()
+    except Unavailable as exc:
+        if reporter is not None:
+            reporter.warning(f"could not release {lock.label} cleanly: {exc}")
+        return True
+    return False
+
+
+def _finish(
+    result: RunResult,
+    outcome: Outcome,
+    label: str,
+    reporter: Reporter | None,
+    opts: Options,
+    release_failed: bool,
+) -> None:
+    result.status = outcome.status
+    result.timed_out = outcome.timed_out
+    result.signalled = bool(outcome.signals)
+    result.lost = outcome.lost
+    result.held = time.monotonic() - outcome.started
+    if outcome.lost is not None:
+        result.status = outcome.lost.exit_code
+    if reporter is None:
+        return
+    if outcome.timed_out and opts.timeout is not None:
+        reporter.timed_out(label, opts.timeout, outcome.kill_sent)
+    if outcome.gave_up:
+        reporter.gave_up_on_group(label)
+    if outcome.lost is not None:
+        reporter.error(
+            f"{outcome.lost}; the command was stopped (it exited {outcome.status}) "
+            f"after {result.held:.1f}s"
+        )
+    elif result.reentrant:
+        reporter.reentrant_done(label, result.held, result.status)
+    else:
+        reporter.released(label, result.waited, result.held, result.status, stopped=outcome.stopped)
+    del release_failed
+
+
+class Held:
+    """``with Held(backend, name, ...) as lock:`` -- the lifecycle without a command: the
+    lock is held by this process for the block (``api.hold``, the ``hold`` holder)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        name: str | bytes,
+        opts: Options,
+        *,
+        command: str,
+        env: Mapping[str, str],
+        extra: Mapping[str, Any] | None = None,
+        reporter: Reporter | None = None,
+        watch: bool = True,
+    ) -> None:
+        self.backend, self.raw, self.opts = backend, name_bytes(name), opts
+        self.command, self.env, self.extra = command, env, extra
+        self.reporter, self.watch = reporter, watch
+        self.lock: Lock | None = None
+        self.waited = 0.0
+        self.lost: LockLost | None = None
+        self._key: tuple[str, str, int] | None = None
+        self._stop = False
+
+    @property
+    def label(self) -> str:
+        return display(self.raw)
+
+    def __enter__(self) -> Held:
+        lock = self.backend.lock(self.raw)
+        try:
+            key = _here_key(self.backend, lock)
+            if key in _held_here:
+                raise NestingError(f"lock {lock.label} is already held by this thread")
+            lock.stop_grace = self.opts.kill_after + STOP_MARGIN
+            self.waited = lock.acquire(
+                shared=self.opts.shared,
+                slots=self.opts.slots,
+                wait=self.opts.wait,
+                reporter=self.reporter,
+                progress=None,
+            )
+            extra = {**(_extra(self.opts) or {}), **(self.extra or {})}
+            try:
+                lock.write_record(
+                    holder_record(
+                        lock.label, self.command, shared=self.opts.shared, env=self.env, extra=extra
+                    )
+                )
+            except RecordNotWritten:
+                lock.release()
+                raise
+        except BaseException:
+            lock.close()
+            raise
+        _held_here[key] = "s" if self.opts.shared else "x"
+        self.lock, self._key = lock, key
+        if self.watch and lock.check_interval() is not None:
+            _thread.start_new_thread(self._watch, ())
+        return self
+
+    def check(self) -> str | None:
+        """One periodic check (for holders that run their own loop)."""
+        assert self.lock is not None
+        try:
+            return self.lock.check()
+        except LockLost as exc:
+            self.lost = exc
+            raise
+
+    def _watch(self) -> None:
+        while not self._stop and self.lock is not None and self.lost is None:
+            interval = self.lock.check_interval()
+            if interval is None:
+                return
+            time.sleep(interval)
+            if self._stop:
+                return
+            try:
+                self.check()
+            except LockLost:
+                return
+            except Exception:
+                continue
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop = True
+        lock, key = self.lock, self._key
+        self.lock = self._key = None
+        if key is not None:
+            _held_here.pop(key, None)
+        if lock is not None:
+            try:
+                lock.release()
+            finally:
+                lock.close()
+        if self.lost is not None and exc[0] is None:
+            raise self.lost

@@ -1,0 +1,260 @@
+"""The keeper: the caller's side of a supervised run.
+
+The process that took the lock forks a supervisor (``supervisor.py``) that runs the command,
+and becomes its keeper: it relays the stop signals it receives -- the GitHub runner signals
+only the step's entry process, which is this one -- runs the lock's periodic ``check``
+(lease renewals, a deleted lock file put back) and tells the supervisor to stop the
+command if the lock is lost. Both processes hold the lock's open file description, and the
+command inherits it as well, so no single death frees the lock while the command runs:
+
+* the keeper dies (SIGKILL, OOM): the supervisor sees the keeper's pipe close, stops the
+  command's group and every adopted descendant (TERM, then KILL), and only then exits;
+* the supervisor dies: the keeper (a child subreaper in the CLI) adopts the command and
+  does the same before it releases.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import time
+
+from .._fastsignal import signal
+from ..errors import LockLost, SpawnError
+from . import reaper, supervisor
+from .supervisor import FORWARDED, STOP_NOW, Spec
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from types import FrameType
+
+    from ..backends.base import Lock
+    from ..ui.lines import Reporter
+
+__all__ = ["Outcome", "SignalsHeld", "Spec", "supervise"]
+
+
+class Outcome:
+    """How the command ended. ``status`` is what the wrapper exits with."""
+
+    __slots__ = (
+        "command_pid",
+        "gave_up",
+        "keeper_gone",
+        "kill_sent",
+        "lost",
+        "signals",
+        "started",
+        "status",
+        "supervisor_died",
+        "timed_out",
+    )
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.started = time.monotonic()
+        self.timed_out = False
+        self.kill_sent = False
+        self.gave_up = False  # a process of the command survived SIGKILL
+        self.keeper_gone = False
+        self.signals: list[int] = []  # stop signals relayed to the command
+        self.lost: LockLost | None = None  # the lock was lost mid-run; the command stopped
+        self.supervisor_died: int | None = None  # the signal that killed the supervisor
+        self.command_pid: int | None = None  # also the command's process group
+
+    @property
+    def stopped(self) -> bool:
+        """Was the command stopped by us (signals, ceiling, lost lock, a death)?"""
+        return (
+            bool(self.signals)
+            or self.timed_out
+            or self.lost is not None
+            or (self.supervisor_died is not None)
+        )
+
+
+class _Relay:
+    """Signal handlers of the keeper: pass stop signals on to the supervisor."""
+
+    def __init__(self, child: int) -> None:
+        self.child = child
+        self.done = False
+        self.pending: list[int] = []
+        self.saved: dict[int, object] = {}
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.done:
+            self.pending.append(signum)  # after the command: for ourselves, after release
+            return
+        try:
+            os.kill(self.child, signum)
+        except OSError:
+            pass
+
+    def install(self) -> None:
+        for sig in FORWARDED:
+            if signal.getsignal(sig) != signal.SIG_IGN:
+                self.saved[sig] = signal.signal(sig, self)
+
+    def restore(self) -> None:
+        for sig, handler in self.saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
+class SignalsHeld:
+    """``with SignalsHeld():`` around ``supervise()`` and the lock's release: a stop signal
+    that arrives after the command ended waits until the lock is released."""
+
+    def __init__(self) -> None:
+        self.pending: list[int] = []
+
+    def __enter__(self) -> SignalsHeld:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+        for sig in self.pending:
+            os.kill(os.getpid(), sig)
+
+
+def supervise(
+    spec: Spec,
+    *,
+    keep_fds: Sequence[int] = (),
+    lock: Lock | None = None,
+    reporter: Reporter | None = None,
+    subreaper: bool = False,
+    held: SignalsHeld | None = None,
+) -> Outcome:
+    """Run the command to the end under a forked supervisor and report how it ended.
+
+    Returns with the stop signals blocked (unblocked by ``held`` on exit), so a late
+    signal cannot kill the caller before it releases the lock. ``subreaper``: adopt the
+    command's orphans if the supervisor dies (only for a process of our own, the CLI).
+    """
+    prctl = reaper.load_prctl()  # loaded once here, inherited by the supervisor
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    out_r, out_w = os.pipe()
+    life_r, life_w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(out_r)
+        os.close(life_w)
+        supervisor.main(spec, out_w, life_r, keep_fds, os.getppid())
+    os.close(out_w)
+    os.close(life_r)
+    relay = _Relay(child)
+    relay.install()
+    if subreaper:
+        subreaper = reaper.become_subreaper(prctl)
+    try:
+        outcome, text = _wait(child, out_r, lock, reporter, relay)
+        if outcome.supervisor_died is not None or text.startswith("error"):
+            _stop_orphaned(outcome, spec, subreaper, reporter, text)
+    finally:
+        relay.done = True
+        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+        relay.restore()
+        if held is not None:
+            held.pending.extend(relay.pending)
+        os.close(out_r)
+        os.close(life_w)
+    return outcome
+
+
+def _wait(
+    child: int, out: int, lock: Lock | None, reporter: Reporter | None, relay: _Relay
+) -> tuple[Outcome, str]:
+    outcome = Outcome()
+    buffer = b""
+    text = ""
+    interval = lock.check_interval() if lock is not None else None
+    next_check = time.monotonic() + (interval or 0.0)
+    while True:
+        timeout = None if interval is None else max(next_check - time.monotonic(), 0.0)
+        ready = select.select([out], [], [], timeout)[0]
+        if ready:
+            data = os.read(out, 4096)
+            if not data:
+                break
+            buffer += data
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                text = line.decode("utf-8", "replace")
+                if text.startswith("pid "):
+                    outcome.command_pid = int(text.split()[1])
+                elif text.startswith("spawnfail "):
+                    relay.done = True
+                    os.waitpid(child, 0)
+                    detail = text.split(" ", 2)[2]
+                    raise SpawnError(f"cannot start the command: {detail}")
+                elif text.startswith("done "):
+                    _parse_done(outcome, text)
+        if interval is not None and lock is not None and time.monotonic() >= next_check:
+            interval = _check(lock, reporter, child, outcome, interval)
+            next_check = time.monotonic() + (interval or 0.0)
+    _, status = os.waitpid(child, 0)
+    if os.WIFSIGNALED(status) or not text.startswith("done "):
+        outcome.supervisor_died = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+        outcome.status = 128 + outcome.supervisor_died if outcome.supervisor_died else 70
+    return outcome, text
+
+
+def _check(
+    lock: Lock, reporter: Reporter | None, child: int, outcome: Outcome, interval: float
+) -> float | None:
+    try:
+        warning = lock.check()
+    except LockLost as exc:
+        outcome.lost = exc
+        try:
+            os.kill(child, STOP_NOW)
+        except OSError:
+            pass
+        return None
+    if warning and reporter is not None:
+        reporter.warning(warning)
+    return lock.check_interval() or interval
+
+
+def _parse_done(outcome: Outcome, text: str) -> None:
+    _, status, timed_out, kill_sent, gave_up, keeper_gone, signals, started = text.split()
+    outcome.status = int(status)
+    outcome.timed_out, outcome.kill_sent = timed_out == "1", kill_sent == "1"
+    outcome.gave_up, outcome.keeper_gone = gave_up == "1", keeper_gone == "1"
+    outcome.signals = [int(s) for s in signals.split(",")] if signals != "-" else []
+    outcome.started = float(started)
+
+
+def _stop_orphaned(
+    outcome: Outcome, spec: Spec, subreaper: bool, reporter: Reporter | None, text: str
+) -> None:
+    """The supervisor died with the command still ours: stop it before the release."""
+    pgid = outcome.command_pid
+    if reporter is not None:
+        why = (
+            f"died from signal {outcome.supervisor_died}"
+            if outcome.supervisor_died
+            else f"failed ({text or 'no report'})"
+        )
+        reporter.error(
+            f"the supervisor of the command {why}; stopping the command before releasing"
+        )
+    stopper = reaper.Stopper(pgid, subreaper)
+    stopper.send(signal.SIGTERM)
+    deadline = time.monotonic() + spec.kill_after
+    while not stopper.reap() and time.monotonic() < deadline:
+        if subreaper:
+            stopper.tell_children()
+        time.sleep(reaper.POLL)
+    if not stopper.reap():
+        stopper.send(signal.SIGKILL)
+        outcome.kill_sent = True
+        outcome.gave_up = not stopper.wait_gone()

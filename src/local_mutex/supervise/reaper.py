@@ -1,0 +1,145 @@
+"""Stopping a command for good: its process group, and every descendant we adopted.
+
+On Linux the supervisor (and the CLI's keeper) is a child subreaper: a descendant whose
+parent dies is re-parented to it instead of to PID 1, so "every descendant is gone" is
+exactly "we have no children left", zombies are reaped by us (never counted as alive), and
+descendants that left the process group (``setsid``) are still found and stopped. Elsewhere
+the process group is what can be stopped.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import time
+
+from .. import _proc
+from .._fastsignal import signal
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+_PR_SET_CHILD_SUBREAPER = 36
+# Only a process in uninterruptible sleep outlives SIGKILL; do not wait on it forever.
+GIVE_UP_AFTER_KILL = 3.0
+POLL = 0.02
+
+
+def load_prctl() -> int | None:
+    """prctl(2) through the C half of ctypes (``import ctypes`` costs a plain run ~2 ms)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import _ctypes
+
+        c: Any = _ctypes
+        return int(c.dlsym(c.dlopen(None, 2), "prctl"))
+    except (ImportError, AttributeError, OSError):
+        return None
+
+
+def become_subreaper(prctl: int | None) -> bool:
+    """Orphans of our descendants come to us instead of PID 1 (Linux >= 3.4)."""
+    if prctl is None:
+        return False
+    import _ctypes
+
+    c: Any = _ctypes
+    try:
+        return bool(c.call_function(prctl, (_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0)
+    except (AttributeError, OSError, TypeError):
+        return False
+
+
+def group_alive(pgid: int) -> bool:
+    """Does any process of the group still run? Zombies do not count."""
+    if _proc.USE_PROC:
+        for entry in os.listdir(_proc.PROC):
+            if not entry.isdigit():
+                continue
+            fields = _proc.stat_fields(int(entry))
+            if fields and len(fields) > 2 and fields[2] == b"%d" % pgid and fields[0] not in b"ZX":
+                return True
+        return False
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Stopper:
+    """Sends the stop signals to the command's group (and, as a subreaper, to each child
+    we have), reaps, and says when nothing is left."""
+
+    def __init__(self, pgid: int | None, subreaper: bool) -> None:
+        self.pgid = pgid
+        self.subreaper = subreaper
+        self.last: int | None = None  # the last signal sent to everyone
+        self.kill_at: float | None = None
+        self.told: dict[int, int] = {}  # child pid -> the last signal it got from us
+
+    def send(self, sig: int) -> None:
+        self.last = sig
+        if sig == signal.SIGKILL and self.kill_at is None:
+            self.kill_at = time.monotonic()
+        if self.pgid is not None:
+            try:
+                os.killpg(self.pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self.subreaper:
+            self.told.clear()
+            self.tell_children()
+
+    def tell_children(self) -> None:
+        """Give the last signal to each child that has not had it (an orphan adopted since
+        is stopped too; a child busy cleaning up after SIGTERM is not signalled again)."""
+        if self.last is None:
+            return
+        for child in _proc.children(os.getpid()):
+            if self.told.get(child) == self.last:
+                continue
+            self.told[child] = self.last
+            try:
+                os.kill(child, self.last)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def reap(self) -> bool:
+        """Reap what has ended; True when no descendant is left (the group's members for
+        a process that is not a subreaper, which must not reap children not its own)."""
+        if not self.subreaper:
+            return not self._group_left()
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return True
+            except OSError as exc:
+                if exc.errno == errno.EINTR:
+                    continue
+                raise
+            if pid == 0:
+                return False
+
+    def _group_left(self) -> bool:
+        return self.pgid is not None and group_alive(self.pgid)
+
+    def gave_up(self) -> bool:
+        """A process outlived SIGKILL for a while: uninterruptible sleep; stop waiting."""
+        return self.kill_at is not None and time.monotonic() > self.kill_at + GIVE_UP_AFTER_KILL
+
+    def wait_gone(self) -> bool:
+        """Until nothing is left (True), or a process outlived SIGKILL (False)."""
+        while not self.reap():
+            if self.gave_up():
+                return False
+            if self.subreaper:
+                self.tell_children()
+            time.sleep(POLL)
+        return True

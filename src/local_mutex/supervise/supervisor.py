@@ -1,0 +1,284 @@
+"""The supervisor: a forked child of the keeper that runs the command and stays in charge.
+
+It spawns the command in its own process group, forwards the stop signals the keeper
+relays (SIGINT/SIGTERM/SIGHUP/SIGQUIT) to that group and escalates (TERM, then KILL) well
+inside the GitHub runner's cancel window (SIGINT, SIGTERM 7.5 s later, SIGKILL 2.5 s after
+that). It is a child subreaper on Linux, so orphans of the command come back to it.
+
+It stops the command's group and every adopted descendant -- and only then reports and
+exits -- when: a stop was asked for (a relayed signal, the run ceiling, SIGUSR1 from the
+keeper because the lock was lost), the command's top process died from a signal nobody
+here sent, or the keeper died (its pipe closed). Because the supervisor holds the lock's
+open file description too, the lock outlives the keeper until then. After a normal exit of
+the top process, leftover background processes run on unlocked, as with any Unix command.
+
+Everything here runs in a forked copy of the caller: it never prints, never returns into
+the caller's code, and always leaves through ``os._exit``.
+"""
+
+from __future__ import annotations
+
+import _thread
+import errno
+import os
+import time
+
+from .._fastsignal import signal
+from . import reaper, terminal
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from types import FrameType
+
+SHELL = "/bin/sh"
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# The keeper's "stop now": the lock was lost, or the keeper is gone.
+STOP_NOW = signal.SIGUSR1
+# After the first forwarded signal: TERM at +4 s, KILL at +7 s; the runner kills at +10 s.
+ESCALATE_TERM_AFTER = 4.0
+ESCALATE_KILL_AFTER = 7.0
+# A signal the keeper relays and the group also got directly (kill -TERM -PGID, systemd):
+# the same signal again within this window is one request, not two.
+_SAME_REQUEST = 0.1
+# Python ignores these itself; the command must get the defaults (``yes | head`` needs SIGPIPE).
+# (Signals we catch are reset by exec anyway; ones our caller ignored stay ignored.)
+_RESET_FOR_CHILD = (signal.SIGPIPE, signal.SIGXFSZ)
+
+
+class Spec:
+    """What to run and how: a shell command, or a program with its arguments."""
+
+    __slots__ = ("argv", "env", "kill_after", "stdin_devnull", "timeout")
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        timeout: float | None = None,
+        kill_after: float = 5.0,
+        stdin_devnull: bool = False,
+    ) -> None:
+        self.argv, self.env, self.timeout = list(argv), env, timeout
+        self.kill_after, self.stdin_devnull = kill_after, stdin_devnull
+
+    @classmethod
+    def shell(cls, command: str, env: Mapping[str, str], **options: object) -> Spec:
+        return cls(["sh", "-c", command], env, **options)  # type: ignore[arg-type]
+
+
+class _Supervisor:
+    def __init__(self, spec: Spec, keeper: int, subreaper: bool) -> None:
+        self.spec = spec
+        self.keeper = keeper
+        self.pgid: int | None = None
+        self.stopper = reaper.Stopper(None, subreaper)
+        self.events: list[tuple[float, int, bool]] = []  # (when, signal, is_the_timeout)
+        self.stopping = False
+        self.timed_out = False
+        self.kill_sent = False
+        self.keeper_gone = False
+        self.signals: list[int] = []
+        self.last_request: dict[int, float] = {}
+        self.started = time.monotonic()
+
+    # -- signal handlers (run in the main thread between bytecodes) --------------------------
+
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if now - self.last_request.get(signum, -1.0) < _SAME_REQUEST:
+            return
+        self.last_request[signum] = now
+        self.signals.append(signum)
+        self._send_group(signum)
+        if not self.stopping:
+            self.stopping = True
+            self._schedule(now + ESCALATE_TERM_AFTER, signal.SIGTERM)
+            self._schedule(now + ESCALATE_KILL_AFTER, signal.SIGKILL)
+
+    def on_stop_now(self, signum: int, frame: FrameType | None) -> None:
+        """The keeper says stop: the lock is lost, or (from our own watcher) it is gone."""
+        if os.getppid() != self.keeper:
+            self.keeper_gone = True
+        self.stop_everything()
+
+    def stop_everything(self) -> None:
+        """TERM to the group and every adopted descendant now, KILL after the grace."""
+        if self.stopping and self.stopper.last is not None:
+            return
+        self.stopping = True
+        self.stopper.send(signal.SIGTERM)
+        self._schedule(time.monotonic() + self.spec.kill_after, signal.SIGKILL)
+
+    def on_alarm(self, signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        # Edit the list in place: a signal handled in the middle of this may append to it.
+        due = [e for e in self.events if e[0] <= now]
+        for event in due:
+            self.events.remove(event)
+        for _, sig, is_timeout in sorted(due):
+            if is_timeout:
+                self.timed_out = True
+                self.stopping = True
+                self._schedule(now + self.spec.kill_after, signal.SIGKILL)
+            if sig == signal.SIGKILL:
+                self.kill_sent = self.kill_sent or self._anyone_left()
+            self.stopper.send(sig)
+        self._arm()
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _anyone_left(self) -> bool:
+        return self.pgid is not None and reaper.group_alive(self.pgid)
+
+    def _schedule(self, when: float, sig: int, is_timeout: bool = False) -> None:
+        self.events.append((when, sig, is_timeout))
+        self._arm()
+
+    def _arm(self) -> None:
+        if not self.events:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            return
+        delay = min(e[0] for e in self.events) - time.monotonic()
+        signal.setitimer(signal.ITIMER_REAL, max(delay, 0.001))
+
+    def _send_group(self, sig: int) -> None:
+        if self.pgid is None:
+            return
+        try:
+            os.killpg(self.pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass  # the group is already gone
+
+    def start(self, keep_fds: Sequence[int]) -> int:
+        spec = self.spec
+        for fd in keep_fds:
+            os.set_inheritable(fd, True)  # the lock's description: the command's second line
+        actions = []
+        if spec.stdin_devnull:
+            actions.append((os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0))
+        program = SHELL if spec.argv[:2] == ["sh", "-c"] else find_program(spec)
+        pid = os.posix_spawn(
+            program,
+            spec.argv,
+            spec.env,
+            file_actions=actions,
+            setpgroup=0,
+            setsigdef=_RESET_FOR_CHILD,
+        )
+        self.pgid = self.stopper.pgid = pid
+        self.started = time.monotonic()
+        if spec.timeout is not None:
+            self._schedule(self.started + spec.timeout, signal.SIGTERM, is_timeout=True)
+        return pid
+
+
+def find_program(spec: Spec) -> str:
+    """The program of an argv run, searched in the command's own PATH (posix_spawnp
+    would search ours)."""
+    name = spec.argv[0]
+    if "/" in name:
+        return name
+    for directory in spec.env.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(directory or ".", name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise FileNotFoundError(errno.ENOENT, f"{name}: not found in PATH")
+
+
+def _install(sup: _Supervisor) -> None:
+    signal.signal(signal.SIGALRM, sup.on_alarm)
+    signal.signal(STOP_NOW, sup.on_stop_now)
+    for sig in FORWARDED:
+        if signal.getsignal(sig) != signal.SIG_IGN:  # ignored by our caller (nohup, `&`)
+            signal.signal(sig, sup.on_signal)
+
+
+def _watch_keeper(life: int) -> None:
+    """Thread: the keeper holds the pipe's other end; EOF means it died."""
+    while True:
+        try:
+            if not os.read(life, 64):
+                break
+        except InterruptedError:
+            continue
+        except OSError:
+            break
+    os.kill(os.getpid(), STOP_NOW)
+
+
+def _write(fd: int, line: str) -> None:
+    data = line.encode()
+    while data:
+        try:
+            data = data[os.write(fd, data) :]
+        except InterruptedError:
+            continue
+        except OSError:
+            return  # the keeper is gone; nobody reads this
+
+
+def _wait_command(sup: _Supervisor, pid: int, tty: int | None) -> int:
+    """The command's wait status; reaps adopted orphans on the way."""
+    flags = os.WUNTRACED if tty is not None else 0
+    target = -1 if sup.stopper.subreaper else pid
+    while True:
+        try:
+            got, status = os.waitpid(target, flags)
+        except ChildProcessError:
+            return 0
+        if got != pid:
+            continue  # an adopted orphan ended: reaped, so it never lingers as a zombie
+        if os.WIFSTOPPED(status):
+            # Ctrl-Z in a terminal stopped the command: stop as a shell job would.
+            terminal.stop_with(tty, sup.keeper)
+            terminal.give_terminal(tty, pid)
+            continue
+        return status
+
+
+def main(spec: Spec, out: int, life: int, keep_fds: Sequence[int], keeper: int) -> None:
+    """The supervisor's whole life, in the forked child. Never returns."""
+    code = 70
+    try:
+        code = _run(spec, out, life, keep_fds, keeper)
+    except BaseException as exc:
+        _write(out, f"error {type(exc).__name__}: {exc}\n".replace("\n", " ").strip() + "\n")
+    finally:
+        os._exit(code)
+
+
+def _run(spec: Spec, out: int, life: int, keep_fds: Sequence[int], keeper: int) -> int:
+    subreaper = reaper.become_subreaper(reaper.load_prctl())
+    sup = _Supervisor(spec, keeper, subreaper)
+    _install(sup)
+    tty = terminal.foreground_tty()
+    try:
+        pid = sup.start(keep_fds)
+    except OSError as exc:
+        _write(out, f"spawnfail {exc.errno or 0} {exc.strerror or exc}\n")
+        return 0
+    _write(out, f"pid {pid}\n")
+    _thread.start_new_thread(_watch_keeper, (life,))
+    terminal.give_terminal(tty, pid)
+    status = _wait_command(sup, pid, tty)
+    if os.WIFSIGNALED(status) and not sup.stopping:
+        # Killed by a signal nobody here sent (OOM, kill -9): the rest of its group must
+        # not run on under a lock that is about to be released.
+        sup.stop_everything()
+    gave_up = False
+    if sup.stopping:
+        sup.stopper.told.clear()
+        gave_up = not sup.stopper.wait_gone()
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    terminal.give_terminal(tty, os.getpgrp(), resume=False)
+    if sup.timed_out:
+        code = 137 if sup.kill_sent else 124
+    else:
+        code = os.waitstatus_to_exitcode(status)
+        code = 128 - code if code < 0 else code
+    flags = f"{int(sup.timed_out)} {int(sup.kill_sent)} {int(gave_up)} {int(sup.keeper_gone)}"
+    signals = ",".join(str(s) for s in sup.signals) or "-"
+    _write(out, f"done {code} {flags} {signals} {sup.started!r}\n")
+    return 0

@@ -1,0 +1,74 @@
+"""What commands print on stdout: answers (status, list, history, a hold's token), as
+text or JSON."""
+
+from __future__ import annotations
+
+import sys
+
+from .._json import dumps
+from .lines import describe_holder
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+def out(text: str) -> None:
+    """One answer on stdout, byte for byte (names may be any bytes)."""
+    stream = sys.stdout.buffer
+    stream.write((text + "\n").encode("utf-8", "surrogateescape"))
+    stream.flush()
+
+
+def out_json(value: Any) -> None:
+    out(dumps(value))
+
+
+def describe_status(st: dict[str, Any], asked: str | None) -> str:
+    """The human form of one status object (the same data as ``--json``)."""
+    label = st.get("name") or asked or "(unnamed)"
+    if st.get("slot") is not None:
+        label += f" [slot {st['slot']}]"
+    lines = []
+    slots = st.get("slots") or []
+    if st["state"] == "free" and slots:
+        lines.append(f"{label}: {st.get('slots_in_use', 0)} of {len(slots)} slots in use")
+    elif st["state"] == "free":
+        lines.append(f"{label}: free")
+    elif st["state"] == "held":
+        holders = st["holders"]
+        mode = st.get("mode") or "held"
+        if holders:
+            who = "; ".join(describe_holder(h) for h in holders)
+            lines.append(f"{label}: held ({mode}) by {who}")
+        else:
+            lines.append(f"{label}: held ({mode})")
+    else:
+        lines.append(f"{label}: cannot tell")
+    lines.append(f"  lock file: {st['lock_file']}")
+    if st["method"] == "probe":
+        lines.append("  (probed without /proc/locks: holder details and waiters unknown)")
+    for index, slot in enumerate(slots):
+        who = "; ".join(describe_holder(h) for h in slot["holders"]) or slot["state"]
+        lines.append(f"    slot {index}: {who}")
+    waiters = st.get("waiters") or []
+    if waiters:
+        lines.append(f"  waiting: {len(waiters)}")
+        for w in waiters:
+            since = f", started {w['started']}" if w.get("started") else ""
+            host = f" on {w['host']}" if w.get("host") else ""
+            lines.append(
+                f"    {w['position']}. pid {w['pid']}{host} {w['mode']}{since}: "
+                f"{w.get('command') or '?'}"
+            )
+    return "\n".join(lines)
+
+
+def describe_history(rows: list[dict[str, Any]], name: str, where: str) -> str:
+    if not rows:
+        return f"{name}: no history on {where}"
+    lines = []
+    for row in rows:
+        host = f" on {row['host']}" if row.get("host") else ""
+        lines.append(f"{row['time']}  {row['event']:<8} {row['actor']}{host}: {row['message']}")
+    return "\n".join(lines)
