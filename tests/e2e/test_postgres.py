@@ -8,7 +8,6 @@ process; the tests wait on those lines and on ``pg_locks``, never on fixed sleep
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -807,11 +806,6 @@ def test_record_comment_round_trips_and_survives_truncation(
 # -- the CLI ---------------------------------------------------------------------------------
 
 CLI = [sys.executable, "-m", "local_mutex"]
-# Before the one lifecycle lands, the CLI has no postgres backend to open.
-needs_cli = pytest.mark.skipif(
-    importlib.util.find_spec("local_mutex.lifecycle") is None,
-    reason="the CLI's lifecycle (local_mutex.lifecycle) is not there yet",
-)
 
 
 def _cli_env(pg: PgServer, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -845,7 +839,6 @@ def _spawn(pg: PgServer, tmp: Path, *args: str) -> subprocess.Popen[bytes]:
         )
 
 
-@needs_cli
 @pytest.mark.parametrize("runs", [2, 20])
 def test_cli_runs_never_overlap(pg: PgServer, tmp_path: Path, runs: int) -> None:
     log = tmp_path / "log"
@@ -864,7 +857,6 @@ def test_cli_runs_never_overlap(pg: PgServer, tmp_path: Path, runs: int) -> None
         assert end <= start, spans
 
 
-@needs_cli
 @pytest.mark.parametrize("victim", ["keeper", "supervisor"])
 def test_cli_killed_wrapper_does_not_free_the_lock_while_the_command_runs(
     pg: PgServer, tmp_path: Path, victim: str
@@ -904,7 +896,6 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-@needs_cli
 def test_cli_terminated_session_stops_the_command_with_69(pg: PgServer, tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
     cmd = f"echo $$ > {pidfile}; sleep 30"
@@ -918,7 +909,6 @@ def test_cli_terminated_session_stops_the_command_with_69(pg: PgServer, tmp_path
     assert not _alive(int(pidfile.read_text()))
 
 
-@needs_cli
 def test_cli_hold_status_list_release(pg: PgServer, tmp_path: Path) -> None:
     held = _cli(pg, "hold", "--remote", pg.url, "--message", "deploying", "gate")
     assert held.returncode == 0, held.stderr
@@ -940,7 +930,6 @@ def test_cli_hold_status_list_release(pg: PgServer, tmp_path: Path) -> None:
     assert history.returncode == 2 and "not kept by this backend" in history.stderr
 
 
-@needs_cli
 def test_cli_bad_addresses(pg: PgServer, tmp_path: Path) -> None:
     ran = tmp_path / "ran"
     down = _cli(pg, "run", "--remote", "postgresql://x@127.0.0.1:1/db", "n", f"touch {ran}")

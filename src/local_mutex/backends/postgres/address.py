@@ -90,6 +90,9 @@ def domain(url: str) -> str:
 
 
 def load_driver() -> ModuleType:
+    from ..._site import ensure
+
+    ensure()  # a nested call starts with -I -S: installed distributions need site
     try:
         import psycopg
     except ImportError:

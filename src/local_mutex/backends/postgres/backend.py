@@ -10,10 +10,10 @@ membership in it, or ``pg_signal_backend`` (a superuser's session only a superus
 
 from __future__ import annotations
 
-import hashlib
 import time
 
 from ...errors import BadAddress, Refused, Unavailable, Unsupported
+from ...identity import ENV_TOKEN, owned
 from ..base import LockStatus, Released
 from . import observe
 from .address import DropBound, is_postgres, load_driver, mask, password_warning
@@ -28,13 +28,6 @@ if TYPE_CHECKING:
 
     from ..base import HoldInfo
 
-ENV_TOKEN = "LOCAL_MUTEX_HOLD_TOKEN"
-_IDENTITY = (
-    ("run_id", "GITHUB_RUN_ID"),
-    ("run_attempt", "GITHUB_RUN_ATTEMPT"),
-    ("job", "GITHUB_JOB"),
-    ("runner", "RUNNER_NAME"),
-)
 _END_WAIT = 5.0
 
 
@@ -186,8 +179,6 @@ class PostgresBackend:
             time.sleep(0.02)
         raise Unavailable(f"the session holding {label} (server pid {row.pid}) did not end")
 
-    list = list_locks  # the protocol's earlier name
-
     def close(self) -> None:
         session, self._observer = self._observer, None
         if session is not None:
@@ -227,17 +218,6 @@ def _status(name: bytes, rows: Sequence[observe.Row]) -> LockStatus:
             w.position += len(st.waiters)
         st.waiters.extend(queued.waiters)
     return st
-
-
-def owned(info: Mapping[str, Any], env: Mapping[str, str], token: str | None) -> bool:
-    """A hold started by the caller: its token, or (under Actions) its very job."""
-    if not info.get("hold"):
-        return False
-    if token:
-        return info.get("token_sha256") == hashlib.sha256(token.encode()).hexdigest()
-    if not env.get("GITHUB_RUN_ID"):
-        return False
-    return all(info.get(key) == env.get(var, "") for key, var in _IDENTITY)
 
 
 def _describe(holder: Mapping[str, Any]) -> str:

@@ -70,7 +70,7 @@ class PostgresLock:
 
     def held_by_our_hold(self, env: Mapping[str, str], token: str | None) -> int | None:
         """The pid of a ``hold`` of this very job (or token) that has this lock, if any."""
-        from .backend import owned
+        from ...identity import owned
 
         session = self._connect()
         try:
