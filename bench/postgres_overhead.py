@@ -10,8 +10,9 @@
    lets go at once. The gap is from one holder's release call to the next holder's return
    from acquire (each holds 20 ms, so one process's exit does not land in the next gap):
    median and max (target median <= 10 ms: the server wakes the next waiter,
-   nobody polls). ``--git`` adds the same through the git backend on a local git daemon,
-   timed from the timestamps the commands write.
+   nobody polls). Then the same through the CLI: W ``run`` commands, timed from the
+   timestamps the commands write; ``--git`` adds that for the git backend on a local git
+   daemon.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -109,10 +111,11 @@ def handoff(pg: PgServer, waiters: int, work: Path) -> None:
     ]
     # Everyone connected and queued (one of them holds), then the first lets go.
     deadline = time.monotonic() + 60
-    while len(list(work.glob("go.*"))) < waiters or _queued(pg) < waiters - 1:
+    while len(list(work.glob("go.*"))) < waiters:
         if time.monotonic() > deadline:
-            raise SystemExit("waiters did not queue")
+            raise SystemExit("waiters did not start")
         time.sleep(0.01)
+    _wait_queued(pg, waiters - 1)
     go.touch()
     for p in procs:
         p.wait(60)
@@ -124,37 +127,65 @@ def handoff(pg: PgServer, waiters: int, work: Path) -> None:
     )
 
 
-def _queued(pg: PgServer) -> int:
-    rows = pg.psql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
-    return int(rows or 0)
+def _wait_queued(pg: PgServer, count: int) -> None:
+    sql = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+    deadline = time.monotonic() + 120
+    while int(pg.psql(sql) or 0) < count:
+        if time.monotonic() > deadline:
+            raise SystemExit("waiters did not queue")
+        time.sleep(0.01)
 
 
-def git_handoff(waiters: int, work: Path) -> None:
-    from helpers.gitserver import git_daemon
-
-    log = work / "git-turns"
-    cmd = f'date +%s.%N >> "{log}"; date +%s.%N >> "{log}"'
-    with git_daemon(work / "gitserver") as url:
-        procs = [
-            subprocess.Popen(
-                [*cli(), "run", "--remote", url, "--poll", "0.2", "handoff", cmd],
-                env=clean_env(),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            for _ in range(waiters)
-        ]
-        codes = [p.wait(600) for p in procs]
+def cli_handoff(
+    label: str,
+    url: str,
+    waiters: int,
+    work: Path,
+    env: dict[str, str],
+    queued: Callable[[int], None],
+) -> None:
+    """W ``local-mutex run`` on one name, all queued before the first lets go; the gap is
+    from one command's last timestamp to the next command's first (release, wake, record,
+    spawn: what a user sees)."""
+    log, go = work / f"{label}-turns", work / f"{label}-go"
+    cmd = (
+        f'while [ ! -e "{go}" ]; do sleep 0.01; done; '
+        f'date +%s.%N >> "{log}"; date +%s.%N >> "{log}"'
+    )
+    extra = ["--poll", "0.2"] if label == "git" else []
+    procs = [
+        subprocess.Popen(
+            [*cli(), "run", "--remote", url, *extra, "handoff", cmd],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(waiters)
+    ]
+    queued(waiters - 1)
+    go.touch()
+    codes = [p.wait(600) for p in procs]
     if any(codes):
-        print(f"git handoff: runs failed ({codes})")
+        print(f"{label} handoff: runs failed ({codes})")
         return
     stamps = [float(x) for x in log.read_text().split()]
     pairs = sorted(zip(stamps[::2], stamps[1::2]))
     gaps = [b[0] - a[1] for a, b in zip(pairs, pairs[1:])]
     print(
-        f"git handoff (--poll 0.2), {waiters} queued: median {_ms(statistics.median(gaps))}, "
-        f"max {_ms(max(gaps))} (command end to next command start)"
+        f"{label} CLI handoff{' (--poll 0.2)' if extra else ''}, {waiters} runs: "
+        f"median {_ms(statistics.median(gaps))}, max {_ms(max(gaps))} "
+        "(command end to next command start)"
     )
+
+
+def git_handoff(waiters: int, work: Path) -> None:
+    from helpers.gitserver import git_daemon
+
+    def started(count: int) -> None:
+        time.sleep(0.5 * count)  # no queue to look at: give every run time to start
+
+    with git_daemon(work / "gitserver") as url:
+        cli_handoff("git", url, waiters, work, clean_env(), started)
 
 
 def main() -> None:
@@ -170,6 +201,15 @@ def main() -> None:
         latency(server, args.rounds)
         with tempfile.TemporaryDirectory() as tmp:
             handoff(server, args.waiters, Path(tmp))
+            env = {**clean_env(), **server.env()}
+            cli_handoff(
+                "postgres",
+                server.url,
+                args.waiters,
+                Path(tmp),
+                env,
+                lambda count: _wait_queued(server, count),
+            )
             if args.git:
                 git_handoff(args.waiters, Path(tmp))
     finally:
