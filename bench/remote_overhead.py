@@ -61,6 +61,7 @@ def _bare_push(url: str, work: Path, rounds: int) -> float:
 
 
 def _lock_cycle(url: str, rounds: int) -> float:
+    from local_mutex.backends import Take
     from local_mutex.backends.git.backend import GitBackend
 
     times = []
@@ -69,7 +70,7 @@ def _lock_cycle(url: str, rounds: int) -> float:
         for _ in range(rounds):
             lock = backend.lock(b"bench")
             t0 = time.perf_counter()
-            lock.acquire(shared=False, slots=None, wait=0, reporter=None, progress=None)
+            lock.acquire(Take(wait=0))
             lock.release()
             times.append(time.perf_counter() - t0)
     finally:

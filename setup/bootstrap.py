@@ -10,9 +10,12 @@ The install is a copy of the package into ``$RUNNER_TOOL_CACHE/local-mutex/<vers
 (else ``${XDG_CACHE_HOME:-~/.cache}/local-mutex/...``), prepared in a temporary directory and
 renamed into place under a kernel lock, so two runners' first use installs once and nobody
 ever sees a half-written install.
-"""
 
-from __future__ import annotations
+This file must parse on any Python 3, so that an old interpreter gets the friendly error in
+``main`` instead of a SyntaxError: no f-strings, no variable annotations, no
+``from __future__ import annotations``, and annotations that name generic types are quoted
+(they are evaluated when a ``def`` runs, and ``list[str]`` needs Python 3.9).
+"""
 
 import fcntl
 import os
@@ -41,10 +44,10 @@ def install_key() -> str:
         size += len(data)
         if name == "_version.py":
             version = data.decode().split('"')[1]
-    return f"{version}-{digest:08x}{size:x}"
+    return version + "-" + format(digest, "08x") + format(size, "x")
 
 
-def _package_files() -> list[str]:
+def _package_files() -> "list[str]":
     """Every file of the package, subpackages included, relative and sorted."""
     found = []
     for root, dirs, files in os.walk(PACKAGE_SRC):
@@ -56,7 +59,7 @@ def _package_files() -> list[str]:
     return sorted(found)
 
 
-def cache_roots(env: dict[str, str]) -> list[str]:
+def cache_roots(env: "dict[str, str]") -> "list[str]":
     roots = []
     if env.get("RUNNER_TOOL_CACHE"):
         roots.append(os.path.join(env["RUNNER_TOOL_CACHE"], "local-mutex"))
@@ -73,7 +76,7 @@ def _usable(root: str) -> bool:
     return os.access(root, os.W_OK | os.X_OK)
 
 
-def ensure_installed(env: dict[str, str]) -> str:
+def ensure_installed(env: "dict[str, str]") -> str:
     """The install directory for this version, installing it first if needed."""
     key = install_key()
     roots = cache_roots(env)
@@ -84,7 +87,7 @@ def ensure_installed(env: dict[str, str]) -> str:
     for root in roots:
         if _usable(root):
             return _install(root, key)
-    raise BootstrapError(f"no writable tool cache among {roots}")
+    raise BootstrapError("no writable tool cache among " + repr(roots))
 
 
 def _install(root: str, key: str) -> str:
@@ -137,9 +140,9 @@ def _populate(tmp: str, final: str) -> None:
         f.write(
             "#!/bin/sh\n"
             "# local-mutex, installed by the local-mutex action.\n"
-            f"LOCAL_MUTEX_PYTHON=${{LOCAL_MUTEX_PYTHON:-{_sh_quote(sys.executable)}}}\n"
+            "LOCAL_MUTEX_PYTHON=${LOCAL_MUTEX_PYTHON:-" + _sh_quote(sys.executable) + "}\n"
             "export LOCAL_MUTEX_PYTHON\n"
-            f'exec sh {_sh_quote(shim)} "$@"\n'
+            "exec sh " + _sh_quote(shim) + ' "$@"\n'
         )
     os.chmod(launcher, 0o755)
     os.chmod(os.path.join(lib, "local_mutex", "local-mutex.sh"), 0o755)
@@ -200,13 +203,13 @@ def _ensure_click(final: str) -> None:
         os.close(lock_fd)
 
 
-def setup(env: dict[str, str], final: str) -> int:
+def setup(env: "dict[str, str]", final: str) -> int:
     sys.path.insert(0, os.path.join(final, "lib"))
     _ensure_click(final)
     shim = os.path.join(final, "lib", "local_mutex", "local-mutex.sh")
     with open(env["GITHUB_PATH"], "a", encoding="utf-8") as f:
         f.write(os.path.join(final, "bin") + "\n")
-    lines = [f"LOCAL_MUTEX_CLI={shim}", f"LOCAL_MUTEX_PYTHON={sys.executable}"]
+    lines = ["LOCAL_MUTEX_CLI=" + shim, "LOCAL_MUTEX_PYTHON=" + sys.executable]
     lock_dir = env.get("LOCAL_MUTEX_INPUT_LOCK_DIR", "")
     if lock_dir:
         sys.path.insert(0, os.path.join(final, "lib"))
@@ -214,23 +217,25 @@ def setup(env: dict[str, str], final: str) -> int:
         from local_mutex.errors import ValidationError
 
         try:
-            lines.append(f"LOCAL_MUTEX_LOCK_DIR={resolve_lock_dir(lock_dir)}")
+            lines.append("LOCAL_MUTEX_LOCK_DIR=" + resolve_lock_dir(lock_dir))
         except ValidationError as exc:
-            print(f"::error::local-mutex: {exc}", file=sys.stderr)
+            print("::error::local-mutex: " + str(exc), file=sys.stderr)
             return 2
     with open(env["GITHUB_ENV"], "a", encoding="utf-8") as f:
         f.write("".join(line + "\n" for line in lines))
     with open(env["GITHUB_OUTPUT"], "a", encoding="utf-8") as f:
-        f.write(f"cli={shim}\n")
-    print(f"local-mutex: ready at {shim}", file=sys.stderr)
+        f.write("cli=" + shim + "\n")
+    print("local-mutex: ready at " + shim, file=sys.stderr)
     return 0
 
 
-def main(argv: list[str]) -> int:
+def main(argv: "list[str]") -> int:
     if sys.version_info < (3, 9):  # noqa: UP036 - bootstrap may run on any python3
         print(
-            f"::error::local-mutex needs Python >= 3.9, {sys.executable} is "
-            f"{sys.version.split()[0]}",
+            "::error::local-mutex needs Python >= 3.9, "
+            + str(sys.executable)
+            + " is "
+            + sys.version.split()[0],
             file=sys.stderr,
         )
         return 2
@@ -239,7 +244,7 @@ def main(argv: list[str]) -> int:
     try:
         final = ensure_installed(env)
     except (OSError, BootstrapError) as exc:
-        print(f"::error::local-mutex: install failed: {exc}", file=sys.stderr)
+        print("::error::local-mutex: install failed: " + str(exc), file=sys.stderr)
         return 125
     if mode == "setup":
         return setup(env, final)

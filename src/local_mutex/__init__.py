@@ -41,33 +41,6 @@ if TYPE_CHECKING:
     from .errors import ValidationError as ValidationError
     from .lifecycle import RunResult as RunResult
 
-_HOME = {
-    "api": ("HeldLock", "hold", "list_locks", "lock_path", "run", "status"),
-    "backends.base": ("Holder", "HoldInfo", "LockStatus", "Released", "Waiter"),
-    "errors": (
-        "BadAddress",
-        "CannotTell",
-        "Interrupted",
-        "InvalidCommand",
-        "InvalidLockDir",
-        "InvalidName",
-        "InvalidTemplate",
-        "LocalMutexError",
-        "LockLost",
-        "NestingError",
-        "NotAcquired",
-        "RecordNotWritten",
-        "Refused",
-        "SpawnError",
-        "Unavailable",
-        "UnsafeLockFile",
-        "Unsupported",
-        "ValidationError",
-    ),
-    "lifecycle": ("RunResult",),
-}
-_WHERE = {name: module for module, names in _HOME.items() for name in names}
-
 __all__ = [
     "BadAddress",
     "CannotTell",
@@ -101,17 +74,21 @@ __all__ = [
     "run",
     "status",
 ]
+# Where the names live, lightest first: an error class never loads the lifecycle.
+_HOMES = ("errors", "backends.base", "lifecycle", "api")
 
 
 def __getattr__(name: str) -> object:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'local_mutex' has no attribute {name!r}")
-    from importlib import import_module
+    if name in __all__:
+        from importlib import import_module
 
-    value = getattr(import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+        for home in _HOMES:
+            module = import_module(f"{__name__}.{home}")
+            if name in vars(module):
+                value = getattr(module, name)
+                globals()[name] = value
+                return value
+    raise AttributeError(f"module 'local_mutex' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from .backends import open_backend
+from .backends import Ending, open_backend
 from .errors import LocalMutexError, NotAcquired, ValidationError
 from .lifecycle import Command, Options, run_locked
 from .names import name_bytes
@@ -213,11 +213,7 @@ def _release(inputs: ActionInputs, step: _Step, backend: Backend) -> int:
 
     done = backend.release_hold(
         name_bytes(inputs.name),
-        token=inputs.token,
-        force=inputs.force,
-        slots=inputs.slots is not None,
-        delete_branch=False,
-        env=step.env,
+        Ending(step.env, token=inputs.token, force=inputs.force, slots=inputs.slots is not None),
     )
     step.outputs["released"] = "true" if done.was_held else "false"
     if done.was_held:

@@ -12,7 +12,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from .commands.options import Parsed
+    from .commands.argv import Parsed
 
 COMPLETE_VAR = "_LOCAL_MUTEX_COMPLETE"
 
@@ -36,7 +36,8 @@ def _command(verb: str) -> Callable[[Parsed], int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .commands.options import VERBS, UsageError, parse, wants_help
+    from .commands.argv import parse, wants_help
+    from .commands.options import VERBS, UsageError
 
     args = list(sys.argv[1:] if argv is None else argv)
     if COMPLETE_VAR in os.environ or not args or wants_help(args):

@@ -14,6 +14,7 @@ import os
 import sys
 import time
 
+from .backends import Take
 from .errors import LockLost, NestingError, RecordNotWritten, Unavailable, ValidationError
 from .identity import ENV_TOKEN, holder_record
 from .names import display, name_bytes, shell_quote, validate_command
@@ -182,11 +183,13 @@ def run_locked(
             return _run_inside(lock, pid, command, opts, env, reporter, result)
         lock.stop_grace = opts.kill_after + STOP_MARGIN
         result.waited = lock.acquire(
-            shared=opts.shared,
-            slots=opts.slots,
-            wait=opts.wait,
-            reporter=reporter,
-            progress=progress_interval(env) if reporter is not None else None,
+            Take(
+                shared=opts.shared,
+                slots=opts.slots,
+                wait=opts.wait,
+                reporter=reporter,
+                progress=progress_interval(env) if reporter is not None else None,
+            )
         )
         result.acquired = True
         result.lock_file = lock.lock_file
@@ -332,11 +335,12 @@ class Held:
                 raise NestingError(f"lock {lock.label} is already held by this thread")
             lock.stop_grace = self.opts.kill_after + STOP_MARGIN
             self.waited = lock.acquire(
-                shared=self.opts.shared,
-                slots=self.opts.slots,
-                wait=self.opts.wait,
-                reporter=self.reporter,
-                progress=None,
+                Take(
+                    shared=self.opts.shared,
+                    slots=self.opts.slots,
+                    wait=self.opts.wait,
+                    reporter=self.reporter,
+                )
             )
             extra = {**(_extra(self.opts) or {}), **(self.extra or {})}
             try:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers import clean_env
 
 BOOTSTRAP = Path(__file__).resolve().parents[2] / "setup" / "bootstrap.py"
@@ -95,3 +97,136 @@ def test_unusable_tool_cache_falls_back_to_the_user_cache(tmp_path: Path) -> Non
     )
     assert r.returncode == 0, r.stderr
     assert os.listdir(home_cache / "local-mutex")
+
+
+# -- old interpreters: the bootstrap parses on any Python 3 and says what it needs --------
+
+
+def _pyenv_python(version: str) -> str | None:
+    """The newest pyenv interpreter of ``version`` (e.g. "3.6"), if this machine has one."""
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    found = sorted(
+        root.glob(f"{version}.*/bin/python3"),
+        key=lambda p: tuple(int(x) for x in p.parts[-3].split(".") if x.isdigit()),
+    )
+    return str(found[-1]) if found else None
+
+
+def _needs_pyenv(version: str) -> pytest.MarkDecorator:
+    return pytest.mark.skipif(
+        _pyenv_python(version) is None,
+        reason=f"no pyenv Python {version} here (~/.pyenv/versions/{version}.*)",
+    )
+
+
+@pytest.mark.parametrize(
+    "version",
+    [pytest.param(v, marks=_needs_pyenv(v)) for v in ("3.6", "3.7", "3.8")],
+)
+@pytest.mark.parametrize("mode", ["action", "setup"])
+def test_an_old_python_gets_the_friendly_error(tmp_path: Path, version: str, mode: str) -> None:
+    python = _pyenv_python(version)
+    assert python is not None
+    cache = tmp_path / "tc"
+    files = {n: tmp_path / n for n in ("path", "env", "out")}
+    for f in files.values():
+        f.write_text("")
+    env = clean_env(
+        {
+            "RUNNER_TOOL_CACHE": str(cache),
+            "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+            "GITHUB_PATH": str(files["path"]),
+            "GITHUB_ENV": str(files["env"]),
+            "GITHUB_OUTPUT": str(files["out"]),
+            "LOCAL_MUTEX_INPUT_NAME": "old",
+            "LOCAL_MUTEX_INPUT_RUN": "echo must-not-run",
+        }
+    )
+    r = subprocess.run(
+        [python, str(BOOTSTRAP), mode], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 2, r.stderr
+    full = subprocess.run(
+        [python, "-c", "import sys; print(sys.version.split()[0])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert r.stderr == f"::error::local-mutex needs Python >= 3.9, {python} is {full}\n"
+    assert r.stdout == ""
+    assert not cache.exists() and not (tmp_path / "xdg").exists()  # nothing installed
+    assert all(f.read_text() == "" for f in files.values())
+
+
+@pytest.mark.parametrize(
+    "version",
+    [pytest.param(v, marks=_needs_pyenv(v)) for v in ("3.6", "3.7", "3.8")],
+)
+def test_an_old_python_compiles_the_bootstrap(tmp_path: Path, version: str) -> None:
+    """The whole file compiles (not just the lines that run before the version check)."""
+    python = _pyenv_python(version)
+    assert python is not None
+    code = "import sys; compile(open(sys.argv[1]).read(), sys.argv[1], 'exec')"
+    r = subprocess.run([python, "-c", code, str(BOOTSTRAP)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_the_bootstrap_uses_no_syntax_newer_than_python_3_0() -> None:
+    """What no interpreter here can check: 3.0 to 3.5 would choke on f-strings and variable
+    annotations, which only 3.6 brought. Tokens and the syntax tree tell."""
+    import ast
+    import io
+    import tokenize
+
+    source = BOOTSTRAP.read_text()
+    fstring_start = getattr(tokenize, "FSTRING_START", None)
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == fstring_start:
+            raise AssertionError(f"f-string at line {tok.start[0]}")
+        if tok.type == tokenize.STRING:
+            prefix = tok.string[: len(tok.string) - len(tok.string.lstrip("rRbBuUfF"))]
+            assert "f" not in prefix.lower(), f"f-string at line {tok.start[0]}"
+    tree = ast.parse(source)
+    newer = (ast.AnnAssign, ast.NamedExpr, ast.AsyncFunctionDef, ast.Await, ast.JoinedStr)
+    for node in ast.walk(tree):
+        assert not isinstance(node, newer), f"{type(node).__name__} at line {node.lineno}"
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            names = {a.name for a in node.names}
+            assert names <= {"print_function", "division", "absolute_import"}, names
+        if isinstance(node, ast.arguments):
+            assert not node.posonlyargs, "positional-only parameters need 3.8"
+        annotations = []
+        if isinstance(node, ast.FunctionDef):
+            annotations = [a.annotation for a in node.args.args + node.args.kwonlyargs]
+            annotations.append(node.returns)
+        for ann in annotations:
+            # Evaluated when the def runs: only plain names or quoted text, never list[str].
+            assert ann is None or isinstance(ann, (ast.Name, ast.Constant)), ast.dump(ann)
+
+
+@pytest.mark.skipif(_pyenv_python("3.9") is None, reason="no pyenv Python 3.9 here")
+def test_the_lowest_supported_python_runs_the_action(tmp_path: Path) -> None:
+    """Python 3.9 (the floor) installs the package and runs a command under a lock, with no
+    click needed (the action path is click-free)."""
+    python = _pyenv_python("3.9")
+    assert python is not None
+    out = tmp_path / "out"
+    out.write_text("")
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    env = clean_env(
+        {
+            "RUNNER_TOOL_CACHE": str(tmp_path / "tc"),
+            "GITHUB_OUTPUT": str(out),
+            "LOCAL_MUTEX_INPUT_NAME": "floor",
+            "LOCAL_MUTEX_INPUT_RUN": "echo ran-under-lock",
+            "LOCAL_MUTEX_INPUT_LOCK_DIR": str(locks),
+        }
+    )
+    env.pop("GITHUB_STEP_SUMMARY", None)
+    r = subprocess.run(
+        [python, str(BOOTSTRAP), "action"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "ran-under-lock\n"
+    assert "acquired=true" in out.read_text()

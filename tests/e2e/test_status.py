@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -21,10 +22,10 @@ from helpers import (
     clean_env,
     hold_until,
     lock_file,
-    nobody_can_run_python,
     run_cli,
     wait_for,
 )
+from helpers.otheruser import OtherUser, as_other_user
 
 linux_only = pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="needs /proc/locks")
 
@@ -185,15 +186,18 @@ def test_status_bad_input(lock_dir: Path, tmp_path: Path) -> None:
     assert r.returncode == 2 and b"must be an absolute path" in r.stderr
 
 
-def _hidden_proc(args: list[str], user: bool = False) -> subprocess.CompletedProcess[bytes]:
+def _hidden_proc(
+    args: list[str], user: OtherUser | None = None
+) -> subprocess.CompletedProcess[bytes]:
     """Run the CLI with an empty tmpfs over /proc (a private mount namespace)."""
-    drop = "setpriv --reuid=65534 --regid=65534 --clear-groups " if user else ""
-    script = "mount -t tmpfs none /proc && exec " + drop + " ".join(f"'{a}'" for a in [*CLI, *args])
+    cli = user.cli if user else CLI
+    script = "mount -t tmpfs none /proc && exec " + shlex.join([*cli, *args])
     return subprocess.run(
         ["unshare", "-m", "sh", "-c", script],
         capture_output=True,
         timeout=30,
-        env=clean_env({"PYTHONPATH": os.pathsep.join(sys.path)}),
+        cwd="/",
+        env=user.env() if user else clean_env({"PYTHONPATH": os.pathsep.join(sys.path)}),
     )
 
 
@@ -224,17 +228,12 @@ def test_unreadable_proc_falls_back_to_a_probe(procs: Procs, marks: Path) -> Non
 
 @needs_hidden_proc
 def test_no_proc_and_an_unreadable_lock_file_cannot_tell(marks: Path) -> None:
-    if not nobody_can_run_python():
-        pytest.skip("needs an interpreter that uid 65534 can start")
-    shared_dir = Path(tempfile.mkdtemp(prefix="lm-status-"))
-    shared_dir.chmod(0o755)
-    try:
+    with as_other_user() as nobody:
+        shared_dir = nobody.shared_dir("locks", 0o755)
         lock_file(shared_dir, "p").touch(mode=0o600)
-        r = _hidden_proc(["status", "p", "--lock-dir", str(shared_dir)], user=True)
+        r = _hidden_proc(["status", "p", "--lock-dir", str(shared_dir)], user=nobody)
         assert r.returncode == 3, r.stderr
         assert b"cannot open lock file" in r.stderr
-    finally:
-        shutil.rmtree(shared_dir)
 
 
 @pytest.mark.parametrize("name", ["../../etc/passwd", b"\xff\xfe", "x" * 1000, "a/b"])

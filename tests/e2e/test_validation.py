@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import CLI, clean_env, lock_file, nobody_can_run_python, run_cli
+from helpers import lock_file, run_cli
+from helpers.otheruser import as_other_user
 
 
 def _assert_refused(
@@ -66,39 +65,17 @@ def test_bad_lock_dirs(tmp_path: Path, marks: Path) -> None:
 def test_unwritable_lock_dir(tmp_path: Path, marks: Path) -> None:
     locked = tmp_path / "ro"
     locked.mkdir()
-    marks.chmod(0o777)
     cmd = f"touch '{marks}/ran'"
     if os.geteuid() == 0:
-        # root may write anywhere: run the CLI as nobody against a root-owned 0755 dir.
-        setpriv = shutil.which("setpriv")
-        if setpriv is None or not nobody_can_run_python():
-            pytest.skip("needs setpriv(1) and an interpreter that uid 65534 can start")
-        import subprocess
-        import tempfile
-
-        # pytest's own tmp root is 0700: use a dir nobody can reach but not write.
-        locked = Path(tempfile.mkdtemp(prefix="lm-ro-"))
-        locked.chmod(0o755)
-        r = subprocess.run(
-            [
-                setpriv,
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                *CLI,
-                "n",
-                cmd,
-                str(locked),
-            ],
-            env=clean_env({"PYTHONPATH": os.pathsep.join(sys.path)}),
-            capture_output=True,
-            timeout=30,
-            cwd="/",
-        )
-        assert r.returncode == 2, r.stderr
-        assert b"is not writable" in r.stderr
-        assert not (marks / "ran").exists()
-        locked.rmdir()
+        # root may write anywhere: run the CLI as nobody against a root-owned 0755 dir
+        # (pytest's own tmp root is 0700: the helper's dirs are ones nobody can reach).
+        with as_other_user() as nobody:
+            ran = nobody.shared_dir("marks", 0o777) / "ran"
+            locked = nobody.shared_dir("ro", 0o755)
+            r = nobody.run(["n", f"touch '{ran}'", str(locked)], timeout=30)
+            assert r.returncode == 2, r.stderr
+            assert b"is not writable" in r.stderr
+            assert not ran.exists() and list(locked.iterdir()) == []
     else:
         locked.chmod(0o555)
         _assert_refused(["n", cmd, str(locked)], marks, "is not writable")

@@ -14,10 +14,47 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from ..ui.lines import Reporter
     from .base import Backend
 
 ENV_REMOTE = "LOCAL_MUTEX_REMOTE"
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+class Take:
+    """How to take a lock: what ``Lock.acquire`` is asked for."""
+
+    __slots__ = ("progress", "reporter", "shared", "slots", "wait")
+
+    def __init__(
+        self,
+        *,
+        shared: bool = False,
+        slots: int | None = None,
+        wait: float | None = None,
+        reporter: Reporter | None = None,
+        progress: float | None = None,
+    ) -> None:
+        self.shared, self.slots, self.wait = shared, slots, wait
+        self.reporter, self.progress = reporter, progress
+
+
+class Ending:
+    """What ``release`` asks of ``Backend.release_hold``."""
+
+    __slots__ = ("delete_branch", "env", "force", "slots", "token")
+
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        *,
+        token: str | None = None,
+        force: bool = False,
+        slots: bool = False,
+        delete_branch: bool = False,
+    ) -> None:
+        self.env, self.token, self.force = env, token, force
+        self.slots, self.delete_branch = slots, delete_branch
 
 
 def remote_address(explicit: str | None, env: Mapping[str, str]) -> str | None:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any, Protocol
 
-    from ..ui.lines import Reporter
+    from . import Ending, Take
 
     class Lock(Protocol):
         """One name in one backend: opened by ``Backend.lock``, not yet taken."""
@@ -37,16 +37,8 @@ if TYPE_CHECKING:
             """(pid, "x" | "s") when an ancestor process already holds this very lock, so a
             nested call runs inside it instead of waiting for itself; else None."""
 
-        def acquire(
-            self,
-            *,
-            shared: bool,
-            slots: int | None,
-            wait: float | None,
-            reporter: Reporter | None,
-            progress: float | None,
-        ) -> float:
-            """Take the lock, announcing the wait through ``reporter``; return the seconds
+        def acquire(self, take: Take) -> float:
+            """Take the lock, announcing the wait through ``take.reporter``; return the seconds
             waited. Raises NotAcquired (wait ran out), Interrupted (a stop signal arrived),
             Unsupported (shared/slots where the backend has none), Unavailable."""
 
@@ -103,16 +95,8 @@ if TYPE_CHECKING:
         ) -> HoldInfo:
             """Only where ``persistent_holds``."""
 
-        def release_hold(
-            self,
-            name: bytes,
-            *,
-            token: str | None,
-            force: bool,
-            slots: bool,
-            delete_branch: bool,
-            env: Mapping[str, str],
-        ) -> Released: ...
+        def release_hold(self, name: bytes, ending: Ending) -> Released:
+            """End a hold the caller owns (its token or job), or any with ``force``."""
 
         def close(self) -> None: ...
 

@@ -4,15 +4,18 @@ fast path and the action call the same functions. What they share lives here."""
 from __future__ import annotations
 
 from ..backends import open_backend, remote_address
-from ..errors import Unsupported
+from ..errors import LocalMutexError, Unsupported
 from ..ui.lines import Reporter
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
+    from typing import TypeVar
 
     from ..backends.base import Backend
-    from .options import Parsed
+    from .argv import Parsed
+
+    T = TypeVar("T")
 
 ENV_HELD = "LOCAL_MUTEX_HELD"
 
@@ -49,3 +52,32 @@ def backend_for(parsed: Parsed, env: Mapping[str, str], *, reading: bool = False
 
 def _flag(dest: str) -> str:
     return "slots" if dest == "slotted" else dest.replace("_", "-")
+
+
+class Failed(Exception):
+    """A command's work failed; the line is printed, ``code`` is the exit status."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def using(
+    parsed: Parsed,
+    env: Mapping[str, str],
+    reporter: Reporter,
+    work: Callable[[Backend], T],
+    *,
+    reading: bool = False,
+    translate: Callable[[BaseException], BaseException] | None = None,
+) -> T:
+    """Open the backend the command line names, do the work, close it. A library error
+    is reported (through ``translate`` first) and raised as Failed with its status."""
+    try:
+        backend = backend_for(parsed, env, reading=reading)
+        try:
+            return work(backend)
+        finally:
+            backend.close()
+    except (LocalMutexError, KeyboardInterrupt) as exc:
+        raise Failed(reporter.failure(translate(exc) if translate else exc)) from None

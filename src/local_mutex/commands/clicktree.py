@@ -118,7 +118,7 @@ class _Group(click.Group):
         formatter.write_usage(
             "local-mutex", "[OPTIONS] NAME (COMMAND [LOCK_DIR] | -- PROGRAM [ARGS]...)"
         )
-        formatter.write_usage("local-mutex", "VERB [ARGS]...")
+        formatter.write_usage("local-mutex", "VERB [ARGS]...", prefix="   or: ")
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         run = self.commands[RUN]

@@ -22,7 +22,7 @@ from ..errors import (
 from ..lifecycle import run_locked
 from ..names import display, name_bytes
 from ..ui.lines import duration
-from . import backend_for, reporter_for
+from . import Failed, reporter_for, using
 from .options import UsageError
 from .run import command_of, options_of
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from ..backends.base import Backend
     from ..lifecycle import Command, Options
     from ..ui.lines import Reporter
-    from .options import Parsed
+    from .argv import Parsed
 
 ENV_ITEM = "LOCAL_MUTEX_ITEM"
 MAX_EXIT = 125
@@ -188,24 +188,27 @@ def each(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
             raise UsageError("--skip-locked needs --wait SECONDS or --no-wait")
         parse_template(parsed.positionals[0])
         command, opts = command_of(parsed), options_of(parsed)
-        backend = backend_for(parsed, env)
-        try:
-            result = run_each(
-                backend,
-                read_items(sys.stdin.buffer, null=parsed.flag("null")),
-                parsed.positionals[0],
-                command,
-                opts,
-                keep_going=parsed.flag("keep_going"),
-                skip_locked=parsed.flag("skip_locked"),
-                env=env,
-                reporter=reporter,
-                subreaper=True,
-            )
-        finally:
-            backend.close()
-    except (LocalMutexError, KeyboardInterrupt) as exc:
+    except LocalMutexError as exc:
         return reporter.failure(exc)
+
+    def work(backend: Backend) -> EachResult:
+        return run_each(
+            backend,
+            read_items(sys.stdin.buffer, null=parsed.flag("null")),
+            parsed.positionals[0],
+            command,
+            opts,
+            keep_going=parsed.flag("keep_going"),
+            skip_locked=parsed.flag("skip_locked"),
+            env=env,
+            reporter=reporter,
+            subreaper=True,
+        )
+
+    try:
+        result = using(parsed, env, reporter, work)
+    except Failed as exc:
+        return exc.code
     if not parsed.flag("quiet") or result.failed:
         reporter.write(summary(result, time.monotonic() - start))
     return result.status

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from ..errors import LocalMutexError
+from ..backends import Ending
 from ..names import name_bytes, shell_quote
-from . import backend_for, reporter_for
+from . import Failed, reporter_for, using
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
     from ..backends.base import Backend, HoldInfo
     from ..ui.lines import Reporter
-    from .options import Parsed
+    from .argv import Parsed
 
 
 def take_hold(
@@ -68,16 +68,12 @@ def hold(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     reporter = reporter_for(parsed, env)
     name = parsed.positionals[0]
+    values = {**parsed.values, "wait": parsed.wait()}
+    values["remote_url"] = parsed.text("remote") or env.get("LOCAL_MUTEX_REMOTE")
     try:
-        backend = backend_for(parsed, env)
-        try:
-            values = {**parsed.values, "wait": parsed.wait()}
-            values["remote_url"] = parsed.text("remote") or env.get("LOCAL_MUTEX_REMOTE")
-            info = take_hold(backend, name, values, env)
-        finally:
-            backend.close()
-    except (LocalMutexError, KeyboardInterrupt) as exc:
-        return reporter.failure(exc)
+        info = using(parsed, env, reporter, lambda b: take_hold(b, name, values, env))
+    except Failed as exc:
+        return exc.code
     where = f"detached pid {info.pid}" if info.pid else info.lock_file
     reporter.notice(f"holding {info.name} in {where}; release with: {release_hint(name, parsed)}")
     _print_token(info.token)
@@ -95,21 +91,19 @@ def release(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     reporter = reporter_for(parsed, env)
     name = parsed.positionals[0]
+    ending = Ending(
+        env,
+        token=parsed.text("token"),
+        force=parsed.flag("force"),
+        slots=parsed.flag("slotted"),
+        delete_branch=parsed.flag("delete_branch"),
+    )
     try:
-        backend = backend_for(parsed, env, reading=True)
-        try:
-            done = backend.release_hold(
-                name_bytes(name),
-                token=parsed.text("token"),
-                force=parsed.flag("force"),
-                slots=parsed.flag("slotted"),
-                delete_branch=parsed.flag("delete_branch"),
-                env=env,
-            )
-        finally:
-            backend.close()
-    except (LocalMutexError, KeyboardInterrupt) as exc:
-        return reporter.failure(exc)
+        done = using(
+            parsed, env, reporter, lambda b: b.release_hold(name_bytes(name), ending), reading=True
+        )
+    except Failed as exc:
+        return exc.code
     report_release(reporter, name, done)
     return 0
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import os
 
-from ..errors import CannotTell, LocalMutexError, Unavailable
+from ..errors import CannotTell, Unavailable
 from ..names import name_bytes
 from ..ui.output import describe_history, describe_status, out, out_json
-from . import backend_for, reporter_for
+from . import Failed, reporter_for, using
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from .options import Parsed
+    from .argv import Parsed
 
 EXIT_FREE, EXIT_HELD = 0, 1
 
@@ -30,13 +30,16 @@ def status(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
     reporter = reporter_for(parsed, env)
     name = parsed.positionals[0]
     try:
-        backend = backend_for(parsed, env, reading=True)
-        try:
-            st = backend.status(name_bytes(name))
-        finally:
-            backend.close()
-    except (LocalMutexError, KeyboardInterrupt) as exc:
-        return reporter.failure(_cannot_tell(exc))
+        st = using(
+            parsed,
+            env,
+            reporter,
+            lambda b: b.status(name_bytes(name)),
+            reading=True,
+            translate=_cannot_tell,
+        )
+    except Failed as exc:
+        return exc.code
     data = st.as_dict()
     if parsed.flag("json"):
         out_json(data)
@@ -50,14 +53,18 @@ def status(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
 def list_(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     reporter = reporter_for(parsed, env)
+    include_free = parsed.flag("include_free")
     try:
-        backend = backend_for(parsed, env, reading=True)
-        try:
-            found = backend.list_locks(include_free=parsed.flag("include_free"))
-        finally:
-            backend.close()
-    except (LocalMutexError, KeyboardInterrupt) as exc:
-        return reporter.failure(_cannot_tell(exc))
+        found = using(
+            parsed,
+            env,
+            reporter,
+            lambda b: b.list_locks(include_free=include_free),
+            reading=True,
+            translate=_cannot_tell,
+        )
+    except Failed as exc:
+        return exc.code
     if parsed.flag("json"):
         out_json([s.as_dict() for s in found])
     elif not found:
@@ -72,14 +79,15 @@ def history(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
     reporter = reporter_for(parsed, env)
     name = parsed.positionals[0]
     try:
-        backend = backend_for(parsed, env, reading=True)
-        try:
-            rows = backend.history(name_bytes(name))
-            where = backend.address
-        finally:
-            backend.close()
-    except (LocalMutexError, KeyboardInterrupt) as exc:
-        return reporter.failure(exc)
+        where, rows = using(
+            parsed,
+            env,
+            reporter,
+            lambda b: (b.address, b.history(name_bytes(name))),
+            reading=True,
+        )
+    except Failed as exc:
+        return exc.code
     if parsed.flag("json"):
         out_json(rows)
     else:

@@ -6,13 +6,13 @@ import os
 
 from ..errors import LocalMutexError
 from ..lifecycle import Command, Options, run_locked
-from . import backend_for, reporter_for
+from . import Failed, reporter_for, using
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from .options import Parsed
+    from .argv import Parsed
 
 
 def command_of(parsed: Parsed) -> Command:
@@ -39,21 +39,19 @@ def run(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     reporter = reporter_for(parsed, env)
     try:
-        command = command_of(parsed)
-        opts = options_of(parsed)
-        backend = backend_for(parsed, env)
-        try:
-            result = run_locked(
-                backend,
-                parsed.positionals[0],
-                command,
-                opts,
-                env=env,
-                reporter=reporter,
-                subreaper=True,
-            )
-        finally:
-            backend.close()
-    except (LocalMutexError, KeyboardInterrupt) as exc:
+        command, opts = command_of(parsed), options_of(parsed)
+    except LocalMutexError as exc:
         return reporter.failure(exc)
+    name = parsed.positionals[0]
+    try:
+        result = using(
+            parsed,
+            env,
+            reporter,
+            lambda b: run_locked(
+                b, name, command, opts, env=env, reporter=reporter, subreaper=True
+            ),
+        )
+    except Failed as exc:
+        return exc.code
     return result.status

@@ -135,15 +135,16 @@ def supervise(
     signal cannot kill the caller before it releases the lock. ``subreaper``: adopt the
     command's orphans if the supervisor dies (only for a process of our own, the CLI).
     """
-    prctl = reaper.load_prctl()  # loaded once here, inherited by the supervisor
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError, AttributeError):
             pass
+    if subreaper:
+        reaper.reap_strays()  # leftovers of earlier commands we adopted (``each``)
     out_r, out_w = os.pipe()
     life_r, life_w = os.pipe()
-    child = os.fork()
+    child = _fork()
     if child == 0:
         os.close(out_r)
         os.close(life_w)
@@ -153,7 +154,7 @@ def supervise(
     relay = _Relay(child)
     relay.install()
     if subreaper:
-        subreaper = reaper.become_subreaper(prctl)
+        subreaper = reaper.become_subreaper(reaper.load_prctl())
     try:
         outcome, text = _wait(child, out_r, lock, reporter, relay)
         if outcome.supervisor_died is not None or text.startswith("error"):
@@ -169,6 +170,17 @@ def supervise(
     return outcome
 
 
+def _fork() -> int:
+    """os.fork, without Python 3.12's warning about forking a threaded process: the child
+    runs only code imported before the fork, takes no Python-level lock, talks through
+    os.write and leaves through os._exit, which is what makes such a fork safe."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return os.fork()
+
+
 def _wait(
     child: int, out: int, lock: Lock | None, reporter: Reporter | None, relay: _Relay
 ) -> tuple[Outcome, str]:
@@ -177,9 +189,11 @@ def _wait(
     text = ""
     interval = lock.check_interval() if lock is not None else None
     next_check = time.monotonic() + (interval or 0.0)
+    poller = select.poll()  # not select(): a caller may hold descriptors past FD_SETSIZE
+    poller.register(out, select.POLLIN)
     while True:
         timeout = None if interval is None else max(next_check - time.monotonic(), 0.0)
-        ready = select.select([out], [], [], timeout)[0]
+        ready = poller.poll(None if timeout is None else int(timeout * 1000) + 1)
         if ready:
             data = os.read(out, 4096)
             if not data:

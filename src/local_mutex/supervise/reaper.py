@@ -53,6 +53,20 @@ def become_subreaper(prctl: int | None) -> bool:
         return False
 
 
+def reap_strays() -> None:
+    """Reap adopted children that have ended (only for a process that has no children of
+    its own to wait for: the CLI's keeper)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            continue
+        if pid == 0:
+            return
+
+
 def group_alive(pgid: int) -> bool:
     """Does any process of the group still run? Zombies do not count."""
     if _proc.USE_PROC:

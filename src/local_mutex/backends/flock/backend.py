@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import signal
 import time
 
+from ..._fastsignal import signal
 from ...errors import InvalidLockDir, Refused, Unsupported
 from ...identity import ENV_TOKEN, owned
 from ...names import display, lock_filename, validate_name
-from ..base import Released
 from .lock import FlockLock
 from .lockdir import allow_other_owner_from_env, resolve_lock_dir
 
@@ -18,7 +17,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-    from ..base import HoldInfo, LockStatus
+    from .. import Ending
+    from ..base import HoldInfo, LockStatus, Released
 
 # How long ``release`` gives a holder to go after SIGTERM, then after SIGKILL.
 RELEASE_GRACE = (10.0, 2.0)
@@ -81,25 +81,17 @@ class FlockBackend:
     ) -> HoldInfo:
         raise Unsupported("holds on this machine are kept by a holder process")
 
-    def release_hold(
-        self,
-        name: bytes,
-        *,
-        token: str | None,
-        force: bool,
-        slots: bool,
-        delete_branch: bool,
-        env: Mapping[str, str],
-    ) -> Released:
+    def release_hold(self, name: bytes, ending: Ending) -> Released:
         """End the hold on ``name`` started by this job (or with ``token``; any with
         ``force``) by stopping its holder process."""
         from . import record
         from .slots import existing_slots
         from .state import status_of_path
 
-        if delete_branch:
+        env, force, slots = ending.env, ending.force, ending.slots
+        if ending.delete_branch:
             raise Unsupported("--delete-branch is for git remotes (--remote URL)")
-        token = token or env.get(ENV_TOKEN) or None
+        token = ending.token or env.get(ENV_TOKEN) or None
         label = display(validate_name(name))
         path = self.path_of(name)
         candidates = existing_slots(path) if slots else [path]
@@ -110,6 +102,8 @@ class FlockBackend:
                 f"no {where} for {label} in {self.lock_dir!r}; was the hold taken with "
                 "another --lock-dir?"
             )
+        from ..base import Released
+
         refusal: Refused | None = None
         for candidate in existing:
             st = status_of_path(candidate, allow_other_owner=True)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ...ui.lines import Reporter
+    from .. import Take
 
 # How often a holder looks at its lock file's path: the bound is 250 ms.
 WATCH_INTERVAL = 0.1
@@ -82,15 +83,9 @@ class FlockLock:
 
     # -- taking it -----------------------------------------------------------------------
 
-    def acquire(
-        self,
-        *,
-        shared: bool,
-        slots: int | None,
-        wait: float | None,
-        reporter: Reporter | None,
-        progress: float | None,
-    ) -> float:
+    def acquire(self, take: Take) -> float:
+        shared, slots, wait = take.shared, take.slots, take.wait
+        reporter, progress = take.reporter, take.progress
         if slots is not None:
             return self._take_slot(slots, wait, reporter)
         self.shared = shared

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
+    from .. import Ending
+
 ENV_GIT_TOKEN = "LOCAL_MUTEX_GIT_TOKEN"
 DEFAULT_LEASE = 60.0
 DEFAULT_POLL = 5.0
@@ -101,23 +103,14 @@ class GitBackend:
         waited = lock.take(wait, None, lease=ttl, message=message or "hold", extra={"hold": True})
         return HoldInfo(lock.label, lock.lock_file, None, lock.token, waited)
 
-    def release_hold(
-        self,
-        name: bytes,
-        *,
-        token: str | None,
-        force: bool,
-        slots: bool,
-        delete_branch: bool,
-        env: Mapping[str, str],
-    ) -> Released:
+    def release_hold(self, name: bytes, ending: Ending) -> Released:
         lock = self.lock(name)
         done = unlock(
             lock,
             None,
-            force=force,
-            delete_branch=delete_branch,
-            token=token or env.get(ENV_TOKEN) or None,
+            force=ending.force,
+            delete_branch=ending.delete_branch,
+            token=ending.token or ending.env.get(ENV_TOKEN) or None,
         )
         if done is None:
             return Released(lock.lock_file, False)

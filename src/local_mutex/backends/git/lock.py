@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ...ui.lines import Reporter
+    from .. import Take
     from .backend import GitBackend
 
 ENV_REMOTE = "LOCAL_MUTEX_REMOTE"
@@ -102,17 +103,9 @@ class GitLock:
         self.ours = parse_message(new, text, self.ref)
         return self.ours
 
-    def acquire(
-        self,
-        *,
-        shared: bool,
-        slots: int | None,
-        wait: float | None,
-        reporter: Reporter | None,
-        progress: float | None,
-    ) -> float:
+    def acquire(self, take: Take) -> float:
         """Take it for a run: leased, renewed by ``check`` while the command runs."""
-        if shared or slots is not None:
+        if take.shared or take.slots is not None:
             raise Unsupported("git remotes have no shared locks or slots")
         lease = self.backend.lease
         if lease < LEASE_PER_STOP * self.stop_grace:
@@ -121,7 +114,7 @@ class GitLock:
                 f"command ({self.stop_grace:g}s with --kill-after) well before the lease "
                 f"runs out; give at least {LEASE_PER_STOP * self.stop_grace:g}s"
             )
-        waited = self.take(wait, reporter, lease=lease, message=None, extra={})
+        waited = self.take(take.wait, take.reporter, lease=lease, message=None, extra={})
         self.lease = lease
         return waited
 

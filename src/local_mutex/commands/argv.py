@@ -1,0 +1,220 @@
+"""Parsing a command line against the option table (``options.py``), without click.
+
+Forms (options may come anywhere before ``--``)::
+
+    local-mutex [run] [OPTIONS] NAME COMMAND [LOCK_DIR]
+    local-mutex [run] [OPTIONS] NAME -- PROGRAM [ARGS...]
+    local-mutex each [OPTIONS] TEMPLATE COMMAND        (or TEMPLATE -- PROGRAM [ARGS...])
+    local-mutex hold|release|status|history [OPTIONS] NAME
+    local-mutex list [OPTIONS]
+
+A ``--`` before any positional only ends the options (a name may then start with ``-``); a
+``--`` after NAME (TEMPLATE) starts the program's argv, taken verbatim.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .options import (
+    EACH,
+    MAX_SECONDS,
+    MAX_SLOTS,
+    POSITIONALS,
+    RUN,
+    Option,
+    UsageError,
+    options_for,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+
+class Parsed:
+    """A parsed command line: positionals, the program's argv after ``--`` (or None),
+    option values by ``dest`` (defaults filled in) and which options were given."""
+
+    __slots__ = ("argv", "given", "positionals", "values", "verb")
+
+    def __init__(self, verb: str) -> None:
+        self.verb = verb
+        self.positionals: list[str] = []
+        self.argv: list[str] | None = None
+        self.values: dict[str, object] = {o.dest: o.default for o in options_for(verb)}
+        self.given: set[str] = set()
+
+    def flag(self, dest: str) -> bool:
+        return bool(self.values.get(dest))
+
+    def text(self, dest: str) -> str | None:
+        value = self.values.get(dest)
+        return value if isinstance(value, str) else None
+
+    def number(self, dest: str) -> float | None:
+        value = self.values.get(dest)
+        return float(value) if isinstance(value, (int, float)) else None
+
+    def count(self, dest: str) -> int | None:
+        value = self.values.get(dest)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def wait(self) -> float | None:
+        """--wait SECONDS, or 0 for --no-wait; None waits forever."""
+        return 0.0 if self.flag("no_wait") else self.number("wait")
+
+
+def _convert(option: Option, flag: str, raw: str) -> object:
+    if option.kind in ("text", "dir"):
+        return raw
+    if option.kind == "count":
+        try:
+            value = int(raw)
+        except ValueError:
+            raise UsageError(f"{flag} needs a whole number, not {raw!r}") from None
+        if not 1 <= value <= MAX_SLOTS:
+            raise UsageError(f"{flag} {raw!r} is not between 1 and {MAX_SLOTS}")
+        return value
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise UsageError(f"{flag} needs a number of seconds, not {raw!r}") from None
+    if seconds != seconds or not 0 <= seconds <= MAX_SECONDS:  # NaN is not equal to itself
+        raise UsageError(f"{flag} {raw!r} is not between 0 and {MAX_SECONDS:g} seconds")
+    if option.kind == "positive" and seconds == 0:
+        raise UsageError(f"{flag} {raw!r} must be more than 0 seconds")
+    return seconds
+
+
+def _lookup(verb: str) -> dict[str, Option]:
+    return {flag: o for o in options_for(verb) for flag in o.flags}
+
+
+def wants_help(args: Sequence[str]) -> bool:
+    for arg in args:
+        if arg == "--":
+            return False
+        if arg in ("-h", "--help"):
+            return True
+    return False
+
+
+def parse(verb: str, args: Sequence[str]) -> Parsed:
+    """Parse the arguments after the verb; UsageError says what is wrong."""
+    known = _lookup(verb)
+    parsed = Parsed(verb)
+    takes_argv = verb in (RUN, EACH)
+    options_over = False
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if arg == "--" and not options_over:
+            if takes_argv and parsed.positionals:
+                parsed.argv = list(args[i:])
+                break
+            options_over = True
+            continue
+        if options_over or not arg.startswith("-") or arg == "-":
+            parsed.positionals.append(arg)
+            if takes_argv and len(parsed.positionals) == 1 and options_over:
+                options_over = False  # options may follow NAME again, and a `--` for argv
+            continue
+        flag, eq, inline = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        option = known.get(flag)
+        if option is None and not arg.startswith("--") and len(arg) > 2:
+            i = _short_cluster(arg, known, parsed, verb, i)
+            continue
+        if option is None:
+            raise _unknown(verb, arg, parsed)
+        if option.kind == "flag":
+            if eq:
+                raise UsageError(f"{flag} takes no value")
+            parsed.values[option.dest] = True
+        else:
+            if not eq:
+                if i >= len(args):
+                    raise UsageError(f"{flag} needs a value ({option.metavar or 'VALUE'})")
+                inline = args[i]
+                i += 1
+            parsed.values[option.dest] = _convert(option, flag, inline)
+        parsed.given.add(option.dest)
+    _check_shape(verb, parsed)
+    return parsed
+
+
+def _short_cluster(arg: str, known: dict[str, Option], parsed: Parsed, verb: str, i: int) -> int:
+    """``-qk``: several short flags in one word."""
+    for letter in arg[1:]:
+        option = known.get(f"-{letter}")
+        if option is None or option.kind != "flag":
+            raise _unknown(verb, arg, parsed)
+        parsed.values[option.dest] = True
+        parsed.given.add(option.dest)
+    return i
+
+
+def _unknown(verb: str, arg: str, parsed: Parsed) -> UsageError:
+    if verb in (RUN, EACH) and len(parsed.positionals) >= 2:
+        return UsageError(
+            _quote_hint(verb, parsed, f"unknown option {arg!r} after the command", arg)
+        )
+    return UsageError(f"no such option: {arg} (see local-mutex {verb} --help)")
+
+
+def _quote_hint(verb: str, parsed: Parsed, problem: str, *more: str) -> str:
+    from ..names import shell_quote
+
+    words = [*parsed.positionals[1:], *more]
+    head = parsed.positionals[0]
+    cmd = " ".join(words)
+    return (
+        f"{problem}; the command must be one quoted argument "
+        f"(local-mutex {'each ' if verb == EACH else ''}{shell_quote(head)} "
+        f"{shell_quote(cmd)}) or follow -- "
+        f"(local-mutex {'each ' if verb == EACH else ''}{shell_quote(head)} -- {cmd})"
+    )
+
+
+def _check_shape(verb: str, parsed: Parsed) -> None:
+    count = len(parsed.positionals)
+    wanted = POSITIONALS[verb]
+    if parsed.flag("no_wait") and "wait" in parsed.given:
+        raise UsageError("--wait and --no-wait exclude each other")
+    if verb in (RUN, EACH):
+        head = wanted[0]
+        if count == 0:
+            raise UsageError(f"missing {head} (see local-mutex {verb} --help)")
+        if parsed.argv is not None:
+            if count > 1:
+                raise UsageError(
+                    f"after {head} comes either a quoted COMMAND or -- and a program, not both"
+                )
+            if not parsed.argv:
+                raise UsageError("missing the program after --")
+            return
+        if count == 1:
+            raise UsageError(f"missing COMMAND after {head} (or -- and a program)")
+        if verb == EACH and count > 2:
+            raise UsageError(_quote_hint(verb, parsed, f"{count - 1} words after the template"))
+        if verb == RUN and count == 3:
+            lock_dir = parsed.positionals[2]
+            if not os.path.isabs(lock_dir):
+                raise UsageError(
+                    _quote_hint(verb, parsed, f"lock dir {lock_dir!r} must be an absolute path")
+                )
+            given = parsed.text("lock_dir")
+            if given and given != lock_dir:
+                raise UsageError("LOCK_DIR and --lock-dir disagree; give one of them")
+            parsed.values["lock_dir"] = lock_dir
+        if verb == RUN and count > 3:
+            raise UsageError(
+                _quote_hint(verb, parsed, f"{count} arguments where NAME COMMAND [LOCK_DIR] go")
+            )
+        return
+    if count != len(wanted):
+        need = " ".join(wanted) or "no arguments"
+        raise UsageError(
+            f"local-mutex {verb} takes {need}, got {count} argument{'s' if count != 1 else ''}"
+        )

@@ -1,0 +1,461 @@
+"""The click-free command-line parser (``commands.argv``) against its documented forms, and
+the option table against the click tree that renders ``--help``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import click
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from local_mutex.commands.argv import Parsed, parse, wants_help
+from local_mutex.commands.clicktree import tree
+from local_mutex.commands.options import (
+    EACH,
+    HISTORY,
+    HOLD,
+    LIST,
+    MAX_SLOTS,
+    OPTIONS,
+    POSITIONALS,
+    RELEASE,
+    RUN,
+    STATUS,
+    VERBS,
+    UsageError,
+    options_for,
+)
+from local_mutex.errors import ValidationError
+
+NAMED = (HOLD, RELEASE, STATUS, HISTORY)  # verbs that take exactly NAME
+
+
+def refused(verb: str, args: Sequence[str]) -> str:
+    with pytest.raises(UsageError) as info:
+        parse(verb, list(args))
+    return str(info.value)
+
+
+def flags_of(verb: str) -> set[str]:
+    return {flag for o in options_for(verb) for flag in o.flags}
+
+
+# --- the documented forms -----------------------------------------------------------------
+
+
+def test_run_name_command() -> None:
+    p = parse(RUN, ["n", "make deps"])
+    assert (p.verb, p.positionals, p.argv) == (RUN, ["n", "make deps"], None)
+    assert p.wait() is None  # waits forever by default
+    assert p.values["kill_after"] == 5.0
+    assert p.given == set()
+
+
+def test_run_name_command_lock_dir() -> None:
+    p = parse(RUN, ["n", "make", "/var/locks"])
+    assert p.positionals == ["n", "make", "/var/locks"]
+    assert p.text("lock_dir") == "/var/locks"
+
+
+def test_run_lock_dir_positional_agrees_with_option() -> None:
+    p = parse(RUN, ["--lock-dir", "/d", "n", "c", "/d"])
+    assert p.text("lock_dir") == "/d"
+
+
+def test_run_lock_dir_positional_disagrees_with_option() -> None:
+    assert "disagree" in refused(RUN, ["--lock-dir", "/a", "n", "c", "/b"])
+    assert "disagree" in refused(RUN, ["n", "c", "/b", "--lock-dir=/a"])
+
+
+def test_run_relative_lock_dir_positional() -> None:
+    assert "must be an absolute path" in refused(RUN, ["n", "c", "rel"])
+
+
+def test_run_name_dashdash_program() -> None:
+    p = parse(RUN, ["n", "--", "make", "-j8", "--wait", "5", "--", "x"])
+    assert p.positionals == ["n"]
+    assert p.argv == ["make", "-j8", "--wait", "5", "--", "x"]
+    assert "wait" not in p.given  # options after -- belong to the program
+
+
+def test_each_forms() -> None:
+    p = parse(EACH, ["build-{}", "make {}"])
+    assert (p.positionals, p.argv) == (["build-{}", "make {}"], None)
+    p = parse(EACH, ["build-{}", "--", "make", "-k"])
+    assert (p.positionals, p.argv) == (["build-{}"], ["make", "-k"])
+    assert not p.flag("keep_going")
+
+
+@pytest.mark.parametrize("verb", NAMED)
+def test_name_verbs(verb: str) -> None:
+    p = parse(verb, ["the-name"])
+    assert p.positionals == ["the-name"] and p.argv is None
+
+
+def test_list() -> None:
+    assert parse(LIST, []).positionals == []
+    assert parse(LIST, ["--all", "--json"]).flag("include_free")
+
+
+# --- options anywhere, --opt=value, clusters -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--wait", "3", "--message", "m", "n", "c"],
+        ["n", "--wait", "3", "c", "--message", "m"],
+        ["n", "c", "--wait=3", "--message=m"],
+        ["--message=m", "n", "--wait=3", "c"],
+    ],
+)
+def test_options_anywhere_before_dashdash(args: list[str]) -> None:
+    p = parse(RUN, args)
+    assert p.positionals == ["n", "c"]
+    assert p.number("wait") == 3.0 and p.text("message") == "m"
+    assert p.given == {"wait", "message"}
+
+
+def test_equals_value_keeps_later_equals() -> None:
+    p = parse(RUN, ["--message=a=b=", "n", "c"])
+    assert p.text("message") == "a=b="
+    assert parse(RUN, ["--message=", "n", "c"]).text("message") == ""
+
+
+def test_option_value_may_look_like_an_option() -> None:
+    p = parse(RUN, ["--message", "--wait", "n", "c"])
+    assert p.text("message") == "--wait" and "wait" not in p.given
+    assert parse(HOLD, ["--message", "--", "n"]).text("message") == "--"
+
+
+def test_flag_with_a_value() -> None:
+    assert "takes no value" in refused(RUN, ["--shared=yes", "n", "c"])
+    assert "takes no value" in refused(RELEASE, ["--slots=3", "n"])
+
+
+def test_missing_value() -> None:
+    assert "needs a value" in refused(RUN, ["n", "c", "--wait"])
+    assert "needs a value" in refused(HOLD, ["n", "--ttl"])
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_short_clusters(verb: str) -> None:
+    shorts = sorted(
+        f[1]
+        for o in options_for(verb)
+        for f in o.flags
+        if len(f) == 2 and not f.startswith("--") and o.kind == "flag"
+    )
+    args = {RUN: ["n", "c"], EACH: ["t", "c"], LIST: []}.get(verb, ["n"])
+    if not shorts:
+        assert "no such option" in refused(verb, ["-qk", *args])
+        return
+    cluster = "-" + "".join(shorts) * 2  # every short flag, twice over
+    p = parse(verb, [cluster, *args])
+    dests = {o.dest for o in options_for(verb) if any(f[1:] in shorts for f in o.flags)}
+    assert all(p.flag(d) for d in dests)
+    assert p.given == dests
+    # a letter that is not one of this verb's short flags spoils the whole cluster
+    assert "no such option" in refused(verb, [cluster + "Z", *args])
+
+
+def test_each_cluster() -> None:
+    p = parse(EACH, ["-q0k", "t", "c"])
+    assert p.flag("quiet") and p.flag("null") and p.flag("keep_going")
+    assert "no such option" in refused(RUN, ["-qk", "n", "c"])  # run has no -k
+    assert "no such option" in refused(EACH, ["-q=1", "t", "c"])
+
+
+# --- -- before and after NAME -------------------------------------------------------------
+
+
+def test_dashdash_before_name_ends_options() -> None:
+    p = parse(RUN, ["--", "-n", "c"])
+    assert p.positionals == ["-n", "c"]
+    assert parse(STATUS, ["--", "--json"]).positionals == ["--json"]
+    assert not parse(STATUS, ["--", "--json"]).flag("json")
+    assert parse(HOLD, ["--", "-"]).positionals == ["-"]
+
+
+def test_dashdash_before_name_then_program() -> None:
+    p = parse(RUN, ["--", "-n", "--", "prog", "-q"])
+    assert (p.positionals, p.argv) == (["-n"], ["prog", "-q"])
+    assert not p.flag("quiet")
+
+
+def test_options_after_name_once_dashdash_ended_options() -> None:
+    p = parse(RUN, ["--", "-n", "--wait", "1", "c"])
+    assert p.positionals == ["-n", "c"] and p.number("wait") == 1.0
+
+
+def test_lone_dash_is_positional() -> None:
+    assert parse(RUN, ["-", "-"]).positionals == ["-", "-"]
+
+
+def test_missing_program_after_dashdash() -> None:
+    assert "missing the program after --" in refused(RUN, ["n", "--"])
+    assert "missing the program after --" in refused(EACH, ["t", "--"])
+
+
+def test_command_and_program_both() -> None:
+    assert "not both" in refused(RUN, ["n", "c", "--", "x"])
+    assert "not both" in refused(EACH, ["t", "c", "--", "x"])
+
+
+def test_missing_positionals() -> None:
+    assert "missing NAME" in refused(RUN, [])
+    # after a first `--` ends the options, a second one is the NAME
+    assert "missing COMMAND after NAME" in refused(RUN, ["--", "--"])
+    assert "missing TEMPLATE" in refused(EACH, ["-k"])
+    assert "missing COMMAND after NAME" in refused(RUN, ["n"])
+    assert "missing COMMAND after NAME" in refused(RUN, ["n", "-q"])
+    assert "missing COMMAND after TEMPLATE" in refused(EACH, ["t"])
+
+
+# --- the unquoted-command hints -------------------------------------------------------------
+
+HINT = "the command must be one quoted argument"
+
+
+def test_hint_for_two_words() -> None:
+    msg = refused(RUN, ["n", "echo", "hi"])
+    assert HINT in msg and "or follow --" in msg
+    assert "local-mutex n 'echo hi'" in msg and "local-mutex n -- echo hi" in msg
+
+
+def test_hint_for_an_unknown_option_after_the_command() -> None:
+    msg = refused(RUN, ["n", "make", "-j8"])
+    assert "-j8" in msg and HINT in msg
+    assert "local-mutex n 'make -j8'" in msg and "local-mutex n -- make -j8" in msg
+    msg = refused(RUN, ["n", "ls", "--color=auto"])
+    assert HINT in msg and "--color=auto" in msg
+
+
+def test_hint_for_many_words() -> None:
+    msg = refused(RUN, ["n", "echo", "a", "b"])
+    assert HINT in msg and "'echo a b'" in msg
+    msg = refused(RUN, ["n", "echo", "/abs", "b"])
+    assert HINT in msg
+
+
+def test_hint_for_each() -> None:
+    msg = refused(EACH, ["t-{}", "echo", "hi"])
+    assert HINT in msg and "local-mutex each 't-{}' -- echo hi" in msg
+    msg = refused(EACH, ["t", "make", "-j8"])
+    assert HINT in msg and "local-mutex each t 'make -j8'" in msg
+
+
+def test_hint_quotes_awkward_names() -> None:
+    msg = refused(RUN, ["it's", "echo", "hi"])
+    assert "'it'\\''s'" in msg
+
+
+def test_unknown_option_before_the_command_has_no_hint() -> None:
+    msg = refused(RUN, ["--bogus", "n", "c"])
+    assert "no such option: --bogus" in msg and HINT not in msg
+    msg = refused(RUN, ["n", "-j8", "c"])
+    assert "no such option" in msg and HINT not in msg
+
+
+# --- values ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "needle"),
+    [
+        ("--wait", "nan", "is not between 0 and"),
+        ("--wait", "NaN", "is not between 0 and"),
+        ("--wait", "inf", "is not between 0 and"),
+        ("--wait", "-1", "is not between 0 and"),
+        ("--wait", "-0.001", "is not between 0 and"),
+        ("--wait", "1e9000", "is not between 0 and"),
+        ("--wait", "1000000001", "is not between 0 and"),
+        ("--wait", "", "needs a number of seconds"),
+        ("--wait", "5s", "needs a number of seconds"),
+        ("--wait", "0x10", "needs a number of seconds"),
+        ("--timeout", "0", "must be more than 0"),
+        ("--timeout", "-0", "must be more than 0"),
+        ("--timeout", "-5", "is not between 0 and"),
+        ("--kill-after", "nan", "is not between 0 and"),
+        ("--kill-after", "1e10", "is not between 0 and"),
+        ("--lease", "0", "must be more than 0"),
+        ("--poll", "0.0", "must be more than 0"),
+        ("--slots", "0", "is not between 1 and 1024"),
+        ("--slots", "1025", "is not between 1 and 1024"),
+        ("--slots", "-1", "is not between 1 and 1024"),
+        ("--slots", "1.5", "needs a whole number"),
+        ("--slots", "two", "needs a whole number"),
+        ("--slots", "", "needs a whole number"),
+    ],
+)
+def test_bad_values(flag: str, value: str, needle: str) -> None:
+    msg = refused(RUN, [flag, value, "n", "c"])
+    assert needle in msg and flag in msg
+    assert needle in refused(RUN, [f"{flag}={value}", "n", "c"])
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "dest", "expected"),
+    [
+        ("--wait", "0", "wait", 0.0),
+        ("--wait", "1e9", "wait", 1e9),
+        ("--wait", " 2.5 ", "wait", 2.5),
+        ("--timeout", "0.001", "timeout", 0.001),
+        ("--kill-after", "0", "kill_after", 0.0),
+        ("--slots", "1", "slots", 1),
+        ("--slots", str(MAX_SLOTS), "slots", MAX_SLOTS),
+    ],
+)
+def test_good_values(flag: str, value: str, dest: str, expected: float) -> None:
+    p = parse(RUN, [flag, value, "n", "c"])
+    assert p.values[dest] == expected and dest in p.given
+
+
+def test_ttl_for_hold() -> None:
+    assert parse(HOLD, ["--ttl", "60", "n"]).number("ttl") == 60.0
+    assert "must be more than 0" in refused(HOLD, ["--ttl", "0", "n"])
+
+
+def test_wait_and_no_wait_conflict() -> None:
+    for verb, args in ((RUN, ["n", "c"]), (EACH, ["t", "c"]), (HOLD, ["n"])):
+        assert "exclude each other" in refused(verb, ["--wait", "1", "--no-wait", *args])
+        assert "exclude each other" in refused(verb, [*args, "--no-wait", "--wait=0"])
+    assert parse(RUN, ["--no-wait", "n", "c"]).wait() == 0.0
+    assert parse(RUN, ["--wait", "7", "n", "c"]).wait() == 7.0
+
+
+def test_last_value_wins() -> None:
+    assert parse(RUN, ["--wait", "1", "--wait", "2", "n", "c"]).number("wait") == 2.0
+
+
+def test_slots_is_a_flag_for_release_and_status() -> None:
+    assert parse(RELEASE, ["--slots", "n"]).flag("slotted")
+    assert parse(STATUS, ["n", "--slots"]).flag("slotted")
+    assert parse(HOLD, ["--slots", "3", "n"]).count("slots") == 3
+
+
+# --- unknown options and per-verb positional counts -----------------------------------------
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_options_of_other_verbs_are_unknown(verb: str) -> None:
+    args = {RUN: ["n", "c"], EACH: ["t", "c"], LIST: []}.get(verb, ["n"])
+    every = {flag for o in OPTIONS for flag in o.flags}
+    for flag in sorted(every - flags_of(verb)):
+        msg = refused(verb, [flag, *args])
+        assert f"no such option: {flag}" in msg and verb in msg
+
+
+@pytest.mark.parametrize("verb", NAMED)
+def test_named_verbs_take_one_name(verb: str) -> None:
+    assert f"local-mutex {verb} takes NAME, got 0 arguments" in refused(verb, [])
+    assert f"local-mutex {verb} takes NAME, got 2 arguments" in refused(verb, ["a", "b"])
+    assert "got 2 arguments" in refused(verb, ["--", "a", "--"])
+
+
+def test_list_takes_nothing() -> None:
+    assert "takes no arguments, got 1 argument" in refused(LIST, ["x"])
+
+
+def test_positionals_table_covers_every_verb() -> None:
+    assert set(POSITIONALS) == set(VERBS)
+
+
+# --- wants_help -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["-h"], True),
+        (["--help"], True),
+        (["n", "c", "--help"], True),
+        (["status", "-h"], True),
+        (["n", "--", "prog", "--help"], False),
+        (["--", "-h"], False),
+        (["n", "c"], False),
+        (["-hq"], False),
+        (["--helpful"], False),
+        ([], False),
+    ],
+)
+def test_wants_help(args: list[str], expected: bool) -> None:
+    assert wants_help(args) is expected
+
+
+# --- drift between the option table and the click tree --------------------------------------
+
+
+def _click_command(verb: str) -> click.Command:
+    group = tree()
+    cmd = group.commands[verb]
+    assert isinstance(cmd, click.Command)
+    return cmd
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_click_tree_shows_exactly_the_parsed_options(verb: str) -> None:
+    cmd = _click_command(verb)
+    shown = {
+        flag
+        for p in cmd.params
+        if isinstance(p, click.Option)
+        for flag in (*p.opts, *p.secondary_opts)
+    }
+    assert shown == flags_of(verb)
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_click_tree_kinds_match(verb: str) -> None:
+    cmd = _click_command(verb)
+    by_flag = {p.opts[0]: p for p in cmd.params if isinstance(p, click.Option)}
+    for o in options_for(verb):
+        p = by_flag[o.flags[0]]
+        assert p.is_flag == (o.kind == "flag"), o.flags
+        if o.kind == "count":
+            assert isinstance(p.type, click.IntRange)
+            assert (p.type.min, p.type.max) == (1, MAX_SLOTS)
+
+
+def test_click_tree_has_every_verb() -> None:
+    assert set(tree().commands) == set(VERBS)
+
+
+# --- fuzzing: any argument vector is parsed or refused with a UsageError ---------------------
+
+WORDS = st.sampled_from(
+    sorted({flag for o in OPTIONS for flag in o.flags})
+    + ["--", "-", "=", "--=", "-qk", "-q0k", "-0", "-kZ", "--wait=", "--slots=", "nan", "-1"]
+    + ["1", "0", "1e9", "1e99", "/abs", "rel", "{}", "{{", "", " ", "\x00", "\ud800", "é"]
+)
+ARGS = st.lists(
+    WORDS
+    | st.text(max_size=12)
+    | st.builds(lambda a, b: f"{a}={b}", WORDS, st.text(max_size=6))
+    | st.builds(lambda a, b: f"{a}{b}", WORDS, st.text(max_size=4)),
+    max_size=8,
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(VERBS), ARGS)
+@example(RUN, ["--slots", "9" * 5000, "n", "c"])
+@example(RUN, ["--wait", "\ud800", "n", "c"])
+@example(EACH, ["--", "--", "--"])
+@example(RUN, ["n", "c", "\ud800", "x"])
+def test_any_argv_parses_or_is_a_usage_error(verb: str, args: list[str]) -> None:
+    try:
+        p = parse(verb, args)
+    except UsageError as exc:
+        assert isinstance(exc, ValidationError) and str(exc)
+        return
+    assert isinstance(p, Parsed)
+    assert set(p.given) <= {o.dest for o in options_for(verb)}
+    if verb in (RUN, EACH):
+        assert p.positionals
+        assert (p.argv is None) == (len(p.positionals) >= 2)
+        assert p.argv is None or p.argv
+    else:
+        assert len(p.positionals) == len(POSITIONALS[verb])
