@@ -36,11 +36,12 @@ from timing import clean_env, cli, compile_package
 
 _TURN = r"""
 import json, os, sys, time
+from local_mutex.backends import Take
 from local_mutex.backends.postgres.backend import PostgresBackend
 url, name, go, out = sys.argv[1:5]
 lock = PostgresBackend(url, env=dict(os.environ)).lock(name.encode())
 open(go + "." + str(os.getpid()), "w").close()
-lock.acquire(shared=False, slots=None, wait=None, reporter=None, progress=None)
+lock.acquire(Take())
 got = time.time()
 while not os.path.exists(go):
     time.sleep(0.001)
@@ -59,6 +60,7 @@ def _ms(seconds: float) -> str:
 def latency(pg: PgServer, rounds: int) -> None:
     import psycopg
 
+    from local_mutex.backends import Take
     from local_mutex.backends.postgres.backend import PostgresBackend
 
     env = pg.env()
@@ -89,7 +91,7 @@ def latency(pg: PgServer, rounds: int) -> None:
     def whole() -> float:
         t = time.perf_counter()
         lock = backend.lock(b"bench")
-        lock.acquire(shared=False, slots=None, wait=None, reporter=None, progress=None)
+        lock.acquire(Take())
         lock.release()
         return time.perf_counter() - t
 

@@ -28,6 +28,7 @@ from helpers.pgserver import PASSWORD, PgServer, ServerUnavailable
 
 psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg) is not installed")
 
+from local_mutex.backends import Ending, Take  # noqa: E402
 from local_mutex.backends.postgres import record  # noqa: E402
 from local_mutex.backends.postgres.address import (  # noqa: E402
     DropBound,
@@ -50,6 +51,7 @@ pytestmark = pytest.mark.timeout(60)
 # A child process that takes one lock through the backend and reports what happens.
 DRIVER = r"""
 import json, os, sys, time
+from local_mutex.backends import Take
 from local_mutex.backends.postgres.backend import PostgresBackend
 from local_mutex.errors import LocalMutexError, LockLost
 
@@ -68,10 +70,9 @@ if args.get("go"):
     while not os.path.exists(args["go"]):
         time.sleep(0.002)
 try:
-    waited = lock.acquire(
+    waited = lock.acquire(Take(
         shared=args.get("shared", False), slots=args.get("slots"), wait=args.get("wait"),
-        reporter=None, progress=None,
-    )
+    ))
 except LocalMutexError as exc:
     say("error", kind=type(exc).__name__, code=exc.exit_code, message=str(exc))
     sys.exit(exc.exit_code)
@@ -331,7 +332,7 @@ def test_progress_lines_while_queued_and_reentry_through_our_hold(
     lock = backend.lock(b"progress")
     try:
         with pytest.raises(NotAcquired):
-            lock.acquire(shared=False, slots=None, wait=1.2, reporter=Reporter(out), progress=0.4)
+            lock.acquire(Take(wait=1.2, reporter=Reporter(out), progress=0.4))
         assert lock.held_by_our_hold(env, token) == holder.proc.pid
         assert lock.held_by_our_hold(env, "other") is None
     finally:
@@ -393,12 +394,11 @@ def test_release_ends_only_our_holds_with_rights(
     run = drivers("running", stop=str(tmp_path / "stop"))
     run.expect("acquired")
     backend = PostgresBackend(pg.url, env=env)
-    kw: dict[str, Any] = {"force": False, "slots": False, "delete_branch": False, "env": {}}
     try:
         with pytest.raises(Refused, match="not a hold"):
-            backend.release_hold(b"running", token="tok", **{**kw, "force": True})
+            backend.release_hold(b"running", Ending({}, token="tok", force=True))
         with pytest.raises(Refused, match="another job or token"):
-            backend.release_hold(b"held", token="nope", **kw)
+            backend.release_hold(b"held", Ending({}, token="nope"))
         # A role without the right to signal the holder's (superuser) session.
         pg.psql("DROP ROLE IF EXISTS lm_plain")
         pg.psql("CREATE ROLE lm_plain LOGIN PASSWORD 'plain' IN ROLE pg_read_all_stats")
@@ -407,15 +407,15 @@ def test_release_ends_only_our_holds_with_rights(
         )
         try:
             with pytest.raises(Refused, match="pg_signal_backend"):
-                plain.release_hold(b"held", token="tok", **kw)
+                plain.release_hold(b"held", Ending({}, token="tok"))
         finally:
             plain.close()
         assert backend.status(b"held").held
-        done = backend.release_hold(b"held", token="tok", **kw)
+        done = backend.release_hold(b"held", Ending({}, token="tok"))
         assert done.was_held and done.pid == hold.proc.pid and done.held_seconds is not None
         assert not backend.status(b"held").held
         assert hold.expect("lost")["event"] == "lost"  # the holder process learns it
-        gone = backend.release_hold(b"held", token="tok", **kw)
+        gone = backend.release_hold(b"held", Ending({}, token="tok"))
         assert not gone.was_held and not gone.found
     finally:
         backend.close()
@@ -569,7 +569,7 @@ def _take(url: str, env: dict[str, str], name: bytes = b"bad") -> None:
     backend = PostgresBackend(url, env=env)
     lock = backend.lock(name)
     try:
-        lock.acquire(shared=False, slots=None, wait=0, reporter=None, progress=None)
+        lock.acquire(Take(wait=0))
         lock.release()
     finally:
         backend.close()
@@ -665,7 +665,7 @@ def test_child_env_stays_in_the_domain_without_the_password(pg: PgServer) -> Non
     backend = PostgresBackend(url, env=pg.env({"PATH": os.environ["PATH"]}))
     lock = backend.lock(b"nested")
     try:
-        lock.acquire(shared=False, slots=None, wait=0, reporter=None, progress=None)
+        lock.acquire(Take(wait=0))
         child = lock.child_env({"PATH": "/bin"}, held=True)
         assert child["LOCAL_MUTEX_REMOTE"] == pg.url
         assert PASSWORD not in child["LOCAL_MUTEX_REMOTE"] and "PGPASSWORD" not in child
@@ -702,7 +702,7 @@ def test_session_settings_a_server_default_cannot_undo(pg: PgServer, env: dict[s
     try:
         backend = PostgresBackend(pg.url, env={**env, "LOCAL_MUTEX_PG_DROP_SECONDS": "12"})
         lock = backend.lock(b"settings")
-        lock.acquire(shared=False, slots=None, wait=None, reporter=None, progress=None)
+        lock.acquire(Take())
         assert lock.session is not None
         conn = lock.session.conn
         shown = {

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
+    from .. import Ending
     from ..base import HoldInfo
 
 _END_WAIT = 5.0
@@ -108,18 +109,12 @@ class PostgresBackend:
 
     # -- holds --------------------------------------------------------------------------------
 
-    def release_hold(
-        self,
-        name: bytes,
-        *,
-        token: str | None,
-        force: bool,
-        slots: bool,
-        delete_branch: bool,
-        env: Mapping[str, str],
-    ) -> Released:
+    def release_hold(self, name: bytes, ending: Ending) -> Released:
+        """End a hold the caller owns (its token or job), or any with ``force``. A hold is a
+        holder process's session: ending it is ``pg_terminate_backend``."""
+        env, force, slots = ending.env, ending.force, ending.slots
         label = name.decode("utf-8", "surrogateescape")
-        token = token or env.get(ENV_TOKEN) or None
+        token = ending.token or env.get(ENV_TOKEN) or None
         keys = [slot_key(name, i) for i in range(MAX_SLOTS)] if slots else [name_key(name)]
         rows = [r for r in self._rows(keys) if r.granted]
         refusal: Refused | None = None

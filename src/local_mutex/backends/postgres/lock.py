@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ...ui.lines import Reporter
+    from .. import Take
 
 ENV_REMOTE = "LOCAL_MUTEX_REMOTE"
 _POLL_MIN, _POLL_MAX = 0.005, 0.1
@@ -110,15 +111,9 @@ class PostgresLock:
         }
         return f"{record.comment(rec, 512)} SELECT {call}({key})"
 
-    def acquire(
-        self,
-        *,
-        shared: bool,
-        slots: int | None,
-        wait: float | None,
-        reporter: Reporter | None,
-        progress: float | None,
-    ) -> float:
+    def acquire(self, take: Take) -> float:
+        shared, slots, wait = take.shared, take.slots, take.wait
+        reporter, progress = take.reporter, take.progress
         start = time.monotonic()
         with Interruptible() as stop:
             session = self._connect()
