@@ -944,3 +944,54 @@ def test_cli_bad_addresses(pg: PgServer, tmp_path: Path) -> None:
     nodb = _cli(pg, "run", "--remote", pg.url.rsplit("/", 1)[0] + "/nope", "n", f"touch {ran}")
     assert nodb.returncode == 2 and 'database "nope" does not exist' in nodb.stderr
     assert not ran.exists()
+
+
+def _argv_holding(secret: str) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if secret.encode() in argv:
+                found.append(argv.decode(errors="replace"))
+    return found
+
+
+def test_cli_password_in_url_stays_out_of_argv_status_and_the_command(
+    pg: PgServer, tmp_path: Path
+) -> None:
+    url = pg.url.replace("postgres@", f"postgres:{PASSWORD}@")
+    env = {"PGPASSWORD": ""}
+    held = _cli(pg, "hold", "--remote", url, "secretive", env=env)
+    assert held.returncode == 0, held.stderr
+    token = held.stdout.split()[-1]
+    try:
+        assert _argv_holding(PASSWORD) == []  # the detached holder has it in its env only
+        status = _cli(pg, "status", "--remote", url, "secretive", "--json", env=env)
+        assert status.returncode == 1 and PASSWORD not in status.stdout + status.stderr
+        shown = tmp_path / "env"
+        run = _cli(pg, "run", "--remote", url, "inner", f"env > {shown}", env=env)
+        assert run.returncode == 0, run.stderr
+        child = dict(line.split("=", 1) for line in shown.read_text().splitlines() if "=" in line)
+        assert child["LOCAL_MUTEX_REMOTE"] == pg.url  # nested calls: no password in the URL
+        assert PASSWORD not in child.get("PGPASSWORD", "")
+    finally:
+        done = _cli(pg, "release", "--remote", url, "secretive", "--token", token, env=env)
+        assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="outside the backend: commands/holds.py release_hint repeats --remote unmasked, "
+    "and the CLI does not print backend.warning yet",
+)
+def test_cli_password_in_url_is_warned_about_and_never_printed(pg: PgServer) -> None:
+    url = pg.url.replace("postgres@", f"postgres:{PASSWORD}@")
+    held = _cli(pg, "hold", "--remote", url, "warned", env={"PGPASSWORD": ""})
+    token = held.stdout.split()[-1]
+    _cli(pg, "release", "--remote", url, "warned", "--token", token, env={"PGPASSWORD": ""})
+    assert held.returncode == 0
+    assert PASSWORD not in held.stderr
+    assert "PGPASSWORD" in held.stderr  # the advice
