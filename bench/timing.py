@@ -54,3 +54,17 @@ def median_seconds(
     argv: list[str], runs: int, env: dict[str, str], stdin: bytes = b"", expect: int | None = 0
 ) -> float:
     return statistics.median(seconds(argv, env, stdin, expect) for _ in range(runs))
+
+
+def interleaved_medians(
+    cases: dict[str, tuple[list[str], dict[str, str]]], runs: int
+) -> dict[str, float]:
+    """Median wall time of each case, the cases taking turns run by run, so that a busy
+    moment of the machine weighs on all of them alike."""
+    times: dict[str, list[float]] = {label: [] for label in cases}
+    for argv, env in cases.values():
+        seconds(argv, env)  # warm caches and bytecode once
+    for _ in range(runs):
+        for label, (argv, env) in cases.items():
+            times[label].append(seconds(argv, env))
+    return {label: statistics.median(values) for label, values in times.items()}

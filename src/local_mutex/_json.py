@@ -52,13 +52,20 @@ def dumps(value: Any) -> str:
     if isinstance(value, str):
         return _str(value)
     if isinstance(value, dict):
-        return "{" + ",".join(f"{_str(str(k))}:{dumps(v)}" for k, v in value.items()) + "}"
+        return "{" + ",".join(f"{_key(k)}:{dumps(v)}" for k, v in value.items()) + "}"
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(dumps(v) for v in value) + "]"
     return _str(str(value))
 
 
 _INF = float("inf")
+
+
+def _key(key: object) -> str:
+    """Object keys as json.dumps writes them: None, True and False as JSON words."""
+    if key is None or isinstance(key, bool):
+        return _str(dumps(key))
+    return _str(key if isinstance(key, str) else dumps(key).strip('"'))
 
 
 class _Reader:
@@ -222,7 +229,10 @@ def loads(text: str, *, max_depth: int = MAX_DEPTH, max_size: int = MAX_TEXT) ->
     if len(text) > max_size:
         raise ValueError(f"JSON text longer than {max_size} characters")
     reader = _Reader(text, max_depth)
-    value = reader.value(0)
+    try:
+        value = reader.value(0)
+    except RecursionError:  # a max_depth beyond what the interpreter's stack allows
+        raise ValueError("JSON text nested too deeply") from None
     reader.skip()
     if reader.pos != len(text):
         raise reader.fail("trailing data")

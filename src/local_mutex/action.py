@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 from .backends import Ending, open_backend
+from .commands.options import is_plain_number
 from .errors import LocalMutexError, NotAcquired, ValidationError
 from .lifecycle import Command, Options, run_locked
 from .names import name_bytes
@@ -54,7 +55,9 @@ class ActionInputs:
         self.token = get("TOKEN") or None
         slots = get("SLOTS").strip()
         try:
-            self.slots = int(slots) if slots else None
+            self.slots = (
+                int(slots if slots.isascii() and slots.isdigit() else "x") if slots else None
+            )
         except ValueError:
             raise ValidationError(f"slots must be a whole number, not {slots!r}") from None
         if self.slots is not None and not 1 <= self.slots <= 1024:
@@ -78,7 +81,7 @@ def seconds(text: str, label: str, *, allow_zero: bool) -> float | None:
     if not text:
         return None
     try:
-        value = float(text)
+        value = float(text if is_plain_number(text) else "x")
     except ValueError:
         raise ValidationError(f"{label} must be a number of seconds, not {text!r}") from None
     if value != value or value < 0 or (value == 0 and not allow_zero) or value > 1e9:

@@ -6,7 +6,13 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from helpers import Procs, hold_until, run_cli, wait_for
+
+needs_proc = pytest.mark.skipif(
+    not os.path.isdir("/proc/self"), reason="reads the waiter's CPU time from /proc"
+)
 
 
 def _critical(log: Path, tag: str, seconds: float = 0.05) -> str:
@@ -55,6 +61,7 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@needs_proc
 def test_blocked_waiter_sleeps_in_the_kernel(procs: Procs, lock_dir: Path, marks: Path) -> None:
     holder = procs.start(["cpu", hold_until(marks), str(lock_dir)])
     wait_for(marks / "h.held")
@@ -67,6 +74,28 @@ def test_blocked_waiter_sleeps_in_the_kernel(procs: Procs, lock_dir: Path, marks
     assert used < 0.5, f"waiter burned {used:.2f}s CPU while blocked"
     (marks / "h.go").touch()
     assert holder.wait(20) == 0 and waiter.wait(20) == 0
+
+
+def test_blocked_waiter_sleeps_without_proc(procs: Procs, lock_dir: Path, marks: Path) -> None:
+    """The same on the path a system without /proc takes (LOCAL_MUTEX_NO_PROC=1, as on
+    macOS), measured portably: the waiter's whole CPU time, from wait4 once it is done."""
+    no_proc = {"LOCAL_MUTEX_NO_PROC": "1"}
+    holder = procs.start(["cpu", hold_until(marks), str(lock_dir)], env=no_proc)
+    wait_for(marks / "h.held")
+    waiter = procs.start(
+        ["cpu", "true", str(lock_dir)], env={**no_proc, "LOCAL_MUTEX_PROGRESS_SECONDS": "1"}
+    )
+    procs.wait_stderr(waiter, "waiting for lock cpu")
+    time.sleep(4.5)
+    assert waiter.poll() is None
+    (marks / "h.go").touch()
+    assert holder.wait(20) == 0
+    _, status, usage = os.wait4(waiter.pid, 0)
+    waiter.returncode = os.waitstatus_to_exitcode(status)
+    assert waiter.returncode == 0, procs.stderr(waiter)
+    used = usage.ru_utime + usage.ru_stime  # start-up included: a loose ceiling
+    assert used < 1.5, f"waiter used {used:.2f}s CPU in all, most of it blocked"
+    assert "acquired lock cpu" in procs.stderr(waiter)
 
 
 def test_waiting_line_names_the_holder(procs: Procs, lock_dir: Path, marks: Path) -> None:

@@ -67,12 +67,14 @@ def test_lock_file_owned_by_another_user_is_refused_unless_allowed(
     assert path.exists()  # never unlinked
 
 
-def test_new_lock_file_mode_follows_the_umask(lock_dir: Path) -> None:
+@pytest.mark.parametrize("umask", ["022", "002"])
+def test_new_lock_file_mode_is_0644_whatever_the_umask(lock_dir: Path, umask: str) -> None:
+    """Common default umasks; umask 0 and 077 for every verb are in test_hostile.py."""
     import subprocess
     import sys
 
     r = subprocess.run(
-        ["sh", "-c", f'umask 022; exec "{sys.executable}" -m local_mutex n true "{lock_dir}"'],
+        ["sh", "-c", f'umask {umask}; exec "{sys.executable}" -m local_mutex n true "{lock_dir}"'],
         capture_output=True,
         timeout=20,
     )
@@ -89,7 +91,7 @@ def test_the_command_inherits_the_lock_and_a_normal_end_drops_it(
     background processes that still hold the descriptor run on unlocked."""
     r = run_cli(["n", 'ls -l /proc/$$/fd/ | grep -c "local-mutex-" || true', str(lock_dir)])
     assert int(r.stdout.strip()) >= 1
-    leftover = f"sleep 30 & echo $! > '{marks}/pid'"
+    leftover = f"sleep 30 >/dev/null 2>&1 & echo $! > '{marks}/pid'"
     r = run_cli(["n", leftover, str(lock_dir)])
     assert r.returncode == 0, r.stderr
     pid = int((marks / "pid").read_text())

@@ -7,7 +7,14 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from helpers import Procs, hold_until, run_cli, wait_for
+
+needs_proc = pytest.mark.skipif(
+    not os.path.isdir("/proc/self"), reason="reads the waiters' CPU time from /proc"
+)
+NO_PROC = {"LOCAL_MUTEX_NO_PROC": "1"}
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -34,6 +41,7 @@ def test_three_runs_two_slots_at_most_two_overlap(
     assert len(events) == 6 and peak == 2
 
 
+@needs_proc
 def test_a_waiting_third_sleeps_and_then_runs(procs: Procs, lock_dir: Path, marks: Path) -> None:
     a = procs.start(["--slots", "2", "pool", hold_until(marks, "a"), str(lock_dir)])
     b = procs.start(["--slots", "2", "pool", hold_until(marks, "b"), str(lock_dir)])
@@ -58,6 +66,65 @@ def test_a_waiting_third_sleeps_and_then_runs(procs: Procs, lock_dir: Path, mark
     wait_for(lambda: (marks / "c.ran").exists() or (marks / "d.ran").exists(), 20)
     (marks / "b.go").touch()
     assert third.wait(20) == 0 and fourth.wait(20) == 0 and b.wait(20) == 0
+
+
+def test_a_waiting_third_sleeps_and_then_runs_without_proc(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """The same on the path a system without /proc takes (LOCAL_MUTEX_NO_PROC=1, as on
+    macOS): status by probe, CPU time from wait4 once the waiters are done."""
+    a = procs.start(["--slots", "2", "pool", hold_until(marks, "a"), str(lock_dir)], env=NO_PROC)
+    b = procs.start(["--slots", "2", "pool", hold_until(marks, "b"), str(lock_dir)], env=NO_PROC)
+    wait_for(marks / "a.held")
+    wait_for(marks / "b.held")
+    third = procs.start(
+        ["--slots", "2", "pool", f"touch '{marks}/c.ran'", str(lock_dir)], env=NO_PROC
+    )
+    fourth = procs.start(
+        ["--slots", "2", "pool", f"touch '{marks}/d.ran'", str(lock_dir)], env=NO_PROC
+    )
+    procs.wait_stderr(third, "all 2 slots of pool are busy")
+    procs.wait_stderr(fourth, "waiting for lock pool")
+    r = run_cli(["status", "pool", "--lock-dir", str(lock_dir), "--json"], env=NO_PROC)
+    st = json.loads(r.stdout)
+    assert r.returncode == 1 and st["method"] == "probe" and st["slots_in_use"] == 2
+    assert {s["holders"][0]["pid"] for s in st["slots"]} == {a.pid, b.pid}
+    assert all(s["method"] == "probe" for s in st["slots"])
+    listed = json.loads(
+        run_cli(["list", "--lock-dir", str(lock_dir), "--json"], env=NO_PROC).stdout
+    )
+    assert {h["pid"] for x in listed for h in x["holders"]} == {a.pid, b.pid}
+    time.sleep(3)
+    assert third.poll() is None and fourth.poll() is None
+    assert not (marks / "c.ran").exists() and not (marks / "d.ran").exists()
+    (marks / "a.go").touch()
+    assert a.wait(20) == 0
+    wait_for(lambda: (marks / "c.ran").exists() or (marks / "d.ran").exists(), 20)
+    (marks / "b.go").touch()
+    assert b.wait(20) == 0
+    for p in (third, fourth):
+        _, status, usage = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        assert p.returncode == 0, procs.stderr(p)
+        used = usage.ru_utime + usage.ru_stime  # start-up included: a loose ceiling
+        assert used < 1.5, f"a waiter used {used:.2f}s CPU in all, most of it blocked"
+
+
+def test_the_slot_number_is_known_without_proc(procs: Procs, lock_dir: Path, marks: Path) -> None:
+    a = procs.start(["--slots", "2", "pool", hold_until(marks, "a"), str(lock_dir)], env=NO_PROC)
+    wait_for(marks / "a.held")
+    try:
+        st = json.loads(
+            run_cli(["status", "pool", "--lock-dir", str(lock_dir), "--json"], env=NO_PROC).stdout
+        )
+        assert [s["slot"] for s in st["slots"]] == [0]
+        listed = json.loads(
+            run_cli(["list", "--lock-dir", str(lock_dir), "--json"], env=NO_PROC).stdout
+        )
+        assert [x["slot"] for x in listed if x["name"] == "pool"] == [0]
+    finally:
+        (marks / "a.go").touch()
+        assert a.wait(20) == 0
 
 
 def test_slots_wait_ceiling_and_hold(lock_dir: Path) -> None:

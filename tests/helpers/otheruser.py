@@ -60,13 +60,14 @@ class OtherUser:
         args: Sequence[str | bytes],
         env: Mapping[str, str] | None = None,
         timeout: float = 60,
+        input: bytes = b"",
     ) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run(
             [*self.cli, *args],
             env=self.env(env),
             capture_output=True,
             timeout=timeout,
-            input=b"",
+            input=input,
             cwd="/",
         )
 

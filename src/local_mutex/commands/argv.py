@@ -20,10 +20,12 @@ from .options import (
     EACH,
     MAX_SECONDS,
     MAX_SLOTS,
+    OPTIONS,
     POSITIONALS,
     RUN,
     Option,
     UsageError,
+    is_plain_number,
     options_for,
 )
 
@@ -70,14 +72,14 @@ def _convert(option: Option, flag: str, raw: str) -> object:
         return raw
     if option.kind == "count":
         try:
-            value = int(raw)
+            value = int(raw) if raw.isascii() and raw.isdigit() else int("x")
         except ValueError:
             raise UsageError(f"{flag} needs a whole number, not {raw!r}") from None
         if not 1 <= value <= MAX_SLOTS:
             raise UsageError(f"{flag} {raw!r} is not between 1 and {MAX_SLOTS}")
         return value
     try:
-        seconds = float(raw)
+        seconds = float(raw if is_plain_number(raw) else "x")
     except ValueError:
         raise UsageError(f"{flag} needs a number of seconds, not {raw!r}") from None
     if seconds != seconds or not 0 <= seconds <= MAX_SECONDS:  # NaN is not equal to itself
@@ -92,11 +94,18 @@ def _lookup(verb: str) -> dict[str, Option]:
 
 
 def wants_help(args: Sequence[str]) -> bool:
+    """``-h``/``--help`` as an option, not as the value of one (``--message -h``)."""
+    takes_value = {f for o in OPTIONS if o.kind != "flag" for f in o.flags}
+    skip = False
     for arg in args:
+        if skip:
+            skip = False
+            continue
         if arg == "--":
             return False
         if arg in ("-h", "--help"):
             return True
+        skip = arg in takes_value
     return False
 
 
@@ -160,20 +169,18 @@ def _unknown(verb: str, arg: str, parsed: Parsed) -> UsageError:
         return UsageError(
             _quote_hint(verb, parsed, f"unknown option {arg!r} after the command", arg)
         )
-    return UsageError(f"no such option: {arg} (see local-mutex {verb} --help)")
+    return UsageError(f"no such option: {arg!r} (see local-mutex {verb} --help)")
 
 
 def _quote_hint(verb: str, parsed: Parsed, problem: str, *more: str) -> str:
     from ..names import shell_quote
 
-    words = [*parsed.positionals[1:], *more]
-    head = parsed.positionals[0]
-    cmd = " ".join(words)
+    # Each word quoted as it was one argument, so the suggestion runs what was typed.
+    words = " ".join(shell_quote(w) for w in [*parsed.positionals[1:], *more])
+    head = f"local-mutex {'each ' if verb == EACH else ''}{shell_quote(parsed.positionals[0])}"
     return (
-        f"{problem}; the command must be one quoted argument "
-        f"(local-mutex {'each ' if verb == EACH else ''}{shell_quote(head)} "
-        f"{shell_quote(cmd)}) or follow -- "
-        f"(local-mutex {'each ' if verb == EACH else ''}{shell_quote(head)} -- {cmd})"
+        f"{problem}; the command must be one quoted argument ({head} {shell_quote(words)}) "
+        f"or follow -- ({head} -- {words})"
     )
 
 

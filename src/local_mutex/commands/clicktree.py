@@ -112,7 +112,13 @@ def _verb(verb: str) -> click.Command:
 
 
 class _Group(click.Group):
-    """Top-level help shows the run form and its options first, then the verbs."""
+    """Top-level help shows the run form and its options first, then the verbs; a first
+    word that is not a verb means ``run`` (for help and for completion alike)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
+            args = [RUN, *args]
+        return super().parse_args(ctx, args)
 
     def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         formatter.write_usage(
@@ -145,13 +151,8 @@ def tree() -> click.Group:
 
 def show(args: Sequence[str]) -> int:
     """Help, or completion: what click is here for."""
-    argv = list(args)
-    if (argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help")) or (
-        argv and argv[0] not in VERB_HELP and argv[0] not in ("-h", "--help")
-    ):
-        argv.insert(0, RUN)
     try:
-        tree().main(argv, prog_name="local-mutex", standalone_mode=True)
+        tree().main(list(args), prog_name="local-mutex", standalone_mode=True)
     except SystemExit as exc:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)

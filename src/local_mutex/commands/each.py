@@ -41,6 +41,12 @@ MAX_EXIT = 125
 
 def parse_template(template: str) -> list[str | None]:
     """Split into literal parts and ``None`` placeholders; ``{{``/``}}`` are literal braces."""
+    bad = next((c for c in template if c < " " or c == "\x7f"), None)
+    if bad is not None:
+        raise InvalidTemplate(
+            f"template {template!r} contains control characters (byte 0x{ord(bad):02X}); "
+            "lock names cannot hold them"
+        )
     parts: list[str | None] = []
     literal: list[str] = []
     i = 0

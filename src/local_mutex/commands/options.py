@@ -22,6 +22,15 @@ MAX_SECONDS = 1e9
 MAX_SLOTS = 1024
 
 
+_NUMBER = frozenset("0123456789.eE+-")
+
+
+def is_plain_number(text: str) -> bool:
+    """Digits, a point, an exponent: what ``float``/``int`` should be given. They also take
+    ``1_0``, `` 5 ``, ``inf`` and non-ASCII digits, none of which a number of seconds is."""
+    return bool(text) and all(c in _NUMBER for c in text)
+
+
 class UsageError(ValidationError):
     """The command line itself is wrong (exit 2)."""
 

@@ -144,15 +144,19 @@ def supervise(
         reaper.reap_strays()  # leftovers of earlier commands we adopted (``each``)
     out_r, out_w = os.pipe()
     life_r, life_w = os.pipe()
+    # A stop signal from now on must reach the command: it waits, blocked, until the relay
+    # (here) and the supervisor's handlers (there) are in place.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, supervisor.HANDLED)
     child = _fork()
     if child == 0:
         os.close(out_r)
         os.close(life_w)
-        supervisor.main(spec, out_w, life_r, keep_fds, os.getppid())
+        supervisor.main(spec, out_w, life_r, keep_fds, os.getppid(), mask)
     os.close(out_w)
     os.close(life_r)
     relay = _Relay(child)
     relay.install()
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     if subreaper:
         subreaper = reaper.become_subreaper(reaper.load_prctl())
     try:

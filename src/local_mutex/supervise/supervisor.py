@@ -28,13 +28,18 @@ from . import reaper, terminal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
     from types import FrameType
 
 SHELL = "/bin/sh"
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 # The keeper's "stop now": the lock was lost, or the keeper is gone.
 STOP_NOW = signal.SIGUSR1
+# Every signal the supervisor handles. They stay blocked from the fork until the command has
+# started (so a stop request is never lost before there is a group to stop), and always in
+# the keeper-watch thread: a process-directed signal delivered to that thread would leave
+# the main thread asleep in waitpid() with the handler never run.
+HANDLED = (*FORWARDED, STOP_NOW, signal.SIGALRM)
 # After the first forwarded signal: TERM at +4 s, KILL at +7 s; the runner kills at +10 s.
 ESCALATE_TERM_AFTER = 4.0
 ESCALATE_KILL_AFTER = 7.0
@@ -151,7 +156,7 @@ class _Supervisor:
         except (ProcessLookupError, PermissionError):
             pass  # the group is already gone
 
-    def start(self, keep_fds: Sequence[int]) -> int:
+    def start(self, keep_fds: Sequence[int], mask: Iterable[int]) -> int:
         spec = self.spec
         for fd in keep_fds:
             os.set_inheritable(fd, True)  # the lock's description: the command's second line
@@ -166,6 +171,7 @@ class _Supervisor:
             file_actions=actions,
             setpgroup=0,
             setsigdef=_RESET_FOR_CHILD,
+            setsigmask=mask,  # the caller's mask, not the one we hold while starting
         )
         self.pgid = self.stopper.pgid = pid
         self.started = time.monotonic()
@@ -238,23 +244,28 @@ def _wait_command(sup: _Supervisor, pid: int, tty: int | None) -> int:
         return status
 
 
-def main(spec: Spec, out: int, life: int, keep_fds: Sequence[int], keeper: int) -> None:
-    """The supervisor's whole life, in the forked child. Never returns."""
+def main(
+    spec: Spec, out: int, life: int, keep_fds: Sequence[int], keeper: int, mask: Iterable[int]
+) -> None:
+    """The supervisor's whole life, in the forked child, which starts with HANDLED blocked
+    (``mask`` is the caller's own). Never returns."""
     code = 70
     try:
-        code = _run(spec, out, life, keep_fds, keeper)
+        code = _run(spec, out, life, keep_fds, keeper, mask)
     except BaseException as exc:
         _write(out, f"error {type(exc).__name__}: {exc}\n".replace("\n", " ").strip() + "\n")
     finally:
         os._exit(code)
 
 
-def _run(spec: Spec, out: int, life: int, keep_fds: Sequence[int], keeper: int) -> int:
+def _run(
+    spec: Spec, out: int, life: int, keep_fds: Sequence[int], keeper: int, mask: Iterable[int]
+) -> int:
     sup = _Supervisor(spec, keeper, subreaper=False)
     _install(sup)
     tty = terminal.foreground_tty()
     try:
-        pid = sup.start(keep_fds)
+        pid = sup.start(keep_fds, mask)
     except OSError as exc:
         _write(out, f"spawnfail {exc.errno or 0} {exc.strerror or exc}\n")
         return 0
@@ -264,7 +275,8 @@ def _run(spec: Spec, out: int, life: int, keep_fds: Sequence[int], keeper: int) 
     # CLI) or PID 1 instead; only a normal exit can orphan that early, and a normal exit
     # leaves its leftovers running anyway.
     sup.stopper.subreaper = reaper.become_subreaper(reaper.load_prctl())
-    _thread.start_new_thread(_watch_keeper, (life,))
+    _thread.start_new_thread(_watch_keeper, (life,))  # born with HANDLED blocked
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # now requests reach the main thread
     terminal.give_terminal(tty, pid)
     status = _wait_command(sup, pid, tty)
     if os.WIFSIGNALED(status) and not sup.stopping:

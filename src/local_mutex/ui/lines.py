@@ -32,27 +32,34 @@ def duration(seconds: float) -> str:
 
 
 def one_line(text: str, limit: int = _MAX_COMMAND) -> str:
-    flat = " ".join(text.split())
+    flat = printable(" ".join(text.split()))
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters escaped (``\\n``, ``\\x1b``): a record field, a
+    path or an argument can hold anything, and one line must stay one line -- a raw
+    newline could even start a ``::error::`` workflow command of its own."""
+    if all(" " <= c != "\x7f" for c in text):
+        return text
+    return "".join(c if " " <= c != "\x7f" else repr(c)[1:-1] for c in text)
 
 
 def describe_holder(holder: Mapping[str, Any], now: float | None = None) -> str:
     """``pid 123 ('make deps' in /src on host, runner r1, since …, for 2m03s, <url>)``."""
     import time
 
+    def field(key: str) -> str:
+        return one_line(str(holder[key]), 400)
+
     pid = holder.get("pid")
-    parts = [f"pid {pid}" if pid is not None else str(holder.get("user") or "?")]
+    parts = [f"pid {pid}" if pid is not None else (field("user") if holder.get("user") else "?")]
     details = []
     if holder.get("command"):
         details.append(repr(one_line(str(holder["command"]))))
-    if holder.get("cwd"):
-        details.append(f"in {holder['cwd']}")
-    if holder.get("host"):
-        details.append(f"on {holder['host']}")
-    if holder.get("runner"):
-        details.append(f"runner {holder['runner']}")
-    if holder.get("job"):
-        details.append(f"job {holder['job']}")
+    for key, word in (("cwd", "in"), ("host", "on"), ("runner", "runner"), ("job", "job")):
+        if holder.get(key):
+            details.append(f"{word} {field(key)}")
     since = holder.get("since_epoch")
     if isinstance(since, (int, float)) and not isinstance(since, bool) and since == since:
         held = (time.time() if now is None else now) - since
@@ -61,7 +68,7 @@ def describe_holder(holder: Mapping[str, Any], now: float | None = None) -> str:
     if holder.get("message"):
         details.append(f"message {one_line(str(holder['message']))!r}")
     if holder.get("run_url"):
-        details.append(str(holder["run_url"]))
+        details.append(field("run_url"))
     if details:
         parts.append("(" + ", ".join(details) + ")")
     return " ".join(parts)
@@ -102,9 +109,10 @@ class Reporter:
     def write(self, text: str, kind: str | None = None) -> None:
         """One line; ``kind`` is 'notice', 'warning' or 'error' (a workflow command under
         Actions: errors and warnings always, notices as ``annotations`` says)."""
+        text = printable(text)
         if self.actions and kind in ("error", "warning"):
             line = f"::{kind}::{_escape_data(PREFIX + text)}\n"
-        elif kind == "notice" and self.annotations == "always":
+        elif kind == "notice" and self.annotations != "never":
             line = f"::notice::{_escape_data(PREFIX + text)}\n"
         else:
             line = f"{PREFIX}{text}\n"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from .._json import dumps
-from .lines import describe_holder
+from .lines import describe_holder, printable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -14,7 +14,9 @@ if TYPE_CHECKING:
 
 
 def out(text: str) -> None:
-    """One answer on stdout, byte for byte (names may be any bytes)."""
+    """An answer on stdout, byte for byte (names may be any bytes); each of its lines
+    stays one line."""
+    text = "\n".join(printable(line) for line in text.split("\n"))
     stream = sys.stdout.buffer
     stream.write((text + "\n").encode("utf-8", "surrogateescape"))
     stream.flush()

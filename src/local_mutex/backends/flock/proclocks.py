@@ -24,7 +24,7 @@ class KernelLock:
         self.exclusive = exclusive
         self.pid = pid
         self.major, self.minor, self.inode = major, minor, inode
-        self.depth = depth  # 0 for a granted lock, n for a waiter n arrows deep
+        self.depth = depth  # 0 for a granted lock, > 0 for a waiter (the kernel prints "->")
 
     @property
     def key(self) -> tuple[int, int, int]:

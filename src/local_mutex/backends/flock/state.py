@@ -102,10 +102,13 @@ def _from_kernel(
         )
     mode = "exclusive" if any(e.exclusive for e in granted) else "shared"
     st = LockStatus(path, name, "held", "proc", mode, holders, waiters)
-    slot = rec.get("slot") if rec is not None else None
-    if isinstance(slot, int) and not isinstance(slot, bool):
-        st.slot = slot
+    st.slot = _slot_of(rec)
     return st
+
+
+def _slot_of(rec: Mapping[str, Any] | None) -> int | None:
+    slot = rec.get("slot") if rec is not None else None
+    return slot if isinstance(slot, int) and not isinstance(slot, bool) else None
 
 
 def _probe(path: str, name: str | None) -> LockStatus:
@@ -126,7 +129,9 @@ def _probe(path: str, name: str | None) -> LockStatus:
                 holders.append(_holder_from(rec["pid"], True, rec, time.time()))
                 recorded = rec.get("name")
                 name = name or (recorded if isinstance(recorded, str) else None)
-            return LockStatus(path, name, "held", "probe", None, holders)
+            st = LockStatus(path, name, "held", "probe", None, holders)
+            st.slot = _slot_of(rec)
+            return st
         except OSError as exc:
             raise CannotTell(f"cannot probe lock file {path!r}: {exc.strerror}") from None
         return LockStatus(path, name, "free", "probe")
@@ -199,7 +204,12 @@ def list_locks(directory: str, *, include_free: bool = False) -> list[LockStatus
 
 
 def _is_lock_name(name: str) -> bool:
-    return name.startswith(LOCK_PREFIX) and name.endswith(LOCK_SUFFIX)
+    """A lock or slot file; not a semaphore's gate, which only queues its waiters."""
+    return (
+        name.startswith(LOCK_PREFIX)
+        and name.endswith(LOCK_SUFFIX)
+        and not name.endswith(".gate" + LOCK_SUFFIX)
+    )
 
 
 def ordered(items: list[LockStatus]) -> list[LockStatus]:

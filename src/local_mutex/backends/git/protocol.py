@@ -72,18 +72,21 @@ def _epoch(value: object) -> float | None:
     """A lease end as epoch seconds: a finite number in range, or lock-action's ISO form."""
     if isinstance(value, bool):
         return None
+    number: float | None = None
     if isinstance(value, (int, float)):
-        number = float(value)
-        if number == number and _EPOCH_RANGE[0] <= number <= _EPOCH_RANGE[1]:
-            return number
-        return None
-    if isinstance(value, str) and len(value) < 64:
+        try:
+            number = float(value)
+        except OverflowError:  # an integer too big for a float
+            return None
+    elif isinstance(value, str) and len(value) < 64:
         import calendar
 
         try:
-            return float(calendar.timegm(time.strptime(value, "%Y-%m-%dT%H:%M:%SZ")))
+            number = float(calendar.timegm(time.strptime(value, "%Y-%m-%dT%H:%M:%SZ")))
         except (ValueError, OverflowError):
             return None
+    if number is not None and number == number and _EPOCH_RANGE[0] <= number <= _EPOCH_RANGE[1]:
+        return number
     return None
 
 
@@ -118,14 +121,16 @@ class RemoteState:
         return _text(self.body.get("holder_id"))
 
     def as_dict(self) -> dict[str, Any]:
+        # The body first: what we computed must win over what anyone pushed.
         return {
+            **self.body,
             "oid": self.oid,
             "state": self.state or "absent",
             "locked": self.locked,
             "actor": self.actor,
             "message": self.message,
             "expired": self.expired(),
-            **{k: v for k, v in self.body.items() if k not in ("state", "actor", "message")},
+            "expires_at": self.expires_at,
         }
 
 
@@ -153,7 +158,13 @@ def parse_message(oid: str, text: str, ref: str) -> RemoteState:
         if not isinstance(loaded, dict):
             raise BadBody(f"branch {ref} ({oid[:12]}) has a lock body that is not a JSON object")
         body = loaded
-    state = body.get("state") if body.get("state") in ("lock", "unlock") else kind
+    said = body.get("state")
+    if said is not None and said != kind:
+        raise BadBody(
+            f"branch {ref} ({oid[:12]}) says {kind!r} on its first line but {said!r} in its "
+            "body; refusing to guess which"
+        )
+    state = kind
     if (
         "expires_at" in body
         and body["expires_at"] is not None
@@ -169,8 +180,10 @@ def parse_message(oid: str, text: str, ref: str) -> RemoteState:
 
 
 def format_message(state: str, actor: str, message: str, body: Mapping[str, Any]) -> str:
+    """The commit message; the first line stays one line whatever the actor or message."""
     full = {"message": message, "state": state, "actor": actor, **body}
-    return f"{state} by {actor}: {' '.join(message.split())}\n{dumps(full)}\n"
+    head = f"{state} by {' '.join(actor.split()) or '?'}: {' '.join(message.split())}"
+    return f"{head}\n{dumps(full)}\n"
 
 
 def describe(state: RemoteState) -> str:

@@ -1,0 +1,473 @@
+"""The command line as people type it: the argv form after ``--``, options anywhere, a hint
+for an unquoted command, the fast path with options, the nested shim, ``--remote self``,
+top-level help, shell completion, and the no-/proc paths on Linux."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers import CLI, Procs, clean_env, hold_until, lock_file, run_cli, wait_for
+from helpers.gitserver import git_daemon
+
+SHIM = Path(__file__).resolve().parents[2] / "src" / "local_mutex" / "local-mutex.sh"
+# printf '[%s]' shows each argument the program got, bracketed: verbatim or not at all.
+SHOW = ["printf", "[%s]"]
+TRICKY = ["a b", "$HOME", "'q'", "*", ";", "-q", "--wait", "5", "--", "/abs/path"]
+TRICKY_OUT = "".join(f"[{a}]" for a in TRICKY).encode()
+
+
+def _ok(r: subprocess.CompletedProcess[bytes]) -> subprocess.CompletedProcess[bytes]:
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    return r
+
+
+# -- argv form: NAME -- PROGRAM [ARGS...] ---------------------------------------------------
+
+
+def test_argv_form_runs_the_program_with_its_arguments_verbatim(
+    lock_dir: Path, tmp_path: Path
+) -> None:
+    r = _ok(run_cli(["--lock-dir", str(lock_dir), "argv", "--", *SHOW, *TRICKY], cwd=tmp_path))
+    assert r.stdout == TRICKY_OUT  # no shell: no expansion, no globbing, options untouched
+    assert lock_file(lock_dir, "argv").exists()
+    assert "waiting for lock argv" in r.stderr.decode()
+
+
+def test_argv_form_with_the_run_verb(lock_dir: Path) -> None:
+    r = _ok(run_cli(["run", "--lock-dir", str(lock_dir), "viarun", "--", *SHOW, *TRICKY]))
+    assert r.stdout == TRICKY_OUT
+    assert lock_file(lock_dir, "viarun").exists()
+
+
+def test_argv_form_options_after_name_and_before_the_separator(lock_dir: Path) -> None:
+    r = _ok(run_cli(["after", "-q", "--lock-dir", str(lock_dir), "--", *SHOW, "x"]))
+    assert r.stdout == b"[x]" and r.stderr == b""
+    assert lock_file(lock_dir, "after").exists()
+
+
+def test_argv_form_takes_the_lock_dir_only_from_the_option_or_the_environment(
+    lock_dir: Path, tmp_path: Path
+) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    # An absolute path after `--` is the program's argument, never LOCK_DIR.
+    r = _ok(
+        run_cli(["envdir", "--", *SHOW, str(other)], env={"LOCAL_MUTEX_LOCK_DIR": str(lock_dir)})
+    )
+    assert r.stdout == f"[{other}]".encode()
+    assert lock_file(lock_dir, "envdir").exists()
+    assert list(other.iterdir()) == []
+
+
+def test_argv_form_excludes_like_the_quoted_form(procs: Procs, lock_dir: Path, marks: Path) -> None:
+    holder = procs.start(["--lock-dir", str(lock_dir), "ex", "--", "sh", "-c", hold_until(marks)])
+    wait_for(marks / "h.held")
+    r = run_cli(["--no-wait", "--lock-dir", str(lock_dir), "ex", "--", "touch", str(marks / "no")])
+    assert r.returncode == 75, r.stderr
+    assert not (marks / "no").exists()
+    (marks / "h.go").touch()
+    assert holder.wait(20) == 0
+
+
+def test_argv_form_status_and_missing_program(lock_dir: Path) -> None:
+    r = run_cli(["--lock-dir", str(lock_dir), "st", "--", "sh", "-c", "exit 7"])
+    assert r.returncode == 7
+    r = run_cli(["--lock-dir", str(lock_dir), "st", "--"])
+    assert r.returncode == 2 and b"missing the program after --" in r.stderr
+    r = run_cli(["--lock-dir", str(lock_dir), "st", "echo hi", "--", "echo"])
+    assert r.returncode == 2 and b"not both" in r.stderr
+
+
+def test_each_argv_form_keeps_the_item_out_of_the_arguments(lock_dir: Path) -> None:
+    items = b"one\ntwo words\n$(touch pwned)\n"
+    r = _ok(
+        run_cli(
+            [
+                "each",
+                "--lock-dir",
+                str(lock_dir),
+                "item-{}",
+                "--",
+                "sh",
+                "-c",
+                'printf "<%s|%s>" "$LOCAL_MUTEX_ITEM" "$1"',
+                "sh",
+                "{}",
+            ],
+            input=items,
+        )
+    )
+    assert r.stdout == b"<one|{}><two words|{}><$(touch pwned)|{}>"
+    for item in ("one", "two words", "$(touch pwned)"):
+        assert lock_file(lock_dir, f"item-{item}").exists()
+
+
+def test_argv_form_through_the_nested_shim(lock_dir: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    # Inside a locked command: the lock dir comes from the environment the outer run set,
+    # or from --lock-dir; an absolute path after -- stays the program's.
+    inner = (
+        'sh "$LOCAL_MUTEX_CLI" inner -- printf "[%s]" "a b" "$OTHER" && '
+        '"$LOCAL_MUTEX_CLI" --lock-dir "$OTHER" elsewhere -- printf "[%s]" --wait'
+    )
+    r = _ok(run_cli(["--lock-dir", str(lock_dir), "outer", inner], env={"OTHER": str(other)}))
+    assert r.stdout == f"[a b][{other}][--wait]".encode()
+    assert lock_file(lock_dir, "inner").exists()
+    assert lock_file(other, "elsewhere").exists()
+    assert not lock_file(lock_dir, "elsewhere").exists()
+
+
+# -- options anywhere, and the hint for an unquoted command ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["{name}", "-q", "--lock-dir", "{dir}", "echo ran"],
+        ["{name}", "echo ran", "-q", "--lock-dir", "{dir}"],
+        ["-q", "{name}", "--wait", "5", "echo ran", "{dir}"],
+        ["--lock-dir={dir}", "{name}", "--no-wait", "-q", "echo ran"],
+    ],
+)
+def test_options_anywhere_in_the_verb_free_form(lock_dir: Path, args: list[str]) -> None:
+    argv = [a.replace("{name}", "anywhere").replace("{dir}", str(lock_dir)) for a in args]
+    r = _ok(run_cli(argv))
+    assert r.stdout == b"ran\n" and r.stderr == b""  # -q took effect wherever it stood
+    assert lock_file(lock_dir, "anywhere").exists()
+
+
+@pytest.mark.parametrize(
+    ("words", "quoted"),
+    [
+        (["touch", "ran"], "'touch ran'"),
+        (["make", "-j8"], "'make -j8'"),
+        (["touch", "ran", "twice"], "'touch ran twice'"),
+        (["touch", "ran", "--verbose"], "'touch ran --verbose'"),
+    ],
+)
+def test_an_unquoted_command_gets_a_hint_and_does_not_run(
+    lock_dir: Path, tmp_path: Path, words: list[str], quoted: str
+) -> None:
+    env = {"LOCAL_MUTEX_LOCK_DIR": str(lock_dir)}
+    r = run_cli(["hint", *words], cwd=tmp_path, env=env)
+    err = r.stderr.decode()
+    assert r.returncode == 2, err
+    assert "the command must be one quoted argument" in err
+    assert f"local-mutex hint {quoted}" in err
+    assert f"local-mutex hint -- {' '.join(words)}" in err
+    assert not (tmp_path / "ran").exists()
+    assert not lock_file(lock_dir, "hint").exists()
+
+
+def test_echo_hi_gets_the_hint(lock_dir: Path) -> None:
+    r = run_cli(["hint", "echo", "hi"], env={"LOCAL_MUTEX_LOCK_DIR": str(lock_dir)})
+    assert r.returncode == 2 and r.stdout == b""
+    err = r.stderr.decode()
+    assert "one quoted argument" in err and "follow --" in err
+    assert "local-mutex hint 'echo hi'" in err
+
+
+def test_an_unquoted_command_in_each_gets_the_hint(lock_dir: Path, tmp_path: Path) -> None:
+    r = run_cli(["each", "--lock-dir", str(lock_dir), "t-{}", "touch", "ran"], input=b"x\n")
+    assert r.returncode == 2
+    assert b"one quoted argument" in r.stderr
+    assert not (tmp_path / "ran").exists()
+
+
+# -- the fast path: the common options never load click -------------------------------------
+
+
+def _modules(argv: list[str], cwd: Path) -> set[str]:
+    r = subprocess.run(
+        [sys.executable, "-X", "importtime", *argv],
+        cwd=cwd,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    return {
+        line.rsplit("|", 1)[1].strip()
+        for line in r.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["-q", "--wait", "5", "--lock-dir", "{dir}", "fast", "true"],
+        ["fast", "--no-wait", "--timeout", "30", "--shared", "-q", "true", "{dir}"],
+        ["run", "-q", "--wait", "5", "--lock-dir", "{dir}", "fast", "true"],
+        ["-q", "--lock-dir", "{dir}", "fast", "--", "true"],
+    ],
+)
+def test_common_options_do_not_import_click(tmp_path: Path, args: list[str]) -> None:
+    argv = [a.replace("{dir}", str(tmp_path)) for a in args]
+    loaded = _modules(["-m", "local_mutex", *argv], tmp_path)
+    assert "local_mutex.cli" in loaded  # the probe saw the CLI run
+    assert "click" not in loaded, f"{argv} imported click"
+
+
+def test_help_does_import_click(tmp_path: Path) -> None:
+    """The probe's own check: it would see click if a path loaded it."""
+    assert "click" in _modules(["-m", "local_mutex", "--help"], tmp_path)
+
+
+# -- the nested shim: -I -S, and help that loads site on demand -----------------------------
+
+
+def test_the_shim_starts_python_isolated_and_without_site(lock_dir: Path, tmp_path: Path) -> None:
+    log = tmp_path / "args"
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{log}"\nexec "{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
+    r = _ok(
+        run_cli(
+            [
+                "--lock-dir",
+                str(lock_dir),
+                "outer",
+                'LOCAL_MUTEX_PYTHON="$W" sh "$LOCAL_MUTEX_CLI" in -- echo ok',
+            ],
+            env={"W": str(wrapper)},
+        )
+    )
+    assert r.stdout == b"ok\n"
+    assert log.read_text().splitlines()[:2] == ["-I", "-S"]
+
+
+def test_help_through_the_shim_loads_site_on_demand(lock_dir: Path) -> None:
+    cmd = (
+        'sh "$LOCAL_MUTEX_CLI" --help > top.txt && sh "$LOCAL_MUTEX_CLI" status --help > st.txt'
+        " && cat top.txt st.txt"
+    )
+    r = _ok(run_cli(["--lock-dir", str(lock_dir), "helpful", cmd], cwd=lock_dir))
+    out = r.stdout.decode()
+    assert out.startswith("Usage: local-mutex [OPTIONS] NAME")
+    assert "Usage: local-mutex status [OPTIONS] NAME" in out
+
+
+def test_the_shim_runs_outside_a_locked_command_too(lock_dir: Path) -> None:
+    env = clean_env({"LOCAL_MUTEX_PYTHON": sys.executable})
+    r = subprocess.run(
+        ["sh", str(SHIM), "--lock-dir", str(lock_dir), "-q", "direct", "--", "echo", "a b"],
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert r.returncode == 0 and r.stdout == b"a b\n" and r.stderr == b"", r.stderr
+    r = subprocess.run(["sh", str(SHIM), "--help"], env=env, capture_output=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith(b"Usage: local-mutex [OPTIONS] NAME")
+
+
+# -- remotes: -q, and --remote self ---------------------------------------------------------
+
+
+@pytest.fixture
+def remote(tmp_path: Path) -> Iterator[str]:
+    with git_daemon(tmp_path / "server") as url:
+        yield url
+
+
+def _branches(url: str) -> list[str]:
+    out = subprocess.run(
+        ["git", "ls-remote", "--heads", url], capture_output=True, text=True, check=True
+    ).stdout
+    return sorted(line.split("refs/heads/", 1)[1] for line in out.splitlines())
+
+
+@pytest.mark.timeout(180)
+def test_quiet_works_with_a_remote(remote: str) -> None:
+    r = _ok(run_cli(["-q", "--remote", remote, "quiet-remote", "echo ran"], timeout=120))
+    assert r.stdout == b"ran\n" and r.stderr == b""
+    assert "lock__quiet-remote" in _branches(remote)
+    r = _ok(run_cli(["run", "--remote", remote, "quiet-remote", "-q", "--", "echo", "argv"]))
+    assert r.stdout == b"argv\n" and r.stderr == b""
+
+
+def test_remote_self_outside_actions_is_a_clear_error(lock_dir: Path, tmp_path: Path) -> None:
+    base = clean_env()
+    for key in ("GITHUB_SERVER_URL", "GITHUB_REPOSITORY"):
+        base.pop(key, None)
+    r = subprocess.run(
+        [*CLI, "--remote", "self", "selfish", f"touch '{tmp_path}/ran'"],
+        env=base,
+        capture_output=True,
+        timeout=60,
+    )
+    err = r.stderr.decode()
+    assert r.returncode == 2, err
+    assert "--remote self" in err and "GITHUB_SERVER_URL" in err and "GITHUB_REPOSITORY" in err
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.timeout(180)
+def test_remote_self_inside_actions_locks_on_this_repository(remote: str) -> None:
+    server, _, repo = remote.rpartition("/")
+    env = {"GITHUB_SERVER_URL": server, "GITHUB_REPOSITORY": repo.removesuffix(".git")}
+    r = _ok(run_cli(["--remote", "self", "mine", "echo in-self"], env=env, timeout=120))
+    assert r.stdout == b"in-self\n"
+    assert "lock__mine" in _branches(remote)  # the lock went to $SERVER/$REPOSITORY.git
+    st = run_cli(["status", "mine", "--remote", "self", "--json"], env=env)
+    assert st.returncode == 0, st.stderr
+    assert json.loads(st.stdout)["state"] == "free"
+
+
+# -- top-level help and shell completion ----------------------------------------------------
+
+
+def test_top_level_help_shows_the_run_form_first() -> None:
+    r = _ok(run_cli(["--help"]))
+    out = r.stdout.decode()
+    assert out.splitlines()[0].startswith("Usage: local-mutex [OPTIONS] NAME ")
+    options, verbs = out.index("--lock-dir"), out.index("status")
+    assert options < verbs  # the run form's options come before the verbs
+    for option in ("--wait", "--no-wait", "--timeout", "--shared", "-q, --quiet", "--remote"):
+        assert option in out[: out.index("Commands")]
+    for verb in ("run", "each", "hold", "release", "status", "list", "history"):
+        assert f"\n  {verb} " in out[out.index("Commands") :]
+    assert _ok(run_cli(["-h"])).stdout == r.stdout
+
+
+def _complete(words: str, cword: int, shell: str = "bash") -> str:
+    r = subprocess.run(
+        [*CLI],
+        env=clean_env(
+            {
+                "_LOCAL_MUTEX_COMPLETE": f"{shell}_complete",
+                "COMP_WORDS": words,
+                "COMP_CWORD": str(cword),
+            }
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_completion_script_for_bash() -> None:
+    r = subprocess.run(
+        [*CLI],
+        env=clean_env({"_LOCAL_MUTEX_COMPLETE": "bash_source"}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "_LOCAL_MUTEX_COMPLETE=bash_complete" in r.stdout
+    assert "complete " in r.stdout and "local-mutex" in r.stdout
+
+
+def test_completion_offers_verbs_and_options() -> None:
+    assert "plain,status" in _complete("local-mutex st", 1).splitlines()
+    assert "plain,--lock-dir" in _complete("local-mutex run --lock", 2).splitlines()
+
+
+@pytest.mark.parametrize(
+    ("words", "cword"),
+    [
+        ("local-mutex run --lock-dir ", 3),
+        ("local-mutex each --lock-dir ", 3),
+        ("local-mutex status --lock-dir ", 3),
+        ("local-mutex list --lock-dir=", 2),
+    ],
+)
+def test_lock_dir_completes_directories_after_a_verb(words: str, cword: int) -> None:
+    assert _complete(words, cword).splitlines() == ["dir,"]
+
+
+@pytest.mark.parametrize(
+    ("words", "cword"),
+    [("local-mutex --lock-dir ", 2), ("local-mutex -q --lock-dir ", 3)],
+)
+def test_lock_dir_completes_directories_in_the_verb_free_form(words: str, cword: int) -> None:
+    assert _complete(words, cword).splitlines() == ["dir,"]
+
+
+# -- LOCAL_MUTEX_NO_PROC=1: the paths a system without /proc takes, on Linux ----------------
+
+NO_PROC = {"LOCAL_MUTEX_NO_PROC": "1"}
+
+
+def test_status_and_list_by_probe(procs: Procs, lock_dir: Path, marks: Path) -> None:
+    holder = procs.start(["probed", hold_until(marks), str(lock_dir)], env=NO_PROC, cwd=marks)
+    wait_for(marks / "h.held")
+    r = run_cli(["status", "probed", "--lock-dir", str(lock_dir), "--json"], env=NO_PROC)
+    assert r.returncode == 1, r.stderr
+    st = json.loads(r.stdout)
+    assert st["state"] == "held" and st["method"] == "probe"
+    (h,) = st["holders"]
+    assert h["pid"] == holder.pid and h["source"] == "record" and h["cwd"] == str(marks)
+    human = run_cli(["status", "probed", "--lock-dir", str(lock_dir)], env=NO_PROC)
+    assert human.returncode == 1
+    assert "probed: held" in human.stdout.decode()
+    listed = json.loads(
+        run_cli(["list", "--lock-dir", str(lock_dir), "--json"], env=NO_PROC).stdout
+    )
+    (entry,) = listed
+    assert entry["name"] == "probed" and entry["method"] == "probe"
+    assert entry["holders"][0]["pid"] == holder.pid
+    (marks / "h.go").touch()
+    assert holder.wait(20) == 0
+    r = run_cli(["status", "probed", "--lock-dir", str(lock_dir), "--json"], env=NO_PROC)
+    assert r.returncode == 0 and json.loads(r.stdout)["state"] == "free"
+
+
+def test_reentrancy_through_the_shim_without_proc(lock_dir: Path) -> None:
+    """Ancestry via ps: the nested same-name call sees its enclosing holder and runs inside."""
+    cmd = 'sh "$LOCAL_MUTEX_CLI" nest "echo inner" && sh "$LOCAL_MUTEX_CLI" nest -- echo argv'
+    r = run_cli(["nest", cmd, str(lock_dir)], env=NO_PROC, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == b"inner\nargv\n"
+    assert r.stderr.decode().count("already held by enclosing pid") == 2
+
+
+def test_a_non_descendant_still_waits_without_proc(
+    procs: Procs, lock_dir: Path, marks: Path, tmp_path: Path
+) -> None:
+    """An inherited LOCAL_MUTEX_HELD proves nothing to a process outside the holder's tree:
+    the ps-based ancestry check must refuse it as the /proc one does."""
+    env_file = tmp_path / "held.env"
+    holder = procs.start(
+        ["guarded", f'echo "$LOCAL_MUTEX_HELD" > "{env_file}"; {hold_until(marks)}', str(lock_dir)],
+        env=NO_PROC,
+    )
+    wait_for(marks / "h.held")
+    held = env_file.read_text().strip()
+    assert held
+    r = run_cli(
+        ["--no-wait", "guarded", f"touch '{marks}/stolen'", str(lock_dir)],
+        env={**NO_PROC, "LOCAL_MUTEX_HELD": held},
+    )
+    assert r.returncode == 75, r.stderr
+    assert not (marks / "stolen").exists()
+    (marks / "h.go").touch()
+    assert holder.wait(20) == 0
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="compares with the /proc path")
+def test_the_switch_is_what_changes_the_method(procs: Procs, lock_dir: Path, marks: Path) -> None:
+    holder = procs.start(["switch", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    with_proc = json.loads(
+        run_cli(["status", "switch", "--lock-dir", str(lock_dir), "--json"]).stdout
+    )
+    without = json.loads(
+        run_cli(["status", "switch", "--lock-dir", str(lock_dir), "--json"], env=NO_PROC).stdout
+    )
+    assert with_proc["method"] == "proc" and without["method"] == "probe"
+    assert with_proc["holders"][0]["pid"] == without["holders"][0]["pid"] == holder.pid
+    (marks / "h.go").touch()
+    assert holder.wait(20) == 0
