@@ -982,11 +982,6 @@ def test_cli_password_in_url_stays_out_of_argv_status_and_the_command(
         assert done.returncode == 0, done.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="outside the backend: commands/holds.py release_hint repeats --remote unmasked, "
-    "and the CLI does not print backend.warning yet",
-)
 def test_cli_password_in_url_is_warned_about_and_never_printed(pg: PgServer) -> None:
     url = pg.url.replace("postgres@", f"postgres:{PASSWORD}@")
     held = _cli(pg, "hold", "--remote", url, "warned", env={"PGPASSWORD": ""})
