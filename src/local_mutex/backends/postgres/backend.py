@@ -19,7 +19,7 @@ from . import observe
 from .address import DropBound, is_postgres, load_driver, mask, password_warning
 from .keys import MAX_SLOTS, describe_key, gate_key, name_key, slot_key
 from .lock import PostgresLock
-from .session import Session, one_line
+from .session import Session, driver_message
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ class PostgresBackend:
             return observe.fetch_rows(session, keys)
         except psycopg.Error as exc:
             raise Unavailable(
-                f"cannot read pg_locks on {self.address}: {one_line(str(exc))}"
+                f"cannot read pg_locks on {self.address}: {driver_message(str(exc))}"
             ) from None
 
     def status(self, name: bytes) -> LockStatus:
@@ -161,12 +161,14 @@ class PostgresBackend:
             session.fetch("SELECT pg_terminate_backend(%s, %s)", (row.pid, int(_END_WAIT * 1000)))
         except psycopg.errors.InsufficientPrivilege as exc:
             raise Refused(
-                f"cannot end the hold on {label}: {one_line(str(exc))} "
+                f"cannot end the hold on {label}: {driver_message(str(exc))} "
                 "(ending another session needs its role, membership in it, or "
                 "pg_signal_backend)"
             ) from None
         except psycopg.Error as exc:
-            raise Unavailable(f"cannot end the hold on {label}: {one_line(str(exc))}") from None
+            raise Unavailable(
+                f"cannot end the hold on {label}: {driver_message(str(exc))}"
+            ) from None
         deadline = time.monotonic() + _END_WAIT
         while time.monotonic() < deadline:
             if not any(r.pid == row.pid and r.granted for r in self._rows([row.key])):

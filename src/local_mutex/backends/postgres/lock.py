@@ -17,13 +17,14 @@ from __future__ import annotations
 import os
 import time
 
+from ... import nesting
 from ...errors import LockLost, NotAcquired, RecordNotWritten, Unavailable
 from . import observe, record
 from .address import ENV_DROP, ENV_PASSWORD, DropBound, domain, password_of, without_password
 from .keys import describe_key, gate_key, name_key, slot_key
 from .nesting import enclosing_entry, held_entry
-from .session import Session, one_line
-from .waiting import Interruptible, Progress
+from .session import Session, driver_message
+from .waiting import Interruptible, queue_progress
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
     from ...ui.lines import Reporter
     from .. import Take
 
-ENV_REMOTE = "LOCAL_MUTEX_REMOTE"
 _POLL_MIN, _POLL_MAX = 0.005, 0.1
 _LOCK_SQL = {
     (False, False): "pg_advisory_lock",
@@ -86,7 +86,7 @@ class PostgresLock:
 
     def child_env(self, env: Mapping[str, str], held: bool) -> dict[str, str]:
         out = dict(env)
-        out[ENV_REMOTE] = without_password(self.url)
+        out[nesting.ENV_REMOTE] = without_password(self.url)
         secret = password_of(self.url)
         if secret:
             out[ENV_PASSWORD] = secret
@@ -169,7 +169,10 @@ class PostgresLock:
                 remaining = max(wait - (time.monotonic() - start), 0.001)
                 timeout = str(max(int(remaining * 1000), 1))
                 session.fetch("SELECT set_config('lock_timeout', %s, false)", (timeout,))
-            with stop.query(), Progress(self, reporter, progress, start, key, session.backend_pid):
+            with (
+                stop.query(),
+                queue_progress(self, reporter, progress, start, key, session.backend_pid),
+            ):
                 session.fetch(self._statement(_LOCK_SQL[(shared, False)], key, None, shared))
         except psycopg.errors.LockNotAvailable:
             waited = time.monotonic() - start
@@ -287,7 +290,7 @@ class PostgresLock:
         except Exception as exc:
             raise LockLost(
                 f"lost lock {self.label}: heartbeat failed on {session.address}: "
-                f"{one_line(str(exc))}"
+                f"{driver_message(str(exc))}"
             ) from None
         if not row[1]:
             why = (
@@ -311,7 +314,7 @@ class PostgresLock:
         except Exception as exc:
             raise Unavailable(
                 f"could not tell {session.address} to release {self.label}: "
-                f"{one_line(str(exc))}; it is freed when the session ends"
+                f"{driver_message(str(exc))}; it is freed when the session ends"
             ) from None
         finally:
             session.close()

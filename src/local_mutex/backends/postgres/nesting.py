@@ -9,9 +9,8 @@ environment still waits like anyone else.
 
 from __future__ import annotations
 
-import hashlib
-
 from ... import nesting
+from ...names import digest
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -19,8 +18,7 @@ if TYPE_CHECKING:
 
 
 def nesting_key(domain: str, key: int) -> str:
-    digest = hashlib.sha256(domain.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    return f"p-{digest}-{key}"
+    return f"p-{digest(domain.encode('utf-8', 'surrogateescape'))[:16]}-{key}"
 
 
 def held_entry(

@@ -62,7 +62,7 @@ _BAD_ADDRESS = (
 )
 
 
-def one_line(text: str) -> str:
+def driver_message(text: str) -> str:
     flat = " ".join(str(text).split())
     for noise in ("connection failed: ",):
         flat = flat.replace(noise, "")
@@ -75,7 +75,7 @@ def connect_params(url: str, env: Mapping[str, str], drop: DropBound) -> dict[st
     try:
         given = conninfo_to_dict(url)
     except Exception as exc:  # psycopg.ProgrammingError: a malformed URL
-        raise BadAddress(f"bad PostgreSQL URL {mask(url)}: {one_line(str(exc))}") from None
+        raise BadAddress(f"bad PostgreSQL URL {mask(url)}: {driver_message(str(exc))}") from None
     params: dict[str, Any] = {}
     for var, param in _ENV_PARAMS:
         if param not in given and env.get(var):
@@ -143,7 +143,7 @@ class Session:
             row = cur.fetchone()
         except psycopg.OperationalError as exc:
             if self.conn.closed or self.conn.broken:
-                raise Unavailable(f"{self.address}: {one_line(str(exc))}") from None
+                raise Unavailable(f"{self.address}: {driver_message(str(exc))}") from None
             raise
         if row is None:
             raise Unavailable(f"{self.address}: no answer row")
@@ -234,7 +234,7 @@ def _bytes(setting: str) -> int:
 
 
 def connect_error(address: str, exc: BaseException, url: str) -> Exception:
-    text = one_line(str(exc))
+    text = driver_message(str(exc))
     secret = password_of(url)
     if secret:
         text = text.replace(secret, "***")

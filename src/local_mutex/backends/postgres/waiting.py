@@ -3,9 +3,8 @@ stays inside the blocked statement), and stop signals turned into ``Interrupted`
 
 from __future__ import annotations
 
-import time
-
 from ...errors import Interrupted
+from ...ui.progress import Progress
 from . import observe
 
 TYPE_CHECKING = False
@@ -17,68 +16,35 @@ if TYPE_CHECKING:
     from .session import Session
 
 
-class Progress:
-    """Repeat a progress line from a helper thread while the main thread stays queued in
-    the server: interrupting the statement to print would lose our place in the queue."""
+def queue_progress(
+    lock: PostgresLock,
+    reporter: Reporter | None,
+    every: float | None,
+    start: float,
+    key: int,
+    server_pid: int,
+) -> Progress:
+    """The "still waiting" line while we are queued in the server: who holds the key and
+    where our session stands, read through a second session of its own."""
+    observer: list[Session] = []
 
-    def __init__(
-        self,
-        lock: PostgresLock,
-        reporter: Reporter | None,
-        every: float | None,
-        start: float,
-        key: int,
-        server_pid: int,
-    ) -> None:
-        self.lock, self.reporter, self.every = lock, reporter, every
-        self.start, self.key, self.server_pid = start, key, server_pid
-        self.stop: Any = None
+    def look() -> tuple[Any, str | None]:
+        if not observer:
+            observer.append(lock._connect())
+        rows = observe.fetch_rows(observer[0], [key])
+        queued = [r.pid for r in rows if r.key == key and not r.granted]
+        position = (
+            f"position {queued.index(server_pid) + 1} of {len(queued)}"
+            if server_pid in queued
+            else None
+        )
+        return observe.first_holder(rows, key), position
 
-    def __enter__(self) -> None:
-        reporter, every = self.reporter, self.every
-        if reporter is None or every is None:
-            return
-        import threading
+    def done() -> None:
+        for session in observer:
+            session.close()
 
-        done = threading.Event()
-
-        def tick() -> None:
-            observer: Session | None = None
-            try:
-                while not done.wait(every):
-                    try:
-                        observer = observer or self.lock._connect()
-                        rows = observe.fetch_rows(observer, [self.key])
-                    except Exception:
-                        rows = []
-                    queued = [r.pid for r in rows if r.key == self.key and not r.granted]
-                    position = (
-                        f"position {queued.index(self.server_pid) + 1} of {len(queued)}"
-                        if self.server_pid in queued
-                        else None
-                    )
-                    reporter.still_waiting(
-                        self.lock.label,
-                        time.monotonic() - self.start,
-                        observe.first_holder(rows, self.key),
-                        position,
-                    )
-            finally:
-                if observer is not None:
-                    observer.close()
-
-        thread = threading.Thread(target=tick, name="local-mutex-progress", daemon=True)
-        thread.start()
-
-        def stop() -> None:
-            done.set()
-            thread.join()
-
-        self.stop = stop
-
-    def __exit__(self, *exc: object) -> None:
-        if self.stop is not None:
-            self.stop()
+    return Progress(reporter, lock.label, every, start, look, done=done)
 
 
 class Interruptible:
