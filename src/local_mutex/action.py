@@ -14,6 +14,7 @@ import os
 from .backends import Ending, open_backend
 from .commands.options import is_plain_number
 from .errors import LocalMutexError, NotAcquired, ValidationError
+from .identity import ENV_GIT_TOKEN
 from .lifecycle import Command, Options, run_locked
 from .names import name_bytes
 from .nesting import ENV_HELD
@@ -138,7 +139,7 @@ class _Step:
         env = self.plain_env()
         token = self.env.get(INPUT_PREFIX + "REMOTE_TOKEN", "")
         if token:
-            env["LOCAL_MUTEX_GIT_TOKEN"] = token
+            env[ENV_GIT_TOKEN] = token
         return env
 
 

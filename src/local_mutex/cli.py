@@ -49,14 +49,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return show(args)
     if args == ["--version"]:
         from ._version import __version__
+        from .ui.output import out
 
-        print(f"local-mutex, version {__version__}")
+        out(f"local-mutex, version {__version__}")
         return 0
     verb, rest = (args[0], args[1:]) if args[0] in VERBS else ("run", args)
     try:
         parsed = parse(verb, rest)
     except UsageError as exc:
+        from .nesting import ENV_HELD
         from .ui.lines import Reporter
 
-        return Reporter(nested=bool(os.environ.get("LOCAL_MUTEX_HELD"))).failure(exc)
+        return Reporter(nested=bool(os.environ.get(ENV_HELD))).failure(exc)
     return _command(verb)(parsed)

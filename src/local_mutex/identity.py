@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 ENV_TOKEN = "LOCAL_MUTEX_HOLD_TOKEN"
+# A token for an https git remote, handed to git in its environment only.
+ENV_GIT_TOKEN = "LOCAL_MUTEX_GIT_TOKEN"
 IDENTITY = (
     ("run_id", "GITHUB_RUN_ID"),
     ("run_attempt", "GITHUB_RUN_ATTEMPT"),

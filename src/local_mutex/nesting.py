@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 ENV_HELD = "LOCAL_MUTEX_HELD"
+# The remote lock domain a command runs in: nested calls take their locks there too.
+ENV_REMOTE = "LOCAL_MUTEX_REMOTE"
 
 
 def entry(pid: int, key: str, shared: bool) -> str:

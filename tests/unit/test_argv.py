@@ -24,6 +24,7 @@ from local_mutex.commands.options import (
     RUN,
     STATUS,
     VERBS,
+    Option,
     UsageError,
     options_for,
 )
@@ -254,7 +255,7 @@ def test_hint_quotes_awkward_names() -> None:
 
 def test_unknown_option_before_the_command_has_no_hint() -> None:
     msg = refused(RUN, ["--bogus", "n", "c"])
-    assert "no such option: --bogus" in msg and HINT not in msg
+    assert msg == "no such option: '--bogus' (see local-mutex run --help)"
     msg = refused(RUN, ["n", "-j8", "c"])
     assert "no such option" in msg and HINT not in msg
 
@@ -265,9 +266,13 @@ def test_unknown_option_before_the_command_has_no_hint() -> None:
 @pytest.mark.parametrize(
     ("flag", "value", "needle"),
     [
-        ("--wait", "nan", "is not between 0 and"),
-        ("--wait", "NaN", "is not between 0 and"),
-        ("--wait", "inf", "is not between 0 and"),
+        ("--wait", "nan", "needs a number of seconds"),
+        ("--wait", "NaN", "needs a number of seconds"),
+        ("--wait", "inf", "needs a number of seconds"),
+        ("--wait", "-inf", "needs a number of seconds"),
+        ("--wait", " 2.5 ", "needs a number of seconds"),
+        ("--wait", "1_0", "needs a number of seconds"),
+        ("--wait", "\u0663", "needs a number of seconds"),  # ARABIC-INDIC DIGIT THREE
         ("--wait", "-1", "is not between 0 and"),
         ("--wait", "-0.001", "is not between 0 and"),
         ("--wait", "1e9000", "is not between 0 and"),
@@ -278,13 +283,16 @@ def test_unknown_option_before_the_command_has_no_hint() -> None:
         ("--timeout", "0", "must be more than 0"),
         ("--timeout", "-0", "must be more than 0"),
         ("--timeout", "-5", "is not between 0 and"),
-        ("--kill-after", "nan", "is not between 0 and"),
+        ("--kill-after", "nan", "needs a number of seconds"),
         ("--kill-after", "1e10", "is not between 0 and"),
         ("--lease", "0", "must be more than 0"),
         ("--poll", "0.0", "must be more than 0"),
         ("--slots", "0", "is not between 1 and 1024"),
         ("--slots", "1025", "is not between 1 and 1024"),
-        ("--slots", "-1", "is not between 1 and 1024"),
+        ("--slots", "-1", "needs a whole number"),
+        ("--slots", "+2", "needs a whole number"),
+        ("--slots", " 2 ", "needs a whole number"),
+        ("--slots", "\u0663", "needs a whole number"),
         ("--slots", "1.5", "needs a whole number"),
         ("--slots", "two", "needs a whole number"),
         ("--slots", "", "needs a whole number"),
@@ -301,7 +309,8 @@ def test_bad_values(flag: str, value: str, needle: str) -> None:
     [
         ("--wait", "0", "wait", 0.0),
         ("--wait", "1e9", "wait", 1e9),
-        ("--wait", " 2.5 ", "wait", 2.5),
+        ("--wait", "+2.5", "wait", 2.5),
+        ("--wait", "1E-3", "wait", 0.001),
         ("--timeout", "0.001", "timeout", 0.001),
         ("--kill-after", "0", "kill_after", 0.0),
         ("--slots", "1", "slots", 1),
@@ -311,6 +320,27 @@ def test_bad_values(flag: str, value: str, needle: str) -> None:
 def test_good_values(flag: str, value: str, dest: str, expected: float) -> None:
     p = parse(RUN, [flag, value, "n", "c"])
     assert p.values[dest] == expected and dest in p.given
+
+
+NOT_NUMBERS = ["nan", "NaN", "inf", "-inf", "Infinity", " 2.5 ", "2.5\n", "1_0", "\u0663", "\uff15"]
+NUMERIC = [o for o in OPTIONS if o.kind in ("seconds", "positive")]
+
+
+@pytest.mark.parametrize("option", NUMERIC, ids=lambda o: f"{o.flags[0]}")
+@pytest.mark.parametrize("value", NOT_NUMBERS)
+def test_numbers_are_plain_digits(option: Option, value: str) -> None:
+    """Only 0-9 . e E + -: no NaN/infinity words, padding, underscores or other scripts."""
+    verb = sorted(option.verbs)[0]
+    positionals = {RUN: ["n", "c"], EACH: ["t", "c"], LIST: []}.get(verb, ["n"])
+    flag = option.flags[0]
+    expected = f"{flag} needs a number of seconds, not {value!r}"
+    assert refused(verb, [flag, value, *positionals]) == expected
+    assert refused(verb, [f"{flag}={value}", *positionals]) == expected
+
+
+@pytest.mark.parametrize("value", ["-1", "+1", " 1", "1 ", "1.0", "1e1", "\u0661", "0x1"])
+def test_slots_are_ascii_digits(value: str) -> None:
+    assert refused(HOLD, ["--slots", value, "n"]) == f"--slots needs a whole number, not {value!r}"
 
 
 def test_ttl_for_hold() -> None:
@@ -345,7 +375,7 @@ def test_options_of_other_verbs_are_unknown(verb: str) -> None:
     every = {flag for o in OPTIONS for flag in o.flags}
     for flag in sorted(every - flags_of(verb)):
         msg = refused(verb, [flag, *args])
-        assert f"no such option: {flag}" in msg and verb in msg
+        assert msg == f"no such option: {flag!r} (see local-mutex {verb} --help)"
 
 
 @pytest.mark.parametrize("verb", NAMED)
@@ -426,9 +456,11 @@ def test_click_tree_has_every_verb() -> None:
 # --- fuzzing: any argument vector is parsed or refused with a UsageError ---------------------
 
 WORDS = st.sampled_from(
-    sorted({flag for o in OPTIONS for flag in o.flags})
-    + ["--", "-", "=", "--=", "-qk", "-q0k", "-0", "-kZ", "--wait=", "--slots=", "nan", "-1"]
-    + ["1", "0", "1e9", "1e99", "/abs", "rel", "{}", "{{", "", " ", "\x00", "\ud800", "é"]
+    [
+        *sorted({flag for o in OPTIONS for flag in o.flags}),
+        *["--", "-", "=", "--=", "-qk", "-q0k", "-0", "-kZ", "--wait=", "--slots=", "nan", "-1"],
+        *["1", "0", "1e9", "1e99", "/abs", "rel", "{}", "{{", "", " ", "\x00", "\ud800", "é"],
+    ]
 )
 ARGS = st.lists(
     WORDS
@@ -439,7 +471,9 @@ ARGS = st.lists(
 )
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    derandomize=True, max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(st.sampled_from(VERBS), ARGS)
 @example(RUN, ["--slots", "9" * 5000, "n", "c"])
 @example(RUN, ["--wait", "\ud800", "n", "c"])
@@ -459,3 +493,82 @@ def test_any_argv_parses_or_is_a_usage_error(verb: str, args: list[str]) -> None
         assert p.argv is None or p.argv
     else:
         assert len(p.positionals) == len(POSITIONALS[verb])
+
+
+def _one_line_args(args: list[str]) -> bool:
+    return not any("\n" in a or "\r" in a for a in args)
+
+
+@settings(
+    derandomize=True, max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(st.sampled_from(VERBS), ARGS.filter(_one_line_args))
+def test_refusals_are_one_line(verb: str, args: list[str]) -> None:
+    try:
+        parse(verb, args)
+    except UsageError as exc:
+        assert "\n" not in str(exc) and "\r" not in str(exc), str(exc)
+
+
+@pytest.mark.parametrize(
+    ("verb", "args", "shown"),
+    [
+        (RUN, ["--x\ny", "n", "c"], "'--x\\ny'"),
+        (HOLD, ["-q\n", "n"], "'-q\\n'"),
+        (RUN, ["n", "echo", "hi", "x\ny"], "'x\\ny'"),
+        (RUN, ["n", "c", "--y\nz"], "'--y\\nz'"),
+        (EACH, ["t", "a", "b\nc"], "'b\\nc'"),
+        (RUN, ["n", "c", "\r::error::x", "y"], "\\r::error::x"),
+    ],
+)
+def test_refusals_with_newlines_in_arguments_are_one_line(
+    verb: str,
+    args: list[str],
+    shown: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the CLI prints for a refusal is one line, the control characters escaped."""
+    from local_mutex.cli import main
+
+    monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
+    monkeypatch.delenv("LOCAL_MUTEX_HELD", raising=False)
+    refused(verb, args)  # a UsageError, not a parsed command
+    assert main([verb, *args]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("local-mutex: ") and err.endswith("\n"), err
+    assert err.count("\n") == 1 and "\r" not in err, err
+    assert shown in err, err
+
+
+def test_unknown_options_are_quoted() -> None:
+    assert refused(RUN, ["--x\ny", "n", "c"]) == (
+        "no such option: '--x\\ny' (see local-mutex run --help)"
+    )
+
+
+def test_hint_suggestions_keep_the_words() -> None:
+    import shlex
+
+    msg = refused(RUN, ["n", "rm", "my file"])
+    quoted, dashdash = msg.split("(local-mutex ")[1:]
+    assert shlex.split(dashdash.removesuffix(")")) == ["n", "--", "rm", "my file"], msg
+    name, command = shlex.split(quoted.removesuffix(") or follow -- "))
+    assert name == "n" and shlex.split(command) == ["rm", "my file"], msg
+
+
+@pytest.mark.parametrize(
+    "words",
+    [["rm", "my file"], ["echo", "it's", "$HOME"], ["printf", "%s\\n", "a b", ""], ["a", "-x y"]],
+)
+def test_hint_suggestions_run_what_was_typed(words: list[str]) -> None:
+    import shlex
+
+    from local_mutex.names import shell_quote
+
+    msg = refused(RUN, ["n", *words])
+    joined = " ".join(shell_quote(w) for w in words)
+    assert f"(local-mutex n {shell_quote(joined)})" in msg, msg
+    assert f"(local-mutex n -- {joined})" in msg, msg
+    assert shlex.split(shlex.split(shell_quote(joined))[0]) == words

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from ..nesting import ENV_REMOTE
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -17,7 +19,6 @@ if TYPE_CHECKING:
     from ..ui.lines import Reporter
     from .base import Backend
 
-ENV_REMOTE = "LOCAL_MUTEX_REMOTE"
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 

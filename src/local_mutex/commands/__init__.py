@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..backends import open_backend, remote_address
 from ..errors import LocalMutexError, Unsupported
+from ..nesting import ENV_HELD
 from ..ui.lines import Reporter
 
 TYPE_CHECKING = False
@@ -17,8 +18,6 @@ if TYPE_CHECKING:
 
     T = TypeVar("T")
 
-ENV_HELD = "LOCAL_MUTEX_HELD"
-
 
 def reporter_for(parsed: Parsed, env: Mapping[str, str], **options: object) -> Reporter:
     return Reporter(
@@ -28,7 +27,13 @@ def reporter_for(parsed: Parsed, env: Mapping[str, str], **options: object) -> R
     )
 
 
-def backend_for(parsed: Parsed, env: Mapping[str, str], *, reading: bool = False) -> Backend:
+def backend_for(
+    parsed: Parsed,
+    env: Mapping[str, str],
+    *,
+    reading: bool = False,
+    reporter: Reporter | None = None,
+) -> Backend:
     """The backend the command line names, with options it cannot honour refused."""
     remote = remote_address(parsed.text("remote"), env)
     backend = open_backend(
@@ -47,6 +52,9 @@ def backend_for(parsed: Parsed, env: Mapping[str, str], *, reading: bool = False
         flags = ", ".join("--" + _flag(d) for d in used)
         where = "this machine's locks" if backend.kind == "flock" else f"{backend.kind} remotes"
         raise Unsupported(f"{flags} cannot be used with {where}")
+    warning = getattr(backend, "warning", None)  # e.g. a password given in the URL
+    if warning and reporter is not None:
+        reporter.warning(warning)
     return backend
 
 
@@ -74,7 +82,7 @@ def using(
     """Open the backend the command line names, do the work, close it. A library error
     is reported (through ``translate`` first) and raised as Failed with its status."""
     try:
-        backend = backend_for(parsed, env, reading=reading)
+        backend = backend_for(parsed, env, reading=reading, reporter=reporter)
         try:
             return work(backend)
         finally:

@@ -6,6 +6,7 @@ import os
 
 from ..backends import Ending
 from ..names import name_bytes, shell_quote
+from ..nesting import ENV_REMOTE
 from . import Failed, reporter_for, using
 
 TYPE_CHECKING = False
@@ -53,12 +54,15 @@ def backend_spec(backend: Backend, values: Mapping[str, Any]) -> dict[str, Any]:
     return {"remote": values.get("remote_url") or backend.address}
 
 
-def release_hint(name: str, parsed: Parsed) -> str:
+def release_hint(name: str, parsed: Parsed, address: str) -> str:
+    """The command that ends this hold, minus its token (stdout only) and any password
+    (``address`` is the backend's printable address, passwords masked)."""
     words = ["local-mutex", "release", shell_quote(name)]
     for dest in ("lock_dir", "remote", "key_prefix"):
         value = parsed.text(dest)
         if value is not None and dest in parsed.given:
-            words += ["--" + dest.replace("_", "-"), shell_quote(value)]
+            shown = address if dest == "remote" else value
+            words += ["--" + dest.replace("_", "-"), shell_quote(shown)]
     if parsed.count("slots"):
         words.append("--slots")
     return " ".join(words) + " --token <the token printed above>"
@@ -69,13 +73,22 @@ def hold(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
     reporter = reporter_for(parsed, env)
     name = parsed.positionals[0]
     values = {**parsed.values, "wait": parsed.wait()}
-    values["remote_url"] = parsed.text("remote") or env.get("LOCAL_MUTEX_REMOTE")
+    values["remote_url"] = parsed.text("remote") or env.get(ENV_REMOTE)
+    address = ""
+
+    def work(backend: Backend) -> HoldInfo:
+        nonlocal address
+        address = backend.address
+        return take_hold(backend, name, values, env)
+
     try:
-        info = using(parsed, env, reporter, lambda b: take_hold(b, name, values, env))
+        info = using(parsed, env, reporter, work)
     except Failed as exc:
         return exc.code
     where = f"detached pid {info.pid}" if info.pid else info.lock_file
-    reporter.notice(f"holding {info.name} in {where}; release with: {release_hint(name, parsed)}")
+    reporter.notice(
+        f"holding {info.name} in {where}; release with: {release_hint(name, parsed, address)}"
+    )
     _print_token(info.token)
     return 0
 

@@ -80,8 +80,8 @@ def main() -> int:
     os.chdir("/")  # a long-lived daemon must not pin the caller's directory (or its mount)
     try:
         _keep(held, spec.get("anchor"), ttl)
-    except LockLost:
-        return 69
+    except LockLost as exc:
+        return exc.exit_code
     finally:
         held.__exit__(None, None, None)
     return 0

@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Outcome", "SignalsHeld", "Spec", "supervise"]
 
+# See ``_wait``: a command that ran this long makes its keeper a subreaper.
+_ADOPT_AFTER = 0.05
+
 
 class Outcome:
     """How the command ended. ``status`` is what the wrapper exits with."""
@@ -157,10 +160,8 @@ def supervise(
     relay = _Relay(child)
     relay.install()
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    if subreaper:
-        subreaper = reaper.become_subreaper(reaper.load_prctl())
     try:
-        outcome, text = _wait(child, out_r, lock, reporter, relay)
+        outcome, text, subreaper = _wait(child, out_r, lock, reporter, relay, subreaper)
         if outcome.supervisor_died is not None or text.startswith("error"):
             _stop_orphaned(outcome, spec, subreaper, reporter, text)
     finally:
@@ -186,9 +187,19 @@ def _fork() -> int:
 
 
 def _wait(
-    child: int, out: int, lock: Lock | None, reporter: Reporter | None, relay: _Relay
-) -> tuple[Outcome, str]:
+    child: int,
+    out: int,
+    lock: Lock | None,
+    reporter: Reporter | None,
+    relay: _Relay,
+    subreaper: bool,
+) -> tuple[Outcome, str, bool]:
+    """Until the supervisor reports and exits; (outcome, its last line, are we a subreaper).
+    The keeper becomes a subreaper only once the command has run a moment (it matters only
+    if the supervisor dies, and a short command should not pay ctypes' ~1 ms for it)."""
     outcome = Outcome()
+    adopt_at = time.monotonic() + _ADOPT_AFTER if subreaper else None
+    subreaper = False
     buffer = b""
     text = ""
     interval = lock.check_interval() if lock is not None else None
@@ -196,7 +207,10 @@ def _wait(
     poller = select.poll()  # not select(): a caller may hold descriptors past FD_SETSIZE
     poller.register(out, select.POLLIN)
     while True:
-        timeout = None if interval is None else max(next_check - time.monotonic(), 0.0)
+        if adopt_at is not None and time.monotonic() >= adopt_at:
+            subreaper, adopt_at = reaper.become_subreaper(reaper.load_prctl()), None
+        due = [t for t in (next_check if interval is not None else None, adopt_at) if t]
+        timeout = max(min(due) - time.monotonic(), 0.0) if due else None
         ready = poller.poll(None if timeout is None else int(timeout * 1000) + 1)
         if ready:
             data = os.read(out, 4096)
@@ -222,7 +236,7 @@ def _wait(
     if os.WIFSIGNALED(status) or not text.startswith("done "):
         outcome.supervisor_died = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
         outcome.status = 128 + outcome.supervisor_died if outcome.supervisor_died else 70
-    return outcome, text
+    return outcome, text, subreaper
 
 
 def _check(

@@ -156,23 +156,28 @@ class _Supervisor:
         except (ProcessLookupError, PermissionError):
             pass  # the group is already gone
 
-    def start(self, keep_fds: Sequence[int], mask: Iterable[int]) -> int:
+    def start(self, keep_fds: Sequence[int], mask: Iterable[int], tty: int | None) -> int:
         spec = self.spec
         for fd in keep_fds:
             os.set_inheritable(fd, True)  # the lock's description: the command's second line
-        actions = []
-        if spec.stdin_devnull:
-            actions.append((os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0))
         program = SHELL if spec.argv[:2] == ["sh", "-c"] else find_program(spec)
-        pid = os.posix_spawn(
-            program,
-            spec.argv,
-            spec.env,
-            file_actions=actions,
-            setpgroup=0,
-            setsigdef=_RESET_FOR_CHILD,
-            setsigmask=mask,  # the caller's mask, not the one we hold while starting
-        )
+        if tty is not None:
+            pid = terminal.spawn_in_foreground(
+                tty, program, spec.argv, spec.env, mask, _RESET_FOR_CHILD, spec.stdin_devnull
+            )
+        else:
+            actions = []
+            if spec.stdin_devnull:
+                actions.append((os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0))
+            pid = os.posix_spawn(
+                program,
+                spec.argv,
+                spec.env,
+                file_actions=actions,
+                setpgroup=0,
+                setsigdef=_RESET_FOR_CHILD,
+                setsigmask=mask,  # the caller's mask, not the one we hold while starting
+            )
         self.pgid = self.stopper.pgid = pid
         self.started = time.monotonic()
         if spec.timeout is not None:
@@ -201,8 +206,11 @@ def _install(sup: _Supervisor) -> None:
             signal.signal(sig, sup.on_signal)
 
 
-def _watch_keeper(life: int) -> None:
-    """Thread: the keeper holds the pipe's other end; EOF means it died."""
+def _watch_keeper(sup: _Supervisor, life: int) -> None:
+    """Thread: become a child subreaper (off the main thread: ctypes costs a plain run
+    ~1 ms, and the main thread is already waiting for the command), then watch the keeper:
+    it holds the pipe's other end, so EOF means it died."""
+    sup.stopper.subreaper = reaper.become_subreaper(reaper.load_prctl())
     while True:
         try:
             if not os.read(life, 64):
@@ -228,10 +236,11 @@ def _write(fd: int, line: str) -> None:
 def _wait_command(sup: _Supervisor, pid: int, tty: int | None) -> int:
     """The command's wait status; reaps adopted orphans on the way."""
     flags = os.WUNTRACED if tty is not None else 0
-    target = -1 if sup.stopper.subreaper else pid
     while True:
         try:
-            got, status = os.waitpid(target, flags)
+            # Any child: the command, or an orphan adopted as a subreaper (reaped here so it
+            # never lingers as a zombie); without a subreaper the command is the only one.
+            got, status = os.waitpid(-1, flags)
         except ChildProcessError:
             return 0
         if got != pid:
@@ -265,19 +274,17 @@ def _run(
     _install(sup)
     tty = terminal.foreground_tty()
     try:
-        pid = sup.start(keep_fds, mask)
+        pid = sup.start(keep_fds, mask, tty)
     except OSError as exc:
         _write(out, f"spawnfail {exc.errno or 0} {exc.strerror or exc}\n")
         return 0
+    terminal.give_terminal(tty, pid)  # the child took it already; this resumes it too
     _write(out, f"pid {pid}\n")
-    # Off the critical path, while the command starts: ctypes costs a plain run ~0.5 ms.
-    # An orphan made in the command's first instants goes to the keeper (a subreaper in the
-    # CLI) or PID 1 instead; only a normal exit can orphan that early, and a normal exit
-    # leaves its leftovers running anyway.
-    sup.stopper.subreaper = reaper.become_subreaper(reaper.load_prctl())
-    _thread.start_new_thread(_watch_keeper, (life,))  # born with HANDLED blocked
+    # The thread makes us a subreaper while the command starts. An orphan made in the
+    # command's first instants goes to the keeper or PID 1 instead; only a normal exit can
+    # orphan that early, and a normal exit leaves its leftovers running anyway.
+    _thread.start_new_thread(_watch_keeper, (sup, life))  # born with HANDLED blocked
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # now requests reach the main thread
-    terminal.give_terminal(tty, pid)
     status = _wait_command(sup, pid, tty)
     if os.WIFSIGNALED(status) and not sup.stopping:
         # Killed by a signal nobody here sent (OOM, kill -9): the rest of its group must

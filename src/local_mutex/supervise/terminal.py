@@ -7,6 +7,10 @@ import os
 
 from .._fastsignal import signal
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+
 
 def foreground_tty() -> int | None:
     """fd 0 when it is a terminal whose foreground group is ours, else None."""
@@ -35,6 +39,36 @@ def give_terminal(tty: int | None, pgid: int, *, resume: bool = True) -> None:
             os.killpg(pgid, signal.SIGCONT)
         except OSError:
             pass
+
+
+def spawn_in_foreground(
+    tty: int,
+    program: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    mask: Iterable[int],
+    reset: Iterable[int],
+    stdin_devnull: bool,
+) -> int:
+    """Start the command in its own process group that owns the terminal *before* it
+    runs: a Ctrl-Z typed the moment it prints its first line must stop it, and one that
+    reached our group instead would be dropped (the kernel does not stop an orphaned
+    group). posix_spawn cannot hand the terminal over in the child, so fork and exec."""
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        os.setpgid(0, 0)
+        signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        os.tcsetpgrp(tty, os.getpid())
+        for sig in (signal.SIGTTOU, *reset):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if stdin_devnull:
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.execve(program, list(argv), env)
+    except BaseException:
+        os._exit(127)
 
 
 def stop_with(tty: int | None, keeper: int) -> None:

@@ -17,12 +17,13 @@ from ... import nesting
 from ...errors import NotAcquired, UnsafeLockFile
 from ...names import display, lock_filename
 from ...ui.lines import describe_holder, duration
+from ...ui.progress import Progress
 from . import kernel, record
 from .lockdir import ENV_LOCK_DIR, create_exclusive, names_inode, open_lock_file, refusal_for
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Mapping
     from typing import Any
 
     from ...ui.lines import Reporter
@@ -135,7 +136,7 @@ class FlockLock:
                 reporter.waiting(self.label, holder)
             if wait is not None and wait <= 0:
                 return False, True
-            with _Progress(self, reporter, progress, start):
+            with Progress(reporter, self.label, progress, start, self._look):
                 return kernel.wait_lock(self.fd, shared=shared, timeout=wait), True
 
     def _take_slot(self, slots: int, wait: float | None, reporter: Reporter | None) -> float:
@@ -154,6 +155,12 @@ class FlockLock:
         self.lock_file = slot.path
         self.held = True
         return waited
+
+    def _look(self) -> tuple[dict[str, Any] | None, str | None]:
+        """For the progress line: who holds it, and where we stand in the queue."""
+        from .state import queue_position
+
+        return self.busy_holder(), queue_position(self.path)
 
     def busy_holder(self) -> dict[str, Any] | None:
         """Who holds the lock right now, from its record or, failing that, the kernel."""
@@ -258,7 +265,7 @@ class FlockLock:
         """The caller's environment plus what nested calls need to join our lock domain."""
         out = dict(env)
         out[ENV_LOCK_DIR] = self.lock_dir
-        out.pop("LOCAL_MUTEX_REMOTE", None)
+        out.pop(nesting.ENV_REMOTE, None)
         if held and self.fd >= 0:
             out[nesting.ENV_HELD] = nesting.extend(
                 env, nesting.entry(os.getpid(), self._key(), self.shared)
@@ -276,46 +283,3 @@ def _open_quietly(path: str) -> int | None:
 def _not_acquired_text(label: str, waited: float, holder: Mapping[str, Any] | None) -> str:
     text = f"lock {label} not acquired after waiting {duration(waited)}"
     return text + (f"; held by {describe_holder(holder)}" if holder else "")
-
-
-class _Progress:
-    """Repeat a progress line from a helper thread while the main thread stays queued in
-    flock(): interrupting the call to print would take us out of the kernel's queue."""
-
-    def __init__(
-        self, lock: FlockLock, reporter: Reporter | None, every: float | None, start: float
-    ) -> None:
-        self.lock, self.reporter, self.every, self.start = lock, reporter, every, start
-        self.stop: Callable[[], None] | None = None
-
-    def __enter__(self) -> None:
-        reporter, every = self.reporter, self.every
-        if reporter is None or every is None:
-            return
-        import threading
-
-        done = threading.Event()
-
-        def tick() -> None:
-            from .state import queue_position
-
-            while not done.wait(every):
-                reporter.still_waiting(
-                    self.lock.label,
-                    time.monotonic() - self.start,
-                    self.lock.busy_holder(),
-                    queue_position(self.lock.path),
-                )
-
-        thread = threading.Thread(target=tick, name="local-mutex-progress", daemon=True)
-        thread.start()
-
-        def stop() -> None:
-            done.set()
-            thread.join()
-
-        self.stop = stop
-
-    def __exit__(self, *exc: object) -> None:
-        if self.stop is not None:
-            self.stop()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...errors import BadAddress
-from ...identity import ENV_TOKEN, new_token, utc_stamp
+from ...identity import ENV_GIT_TOKEN, ENV_TOKEN, new_token, utc_stamp
 from ...names import validate_name
 from ..base import Holder, HoldInfo, LockStatus, Released
 from .lock import GitLock, unlock
@@ -17,7 +17,6 @@ if TYPE_CHECKING:
 
     from .. import Ending
 
-ENV_GIT_TOKEN = "LOCAL_MUTEX_GIT_TOKEN"
 DEFAULT_LEASE = 60.0
 DEFAULT_POLL = 5.0
 

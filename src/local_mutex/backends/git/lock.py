@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from .. import Take
     from .backend import GitBackend
 
-ENV_REMOTE = "LOCAL_MUTEX_REMOTE"
 # The lease outlasts a stop three times over: a heartbeat every third of it, and two
 # missed renewals still leave time to stop the command before it runs out.
 LEASE_PER_STOP = 3.0
@@ -258,7 +257,7 @@ class GitLock:
 
     def child_env(self, env: Mapping[str, str], held: bool) -> dict[str, str]:
         out = dict(env)
-        out[ENV_REMOTE] = self.backend.url
+        out[nesting.ENV_REMOTE] = self.backend.url
         if held:
             out[nesting.ENV_HELD] = nesting.extend(env, nesting.entry(os.getpid(), self.key, False))
         return out

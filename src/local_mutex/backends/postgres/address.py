@@ -1,0 +1,170 @@
+"""The address of a PostgreSQL lock domain: its URL, the secrets in it, the driver, and how
+fast the server drops a vanished holder.
+
+Nothing here imports psycopg at module level: ``load_driver`` does, once a postgres address
+was actually given, and turns a missing driver into a clear ``BadAddress``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ...errors import BadAddress
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from types import ModuleType
+
+SCHEMES = ("postgresql://", "postgres://")
+ENV_DROP = "LOCAL_MUTEX_PG_DROP_SECONDS"
+# A nested call gets the URL without its password; the password (when one was in the URL)
+# travels in this variable, which only this backend reads -- never PGPASSWORD, which the
+# command's own clients would send to whatever server they talk to.
+ENV_PASSWORD = "LOCAL_MUTEX_PG_PASSWORD"
+DEFAULT_DROP = 30.0
+MIN_DROP = 6.0
+MIN_SERVER = 140000  # pg_locks.waitstart, idle_session_timeout, client_connection_check_interval
+EXTRA_HINT = (
+    "the postgres backend needs psycopg 3: install the extra, "
+    "pip install 'local-mutex[postgres]' from a checkout, or "
+    "pip install 'local-mutex[postgres] @ git+https://github.com/local-mutex/local-mutex' "
+    "(the index's package named local-mutex is an unrelated project)"
+)
+
+# userinfo "user:password@" in the authority, and password=... in the query string.
+_USERINFO = re.compile(r"^(?P<scheme>[a-z]+://)(?P<user>[^:@/?#]*):(?P<pw>[^@/?#]*)@")
+_QUERY_PW = re.compile(r"(?P<key>[?&]password=)(?P<pw>[^&#]*)")
+
+
+def is_postgres(address: str) -> bool:
+    return address.startswith(SCHEMES)
+
+
+def has_password(url: str) -> bool:
+    return bool(_USERINFO.match(url)) or bool(_QUERY_PW.search(url))
+
+
+def mask(url: str) -> str:
+    """The URL with any password replaced by ``***``: for messages, status and JSON."""
+    url = _USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@", url, count=1)
+    return _QUERY_PW.sub(lambda m: f"{m['key']}***", url)
+
+
+def without_password(url: str) -> str:
+    """The URL with any password removed: what a nested call is given."""
+    url = _USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}@", url, count=1)
+    url = _QUERY_PW.sub("", url)
+    if "?" not in url and "&" in url:  # the password was the first parameter
+        url = url.replace("&", "?", 1)
+    return url
+
+
+def password_of(url: str) -> str | None:
+    """The password in the URL (percent-decoded), if any."""
+    from urllib.parse import unquote
+
+    m = _USERINFO.match(url) or _QUERY_PW.search(url)
+    return unquote(m["pw"]) if m else None
+
+
+def password_warning(url: str) -> str | None:
+    """The warning the CLI prints when the URL carries a password (library code never
+    prints); None when it carries none."""
+    if not has_password(url):
+        return None
+    return (
+        "the --remote URL holds a password, which anyone who can list processes on this "
+        "machine can read; prefer PGPASSWORD, a ~/.pgpass file or PGSERVICE "
+        f"(the URL is shown as {mask(url)})"
+    )
+
+
+def domain(url: str) -> str:
+    """The lock domain's identity for reentrancy: the URL without password, one scheme."""
+    bare = without_password(url)
+    for scheme in SCHEMES:
+        if bare.startswith(scheme):
+            return "postgresql://" + bare[len(scheme) :]
+    return bare
+
+
+def load_driver() -> ModuleType:
+    from ..._site import ensure
+
+    ensure()  # a nested call starts with -I -S: installed distributions need site
+    try:
+        import psycopg
+    except ImportError:
+        raise BadAddress(EXTRA_HINT) from None
+    return psycopg
+
+
+class DropBound:
+    """How long a vanished holder's session can outlive it on the server, and the timings
+    derived from it (all over TCP only: on a Unix socket the kernel sees both ends).
+
+    The server drops an idle session whose peer stopped answering after
+    ``keepalives_idle + keepalives_interval * keepalives_count`` seconds, and one whose
+    unacknowledged data waits longer than ``tcp_user_timeout``; a waiter's blocked query
+    notices a dead peer every ``client_connection_check_interval``. The holder heartbeats
+    well inside that bound, so it stops its command before the server can hand the lock on.
+    """
+
+    __slots__ = ("seconds",)
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> DropBound:
+        raw = env.get(ENV_DROP, "").strip()
+        if not raw:
+            return cls(DEFAULT_DROP)
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not value >= MIN_DROP or value > 86400:
+            raise BadAddress(f"{ENV_DROP}={raw!r}: need seconds from {MIN_DROP:g} to 86400")
+        return cls(value)
+
+    @property
+    def keepalives(self) -> tuple[int, int, int]:
+        """(idle, interval, count) in whole seconds, summing to about ``seconds``."""
+        idle = max(int(self.seconds / 3), 1)
+        count = 4
+        interval = max(int((self.seconds - idle) / count), 1)
+        return idle, interval, count
+
+    @property
+    def heartbeat(self) -> float:
+        """Seconds between heartbeats of a holder."""
+        return max(min(5.0, self.seconds / 6), 0.5)
+
+    @property
+    def heartbeat_deadline(self) -> float:
+        """A heartbeat unanswered for this long means the lock may be gone: stop the command
+        with time left for TERM -> KILL before the server drops the session."""
+        return max(self.seconds / 4, 1.0)
+
+    def server_settings(self) -> dict[str, str]:
+        idle, interval, count = self.keepalives
+        return {
+            "tcp_keepalives_idle": str(idle),
+            "tcp_keepalives_interval": str(interval),
+            "tcp_keepalives_count": str(count),
+            "tcp_user_timeout": str(int(self.seconds * 1000)),
+            "client_connection_check_interval": str(int(max(self.seconds / 10, 1.0) * 1000)),
+        }
+
+    def client_params(self) -> dict[str, str]:
+        """Our side: a heartbeat on a dead network fails within its deadline, not later."""
+        deadline = self.heartbeat_deadline
+        return {
+            "keepalives": "1",
+            "keepalives_idle": str(max(int(deadline / 3), 1)),
+            "keepalives_interval": str(max(int(deadline / 6), 1)),
+            "keepalives_count": "3",
+            "tcp_user_timeout": str(int(deadline * 1000)),
+        }

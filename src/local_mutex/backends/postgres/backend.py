@@ -1,0 +1,223 @@
+"""A PostgreSQL database as a lock domain: locks, status, list, and the end of holds.
+
+The domain is one server and one database: advisory locks are per database, and a standby
+has its own. A hold is a detached holder process somewhere that keeps its session open
+with a record saying ``hold`` (and its token's SHA-256); it lasts as long as that process
+and its host (unlike git's persistent holds), and ``release`` ends it with
+``pg_terminate_backend``, which needs the right to signal that session: the same role,
+membership in it, or ``pg_signal_backend`` (a superuser's session only a superuser ends).
+"""
+
+from __future__ import annotations
+
+import time
+
+from ...errors import BadAddress, Refused, Unavailable, Unsupported
+from ...identity import ENV_TOKEN, owned
+from ..base import LockStatus, Released
+from . import observe
+from .address import DropBound, is_postgres, load_driver, mask, password_warning
+from .keys import MAX_SLOTS, describe_key, gate_key, name_key, slot_key
+from .lock import PostgresLock
+from .session import Session, driver_message
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
+
+    from .. import Ending
+    from ..base import HoldInfo
+
+_END_WAIT = 5.0
+
+
+class PostgresBackend:
+    kind = "postgres"
+    persistent_holds = False
+    # Options (by their dest) that mean nothing here: refused with exit 2 when given.
+    refuses: tuple[str, ...] = ("key_prefix", "lease", "poll", "delete_branch", "allow_other_owner")
+
+    def __init__(self, url: str, *, env: Mapping[str, str], reading: bool = False) -> None:
+        if not is_postgres(url):
+            raise BadAddress(f"{mask(url)} is not a postgresql:// or postgres:// URL")
+        load_driver()  # a missing extra is a clear error now, not mid-lock
+        self.url, self.env, self.reading = url, env, reading
+        self.address = mask(url)
+        # For the CLI to print (library code never prints): a password in the URL.
+        self.warning = password_warning(url)
+        self.drop = DropBound.from_env(env)
+        self._observer: Session | None = None
+
+    # -- locks --------------------------------------------------------------------------------
+
+    def lock(self, name: bytes) -> PostgresLock:
+        return PostgresLock(self.url, name, self.env, self.drop)
+
+    def hold_persistent(
+        self, name: bytes, *, wait: float | None, ttl: float | None, message: str | None
+    ) -> HoldInfo:
+        raise Unsupported("holds in PostgreSQL are kept by a holder process, not persisted")
+
+    def history(self, name: bytes) -> list[dict[str, Any]]:
+        raise Unsupported("lock history is not kept by this backend (postgres)")
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def _session(self) -> Session:
+        if self._observer is None:
+            self._observer = Session(
+                self.url, self.env, app_name="local-mutex-observer", drop=self.drop
+            )
+        return self._observer
+
+    def _rows(self, keys: Sequence[int] | None) -> list[observe.Row]:
+        psycopg = load_driver()
+        session = self._session()
+        try:
+            return observe.fetch_rows(session, keys)
+        except psycopg.Error as exc:
+            raise Unavailable(
+                f"cannot read pg_locks on {self.address}: {driver_message(str(exc))}"
+            ) from None
+
+    def status(self, name: bytes) -> LockStatus:
+        slot_keys = [slot_key(name, i) for i in range(MAX_SLOTS)]
+        rows = self._rows([name_key(name), gate_key(name), *slot_keys])
+        return _status(name, rows)
+
+    def list_locks(self, *, include_free: bool) -> list[LockStatus]:
+        """Locks that sessions of this tool hold or wait for. A free lock leaves no trace
+        on the server, so ``include_free`` adds nothing here."""
+        rows = self._rows(None)
+        by_name: dict[bytes, list[observe.Row]] = {}
+        nameless: dict[int, list[observe.Row]] = {}
+        for row in rows:
+            name = row.info.get("name")
+            if isinstance(name, bytes) and name and _belongs(name, row):
+                by_name.setdefault(name, []).append(row)
+            else:
+                nameless.setdefault(row.key, []).append(row)
+        out = [_status(name, by_name[name]) for name in sorted(by_name)]
+        for key, group in nameless.items():
+            # A session whose record we may not read (another role) or a plain client.
+            named = observe.name_of(group)
+            if named is not None and named in by_name:
+                continue
+            out.append(observe.status_of(None, key, group))
+        return out
+
+    # -- holds --------------------------------------------------------------------------------
+
+    def release_hold(self, name: bytes, ending: Ending) -> Released:
+        """End a hold the caller owns (its token or job), or any with ``force``. A hold is a
+        holder process's session: ending it is ``pg_terminate_backend``."""
+        env, force, slots = ending.env, ending.force, ending.slots
+        label = name.decode("utf-8", "surrogateescape")
+        token = ending.token or env.get(ENV_TOKEN) or None
+        keys = [slot_key(name, i) for i in range(MAX_SLOTS)] if slots else [name_key(name)]
+        rows = [r for r in self._rows(keys) if r.granted]
+        refusal: Refused | None = None
+        for row in rows:
+            info = row.info
+            who = observe.holder_dict(row)
+            if not info.get("hold"):
+                refusal = Refused(
+                    f"lock {label} is held by {_describe(who)}, which is not a hold; "
+                    "release only ends holds started with `local-mutex hold`"
+                )
+                continue
+            if not force and not owned(info, env, token):
+                unreadable = "token_sha256" not in info and "since_epoch" not in info
+                refusal = Refused(
+                    f"the hold on {label} ({_describe(who)}) belongs to another job or token; "
+                    "pass its --token, or --force to end it anyway"
+                    + (
+                        " (its record is not readable: same role or pg_read_all_stats needed)"
+                        if unreadable
+                        else ""
+                    )
+                )
+                continue
+            self._terminate(label, row)
+            since = row.since
+            held = None if since is None else max(time.time() - since, 0.0)
+            pid = info.get("pid")
+            return Released(
+                describe_key(row.key),
+                True,
+                pid if isinstance(pid, int) else None,
+                held,
+                holder=_describe(who),
+            )
+        if refusal is not None:
+            raise refusal
+        return Released(describe_key(name_key(name)), False, found=False)
+
+    def _terminate(self, label: str, row: observe.Row) -> None:
+        psycopg = load_driver()
+        session = self._session()
+        try:
+            session.fetch("SELECT pg_terminate_backend(%s, %s)", (row.pid, int(_END_WAIT * 1000)))
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise Refused(
+                f"cannot end the hold on {label}: {driver_message(str(exc))} "
+                "(ending another session needs its role, membership in it, or "
+                "pg_signal_backend)"
+            ) from None
+        except psycopg.Error as exc:
+            raise Unavailable(
+                f"cannot end the hold on {label}: {driver_message(str(exc))}"
+            ) from None
+        deadline = time.monotonic() + _END_WAIT
+        while time.monotonic() < deadline:
+            if not any(r.pid == row.pid and r.granted for r in self._rows([row.key])):
+                return
+            time.sleep(0.02)
+        raise Unavailable(f"the session holding {label} (server pid {row.pid}) did not end")
+
+    def close(self) -> None:
+        session, self._observer = self._observer, None
+        if session is not None:
+            session.close()
+
+
+def _belongs(name: bytes, row: observe.Row) -> bool:
+    """Is this row's key one of the name's keys (its record could be forged or stale)?"""
+    if row.key in (name_key(name), gate_key(name)):
+        return True
+    slot = row.info.get("slot")
+    return isinstance(slot, int) and 0 <= slot < MAX_SLOTS and row.key == slot_key(name, slot)
+
+
+def _status(name: bytes, rows: Sequence[observe.Row]) -> LockStatus:
+    label = name.decode("utf-8", "surrogateescape")
+    plain, gate = name_key(name), gate_key(name)
+    st = observe.status_of(label, plain, rows)
+    indexes: dict[int, int] = {}
+    count = 0
+    for row in rows:
+        slots = row.info.get("slots")
+        if isinstance(slots, int) and 0 < slots <= MAX_SLOTS:
+            count = max(count, slots)
+    for i in range(MAX_SLOTS):
+        indexes[slot_key(name, i)] = i
+    used = [indexes[r.key] for r in rows if r.key in indexes]
+    count = max(count, max(used) + 1 if used else 0)
+    for i in range(count):
+        slot = observe.status_of(label, slot_key(name, i), rows)
+        slot.slot = i
+        st.slots.append(slot)
+    if count:
+        queued = observe.status_of(label, gate, [r for r in rows if r.key == gate])
+        # Waiting at the gate of the slots: after the plain lock's own waiters.
+        for w in queued.waiters:
+            w.position += len(st.waiters)
+        st.waiters.extend(queued.waiters)
+    return st
+
+
+def _describe(holder: Mapping[str, Any]) -> str:
+    from ...ui.lines import describe_holder
+
+    return describe_holder(holder)

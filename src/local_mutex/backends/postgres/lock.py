@@ -1,0 +1,347 @@
+"""One name in one database, held by one session-level advisory lock.
+
+Waiting happens in the server: ``pg_advisory_lock`` queues us behind the holder and returns
+the moment it lets go; the wait ceiling is the session's ``lock_timeout``, so there is no
+polling. ``--no-wait`` is ``pg_try_advisory_lock``. Slots queue on a gate key and the head
+of that queue polls the slot keys, as the local backend does with files.
+
+While held, ``check`` watches the socket for an unasked-for message (the server's FATAL
+before it closes, or EOF) and heartbeats on a timer: a statement that re-sends the holder
+record and asks ``pg_locks`` whether this session still holds the key. A lost session, or
+a heartbeat unanswered within the deadline (the kernel's ``tcp_user_timeout`` on our socket),
+raises ``LockLost`` well before the server's drop bound hands the lock to someone else.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ... import nesting
+from ...errors import LockLost, NotAcquired, RecordNotWritten, Unavailable
+from . import observe, record
+from .address import ENV_DROP, ENV_PASSWORD, DropBound, domain, password_of, without_password
+from .keys import describe_key, gate_key, name_key, slot_key
+from .nesting import enclosing_entry, held_entry
+from .session import Session, driver_message
+from .waiting import Interruptible, queue_progress
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+    from ...ui.lines import Reporter
+    from .. import Take
+
+_POLL_MIN, _POLL_MAX = 0.005, 0.1
+_LOCK_SQL = {
+    (False, False): "pg_advisory_lock",
+    (True, False): "pg_advisory_lock_shared",
+    (False, True): "pg_try_advisory_lock",
+    (True, True): "pg_try_advisory_lock_shared",
+}
+
+
+class PostgresLock:
+    """``Backend.lock(name)`` for a PostgreSQL domain; see ``base.Lock``."""
+
+    def __init__(self, url: str, name: bytes, env: Mapping[str, str], drop: DropBound) -> None:
+        self.url, self.name, self.env, self.drop = url, name, env, drop
+        self.label = name.decode("utf-8", "surrogateescape")
+        self.key = name_key(name)
+        self.lock_file = describe_key(self.key)
+        self.session: Session | None = None
+        self.held_key: int | None = None
+        self.shared = False
+        self.slot: int | None = None
+        self.slots: int | None = None
+        self._comment = ""
+        self._next_beat = 0.0
+        self._warned = False
+        # Set by the lifecycle before acquire: what stopping the command may take. The
+        # heartbeat's deadline plus this must stay inside the server's drop bound.
+        self.stop_grace = 7.0
+        self._host = os.uname().nodename
+
+    # -- nesting ------------------------------------------------------------------------------
+
+    def enclosing(self, env: Mapping[str, str]) -> tuple[int, str] | None:
+        return enclosing_entry(env, domain(self.url), self.key)
+
+    def held_by_our_hold(self, env: Mapping[str, str], token: str | None) -> int | None:
+        """The pid of a ``hold`` of this very job (or token) that has this lock, if any."""
+        from ...identity import owned
+
+        session = self._connect()
+        try:
+            rows = observe.fetch_rows(session, [self.key])
+        finally:
+            session.close()
+        for row in rows:
+            pid = row.info.get("pid")
+            if row.granted and owned(row.info, env, token) and isinstance(pid, int):
+                return pid
+        return None
+
+    def child_env(self, env: Mapping[str, str], held: bool) -> dict[str, str]:
+        out = dict(env)
+        out[nesting.ENV_REMOTE] = without_password(self.url)
+        secret = password_of(self.url)
+        if secret:
+            out[ENV_PASSWORD] = secret
+        if held and self.held_key == self.key:
+            out.update(held_entry(out, os.getpid(), domain(self.url), self.key, self.shared))
+        return out
+
+    # -- taking -------------------------------------------------------------------------------
+
+    def _connect(self) -> Session:
+        app = record.application_name(os.getpid(), self._host)
+        return Session(self.url, self.env, app_name=app, drop=self.drop)
+
+    def _statement(self, call: str, key: int, slot: int | None, shared: bool) -> str:
+        rec = {
+            "name": self.name,
+            "pid": os.getpid(),
+            "host": self._host,
+            "mode": "shared" if shared else "exclusive",
+            "slot": slot,
+            "slots": self.slots,
+        }
+        return f"{record.comment(rec, 512)} SELECT {call}({key})"
+
+    def acquire(self, take: Take) -> float:
+        shared, slots, wait = take.shared, take.slots, take.wait
+        reporter, progress = take.reporter, take.progress
+        start = time.monotonic()
+        with Interruptible() as stop:
+            session = self._connect()
+            try:
+                self.slots = slots
+                if slots is not None:
+                    self._take_slot(session, slots, wait, reporter, start, stop)
+                else:
+                    self._take(
+                        session, self.key, shared, wait, reporter, start, stop, progress=progress
+                    )
+            except BaseException:
+                if stop.interrupted_during_query:
+                    session.cancel()
+                session.close()  # nothing half-taken: the session's end frees anything
+                raise
+        self.session, self.shared = session, shared
+        waited = time.monotonic() - start
+        return waited
+
+    def _take(
+        self,
+        session: Session,
+        key: int,
+        shared: bool,
+        wait: float | None,
+        reporter: Reporter | None,
+        start: float,
+        stop: Interruptible,
+        *,
+        progress: float | None,
+    ) -> None:
+        if session.fetch(self._statement(_LOCK_SQL[(shared, True)], key, None, shared))[0]:
+            self.held_key = key
+            return
+        rows = observe.fetch_rows(session, [key])
+        holder = observe.first_holder(rows, key)
+        if wait is not None and wait <= 0:
+            raise NotAcquired(
+                f"lock {self.label} is held on {session.address}"
+                + (f" by {_who(holder)}" if holder else ""),
+                holder,
+                time.monotonic() - start,
+            )
+        if reporter is not None:
+            ahead = sum(1 for r in rows if not r.granted and r.key == key)
+            reporter.waiting(self.label, holder, detail=_queue_detail(ahead))
+        psycopg = __import__("psycopg")
+        try:
+            if wait is not None:
+                # The ceiling is the server's: lock_timeout ends the wait, no polling. Nothing
+                # later in this session waits on a lock, so it need not be reset.
+                remaining = max(wait - (time.monotonic() - start), 0.001)
+                timeout = str(max(int(remaining * 1000), 1))
+                session.fetch("SELECT set_config('lock_timeout', %s, false)", (timeout,))
+            with (
+                stop.query(),
+                queue_progress(self, reporter, progress, start, key, session.backend_pid),
+            ):
+                session.fetch(self._statement(_LOCK_SQL[(shared, False)], key, None, shared))
+        except psycopg.errors.LockNotAvailable:
+            waited = time.monotonic() - start
+            holder = observe.first_holder(observe.fetch_rows(session, [key]), key) or holder
+            raise NotAcquired(
+                f"lock {self.label} not acquired after waiting {waited:.1f}s on "
+                f"{session.address}" + (f"; held by {_who(holder)}" if holder else ""),
+                holder,
+                waited,
+            ) from None
+        self.held_key = key
+
+    def _take_slot(
+        self,
+        session: Session,
+        slots: int,
+        wait: float | None,
+        reporter: Reporter | None,
+        start: float,
+        stop: Interruptible,
+    ) -> None:
+        gate = gate_key(self.name)
+        self._take(session, gate, False, wait, None, start, stop, progress=None)  # the gate
+        delay, announced = _POLL_MIN, False
+        keys = [slot_key(self.name, i) for i in range(slots)]
+        while True:
+            for index, key in enumerate(keys):
+                sql = self._statement("pg_try_advisory_lock", key, index, False)
+                if session.fetch(sql)[0]:
+                    self.held_key, self.slot = key, index
+                    session.fetch(f"SELECT pg_advisory_unlock({gate})")  # the next one looks
+                    return
+            waited = time.monotonic() - start
+            if wait is not None and waited >= wait:
+                # The caller closes the session, which lets go of the gate.
+                raise NotAcquired(
+                    f"lock {self.label} not acquired after waiting {waited:.1f}s: all "
+                    f"{slots} slots are busy on {session.address}",
+                    None,
+                    waited,
+                )
+            if not announced and reporter is not None:
+                reporter.waiting(self.label, None, detail=f"all {slots} slots are busy")
+            announced = True
+            pause = delay if wait is None else min(delay, wait - waited)
+            time.sleep(max(pause, 0.0))
+            delay = min(delay * 2, _POLL_MAX)
+
+    # -- holding ------------------------------------------------------------------------------
+
+    def write_record(self, rec: Mapping[str, Any]) -> None:
+        session = self._held()
+        full = {
+            **rec,
+            "name": self.name,
+            "mode": "shared" if self.shared else "exclusive",
+            "slot": self.slot,
+            "slots": self.slots,
+        }
+        self._comment = record.comment(full, max(session.query_budget - 200, 256))
+        try:
+            if rec.get("hold"):  # readable by every role, unlike the query text
+                app = record.application_name(os.getpid(), self._host, hold=True)
+                session.fetch("SELECT set_config('application_name', %s, false)", (app,))
+            self._beat(session)
+        except LockLost as exc:
+            raise RecordNotWritten(str(exc)) from None
+
+    def keep_fds(self) -> tuple[int, ...]:
+        return (self._held().fileno(),)
+
+    def check_interval(self) -> float | None:
+        return 0.5
+
+    def check(self) -> str | None:
+        session = self._held()
+        if session.readable() or time.monotonic() >= self._next_beat:
+            self._beat(session)
+        if self._warned:
+            return None
+        self._warned = True
+        return self._warning(session)
+
+    def _warning(self, session: Session) -> str | None:
+        """Said once: what could let a lost session go unnoticed for too long."""
+        if session.pooled:
+            return (
+                f"{session.address} answers through a connection pooler; session locks need "
+                "session pooling (transaction pooling shows up as a lost lock)"
+            )
+        drop = self.drop
+        if drop.heartbeat + drop.heartbeat_deadline + self.stop_grace > drop.seconds:
+            return (
+                f"{ENV_DROP}={drop.seconds:g} leaves less than the {self.stop_grace:g}s it may "
+                "take to stop the command after a lost session: another holder could start "
+                "before it is gone"
+            )
+        return None
+
+    def _beat(self, session: Session) -> None:
+        """Re-send the record and ask whether this session still holds the key."""
+        sql = (
+            f"{self._comment} SELECT pg_backend_pid(), EXISTS (SELECT 1 FROM pg_locks"
+            " WHERE locktype = 'advisory' AND objsubid = 1 AND granted"
+            " AND pid = pg_backend_pid()"
+            f" AND (classid::bigint << 32) | objid::bigint = {self.held_key})"
+        )
+        try:
+            row = session.fetch(sql)
+        except Unavailable as exc:
+            raise LockLost(
+                f"lost lock {self.label}: the PostgreSQL session ended ({exc}); "
+                "the command was stopped"
+            ) from None
+        except Exception as exc:
+            raise LockLost(
+                f"lost lock {self.label}: heartbeat failed on {session.address}: "
+                f"{driver_message(str(exc))}"
+            ) from None
+        if not row[1]:
+            why = (
+                " (a pooler in transaction mode? session locks need session pooling)"
+                if session.pooled or row[0] != session.backend_pid
+                else ""
+            )
+            raise LockLost(f"lost lock {self.label}: this session no longer holds it{why}")
+        self._next_beat = time.monotonic() + self.drop.heartbeat
+
+    # -- letting go ---------------------------------------------------------------------------
+
+    def release(self) -> None:
+        session, self.session = self.session, None
+        if session is None:
+            return
+        key, self.held_key = self.held_key, None
+        unlock = "pg_advisory_unlock_shared" if self.shared else "pg_advisory_unlock"
+        try:
+            session.fetch(f"SELECT {unlock}({key})")
+        except Exception as exc:
+            raise Unavailable(
+                f"could not tell {session.address} to release {self.label}: "
+                f"{driver_message(str(exc))}; it is freed when the session ends"
+            ) from None
+        finally:
+            session.close()
+
+    def abandon(self) -> None:
+        session, self.session = self.session, None
+        if session is not None:
+            session.abandon()
+
+    def close(self) -> None:
+        session, self.session = self.session, None
+        if session is not None:
+            session.close()
+
+    def _held(self) -> Session:
+        if self.session is None:
+            raise LockLost(f"lock {self.label} is not held")
+        return self.session
+
+
+def _who(holder: dict[str, Any]) -> str:
+    from ...ui.lines import describe_holder
+
+    return describe_holder(holder)
+
+
+def _queue_detail(ahead: int) -> str | None:
+    if ahead == 0:
+        return None
+    return f"{ahead} other waiter{'s' if ahead != 1 else ''} queued ahead"

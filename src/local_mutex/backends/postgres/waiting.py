@@ -1,0 +1,96 @@
+"""Waiting in the server's queue: a progress line from a helper thread (the main thread
+stays inside the blocked statement), and stop signals turned into ``Interrupted``."""
+
+from __future__ import annotations
+
+from ...errors import Interrupted
+from ...ui.progress import Progress
+from . import observe
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from ...ui.lines import Reporter
+    from .lock import PostgresLock
+    from .session import Session
+
+
+def queue_progress(
+    lock: PostgresLock,
+    reporter: Reporter | None,
+    every: float | None,
+    start: float,
+    key: int,
+    server_pid: int,
+) -> Progress:
+    """The "still waiting" line while we are queued in the server: who holds the key and
+    where our session stands, read through a second session of its own."""
+    observer: list[Session] = []
+
+    def look() -> tuple[Any, str | None]:
+        if not observer:
+            observer.append(lock._connect())
+        rows = observe.fetch_rows(observer[0], [key])
+        queued = [r.pid for r in rows if r.key == key and not r.granted]
+        position = (
+            f"position {queued.index(server_pid) + 1} of {len(queued)}"
+            if server_pid in queued
+            else None
+        )
+        return observe.first_holder(rows, key), position
+
+    def done() -> None:
+        for session in observer:
+            session.close()
+
+    return Progress(reporter, lock.label, every, start, look, done=done)
+
+
+class Interruptible:
+    """SIGINT/SIGTERM/SIGHUP/SIGQUIT raise ``Interrupted`` while we wait (main thread only),
+    and say whether it landed inside a server wait that must be cancelled."""
+
+    _SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+
+    def __init__(self) -> None:
+        self.previous: dict[int, Any] = {}
+        self.interrupted_during_query = False
+        self._in_query = False
+
+    def _stop(self, signum: int, frame: object) -> None:
+        self.interrupted_during_query = self._in_query
+        raise Interrupted(signum)
+
+    def __enter__(self) -> Interruptible:
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for name in self._SIGNALS:
+            signum = getattr(signal, name)
+            if signal.getsignal(signum) is signal.SIG_IGN:
+                continue
+            self.previous[signum] = signal.signal(signum, self._stop)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+    def query(self) -> _InQuery:
+        return _InQuery(self)
+
+
+class _InQuery:
+    def __init__(self, owner: Interruptible) -> None:
+        self.owner = owner
+
+    def __enter__(self) -> None:
+        self.owner._in_query = True
+
+    def __exit__(self, *exc: object) -> None:
+        self.owner._in_query = False

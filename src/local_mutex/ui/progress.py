@@ -1,0 +1,71 @@
+"""The repeated "still waiting" line, from a helper thread.
+
+The main thread stays queued where the wait happens -- inside flock(), or inside a blocked
+statement on a database server -- because interrupting it to print would lose its place in
+the queue. ``look`` says who holds the lock and where we stand, freshly, for each line.
+"""
+
+from __future__ import annotations
+
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Any
+
+    from .lines import Reporter
+
+    Look = Callable[[], tuple[Mapping[str, Any] | None, str | None]]
+
+
+class Progress:
+    """``with Progress(reporter, label, every, start, look):`` around a blocking wait."""
+
+    def __init__(
+        self,
+        reporter: Reporter | None,
+        label: str,
+        every: float | None,
+        start: float,
+        look: Look,
+        *,
+        done: Callable[[], None] | None = None,
+    ) -> None:
+        self.reporter, self.label, self.every = reporter, label, every
+        self.start, self.look, self.done = start, look, done
+        self.stop: Callable[[], None] | None = None
+
+    def __enter__(self) -> None:
+        reporter, every = self.reporter, self.every
+        if reporter is None or every is None:
+            return
+        import threading
+
+        finished = threading.Event()
+
+        def tick() -> None:
+            try:
+                while not finished.wait(every):
+                    try:
+                        holder, position = self.look()
+                    except Exception:
+                        holder, position = None, None
+                    waited = time.monotonic() - self.start
+                    reporter.still_waiting(self.label, waited, holder, position)
+            finally:
+                if self.done is not None:
+                    self.done()
+
+        thread = threading.Thread(target=tick, name="local-mutex-progress", daemon=True)
+        thread.start()
+
+        def stop() -> None:
+            finished.set()
+            thread.join()
+
+        self.stop = stop
+
+    def __exit__(self, *exc: object) -> None:
+        if self.stop is not None:
+            self.stop()

