@@ -163,7 +163,7 @@ def supervise(
     try:
         outcome, text, subreaper = _wait(child, out_r, lock, reporter, relay, subreaper)
         if outcome.supervisor_died is not None or text.startswith("error"):
-            _stop_orphaned(outcome, spec, subreaper, reporter, text)
+            _stop_orphaned(outcome, spec, subreaper, reporter, text, keep_fds)
     finally:
         relay.done = True
         signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
@@ -266,10 +266,19 @@ def _parse_done(outcome: Outcome, text: str) -> None:
 
 
 def _stop_orphaned(
-    outcome: Outcome, spec: Spec, subreaper: bool, reporter: Reporter | None, text: str
+    outcome: Outcome,
+    spec: Spec,
+    subreaper: bool,
+    reporter: Reporter | None,
+    text: str,
+    keep_fds: Sequence[int],
 ) -> None:
-    """The supervisor died with the command still ours: stop it before the release."""
+    """The supervisor died with the command still ours: stop it before the release. If
+    it died before it could tell us the command's pid, the command is found the way the
+    kernel sees it: the processes that share our lock's descriptions."""
     pgid = outcome.command_pid
+    if pgid is None:
+        pgid = reaper.group_holding(keep_fds)
     if reporter is not None:
         why = (
             f"died from signal {outcome.supervisor_died}"

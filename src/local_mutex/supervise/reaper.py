@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import sys
 import time
 
@@ -19,6 +20,7 @@ from .._fastsignal import signal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -65,6 +67,60 @@ def reap_strays() -> None:
             continue
         if pid == 0:
             return
+
+
+def group_holding(fds: Sequence[int]) -> int | None:
+    """The command's process group, found the way the kernel sees it, for when the
+    supervisor died before it could tell us: a group leader in our session, started after
+    us, that holds one of our lock's descriptions (a socket we share, or a file open with a
+    lock granted on it -- a mere waiter on the same file has none). None without /proc."""
+    if not fds or not _proc.USE_PROC:
+        return None
+    wanted = set()
+    for fd in fds:
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        wanted.add((st.st_dev, st.st_ino))
+    me, session = os.getpid(), os.getsid(0)
+    mine = _proc.stat_fields(me)
+    born = int(mine[19]) if mine else 0
+    for entry in os.listdir(_proc.PROC):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        pid = int(entry)
+        fields = _proc.stat_fields(pid)
+        try:
+            leader = fields is not None and int(fields[2]) == pid and int(fields[3]) == session
+            if not leader or fields is None or int(fields[19]) < born:
+                continue
+        except (ValueError, IndexError):
+            continue
+        if _shares(pid, wanted):
+            return pid
+    return None
+
+
+def _shares(pid: int, wanted: set[tuple[int, int]]) -> bool:
+    base = f"{_proc.PROC}/{pid}"
+    try:
+        names = os.listdir(f"{base}/fd")
+    except OSError:
+        return False
+    for name in names:
+        try:
+            st = os.stat(f"{base}/fd/{name}")
+            if (st.st_dev, st.st_ino) not in wanted:
+                continue
+            if stat.S_ISSOCK(st.st_mode):
+                return True
+            with open(f"{base}/fdinfo/{name}", encoding="ascii", errors="replace") as f:
+                if any(line.startswith("lock:") for line in f):
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def group_alive(pgid: int) -> bool:

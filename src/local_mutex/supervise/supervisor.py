@@ -278,8 +278,8 @@ def _run(
     except OSError as exc:
         _write(out, f"spawnfail {exc.errno or 0} {exc.strerror or exc}\n")
         return 0
+    _write(out, f"pid {pid}\n")  # first: should we die now, the keeper knows whom to stop
     terminal.give_terminal(tty, pid)  # the child took it already; this resumes it too
-    _write(out, f"pid {pid}\n")
     # The thread makes us a subreaper while the command starts. An orphan made in the
     # command's first instants goes to the keeper or PID 1 instead; only a normal exit can
     # orphan that early, and a normal exit leaves its leftovers running anyway.

@@ -1,0 +1,45 @@
+"""The keeper's last resort: finding the command by the lock it shares, when the supervisor
+died before it could say which process it started."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from local_mutex.supervise.reaper import group_holding
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/fdinfo").is_dir(), reason="reads /proc")
+
+
+def _leader(fd: int) -> subprocess.Popen[bytes]:
+    """``sleep`` leading a process group of its own, with ``fd`` inherited."""
+    return subprocess.Popen(["sleep", "30"], pass_fds=(fd,), preexec_fn=os.setpgrp)  # noqa: PLW1509
+
+
+def test_the_command_is_the_group_that_holds_our_lock(tmp_path: Path) -> None:
+    path = tmp_path / "l.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    # A waiter on the same file (its own description, no lock granted) is not the command.
+    waiter_fd = os.open(path, os.O_RDONLY)
+    waiter = _leader(waiter_fd)
+    command = None
+    try:
+        assert group_holding([fd]) is None
+        command = _leader(fd)  # shares our description, lock and all, as a command does
+        assert group_holding([fd]) == command.pid
+    finally:
+        for p in (waiter, command):
+            if p is not None:
+                p.kill()
+                p.wait()
+        os.close(waiter_fd)
+        os.close(fd)
+
+
+def test_nothing_without_descriptors() -> None:
+    assert group_holding([]) is None
