@@ -49,7 +49,7 @@ def test_the_declared_metadata() -> None:
         "Homepage": REPO_URL,
         "Source": REPO_URL,
         "Issues": f"{REPO_URL}/issues",
-        "Changelog": f"{REPO_URL}/releases",
+        "Changelog": f"{REPO_URL}/blob/main/CHANGELOG.md",
     }
     classifiers = project["classifiers"]
     for version in PYTHONS:
