@@ -320,3 +320,35 @@ def test_a_failure_at_release_keeps_the_commands_exit_status(
         if "waiting for lock rel" not in line and "released rel at" not in line
     ]
     assert any("releas" in line.lower() for line in others), err
+
+
+# -- a keeper that is frozen, not dead --------------------------------------------------------
+
+
+def test_a_frozen_keeper_cannot_let_the_command_outrun_its_lease(
+    procs: Procs, server: Server, marks: Path
+) -> None:
+    """SIGSTOP the process that renews the lease: it keeps its pipes open, so nothing looks
+    dead, yet nothing renews. The supervisor enforces the deadline on its own."""
+    cmd = f"trap '' TERM; echo $$ > '{marks}/pid.tmp'; mv '{marks}/pid.tmp' '{marks}/pid'; "
+    cmd += "while :; do sleep 0.1; done"
+    cli = procs.start(
+        ["run", "--remote", server.url, "--lease", "9", "--kill-after", "1", "frozen", cmd]
+    )
+    wait_for(marks / "pid", 30)
+    group = pw.pgid(int((marks / "pid").read_text()))
+    assert group is not None
+    os.kill(cli.pid, signal.SIGSTOP)
+    try:
+        expires = float(server.body("lock__frozen")["expires_at"])  # type: ignore[arg-type]
+        deadline = time.monotonic() + max(expires - time.time(), 0) + 10
+        while pw.group_members(group) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        dead_at = time.time()
+        assert not pw.group_members(group), "the command outlived its lease"
+        assert dead_at - 0.1 < expires, dead_at - expires
+    finally:
+        os.kill(cli.pid, signal.SIGCONT)
+        pw.signal_quietly(pw.group_members(group))
+    assert cli.wait(60) == 69, procs.stderr(cli)
+    assert "lost the lease" in procs.stderr(cli)

@@ -53,6 +53,10 @@ if TYPE_CHECKING:
         def check_interval(self) -> float | None:
             """Seconds between ``check`` calls while held; None: never needed."""
 
+        # Optional, for leased locks: ``stop_deadline() -> float | None``, the monotonic
+        # time by which the command must be stopped unless a newer deadline follows; the
+        # supervisor enforces it on its own, so a frozen keeper cannot overrun the lease.
+
         def check(self) -> str | None:
             """Runs while held, from the process that took the lock. Renew a lease, watch
             a session, put back a deleted lock file. Returns a warning to print, or None;

@@ -37,6 +37,9 @@ __all__ = ["Outcome", "SignalsHeld", "Spec", "supervise"]
 
 # See ``_wait``: a command that ran this long makes its keeper a subreaper.
 _ADOPT_AFTER = 0.05
+# How much later than the keeper the supervisor enforces a lease's stop deadline; less
+# than the margin the lifecycle adds to --kill-after (lifecycle.STOP_MARGIN).
+_SUPERVISOR_LATE = 1.0
 
 
 class Outcome:
@@ -100,6 +103,15 @@ class _Relay:
         for sig in FORWARDED:
             if signal.getsignal(sig) != signal.SIG_IGN:
                 self.saved[sig] = signal.signal(sig, self)
+        # The supervisor has a process group of its own, so a shell's ``fg`` (SIGCONT to
+        # our group) reaches it only through us.
+        self.saved[signal.SIGCONT] = signal.signal(signal.SIGCONT, self._continue)
+
+    def _continue(self, signum: int, frame: FrameType | None) -> None:
+        try:
+            os.kill(self.child, signal.SIGCONT)
+        except OSError:
+            pass
 
     def restore(self) -> None:
         for sig, handler in self.saved.items():
@@ -161,7 +173,9 @@ def supervise(
     relay.install()
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     try:
-        outcome, text, subreaper = _wait(child, out_r, lock, reporter, relay, subreaper)
+        if lock is not None:
+            _tell_deadline(lock, life_w)
+        outcome, text, subreaper = _wait(child, out_r, life_w, lock, reporter, relay, subreaper)
         if outcome.supervisor_died is not None or text.startswith("error"):
             _stop_orphaned(outcome, spec, subreaper, reporter, text, keep_fds)
     finally:
@@ -186,9 +200,24 @@ def _fork() -> int:
         return os.fork()
 
 
+def _tell_deadline(lock: Lock, life: int) -> None:
+    """For a leased lock: by when (monotonic) the supervisor must have stopped the command
+    on its own, should no newer deadline follow (a keeper frozen by SIGSTOP renews
+    nothing, yet keeps the pipe open)."""
+    stop_deadline = getattr(lock, "stop_deadline", None)
+    deadline = stop_deadline() if stop_deadline is not None else None
+    if deadline is not None:
+        # A second late: the keeper, when it runs, acts first and says why.
+        try:
+            os.write(life, f"deadline {deadline + _SUPERVISOR_LATE!r}\n".encode())
+        except OSError:
+            pass
+
+
 def _wait(
     child: int,
     out: int,
+    life: int,
     lock: Lock | None,
     reporter: Reporter | None,
     relay: _Relay,
@@ -232,6 +261,7 @@ def _wait(
         if interval is not None and lock is not None and time.monotonic() >= next_check:
             interval = _check(lock, reporter, child, outcome, interval)
             next_check = time.monotonic() + (interval or 0.0)
+            _tell_deadline(lock, life)
     _, status = os.waitpid(child, 0)
     if os.WIFSIGNALED(status) or not text.startswith("done "):
         outcome.supervisor_died = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
@@ -257,10 +287,16 @@ def _check(
 
 
 def _parse_done(outcome: Outcome, text: str) -> None:
-    _, status, timed_out, kill_sent, gave_up, keeper_gone, signals, started = text.split()
+    _, status, timed_out, kill_sent, gave_up, keeper_gone, ran_out, signals, started = text.split()
     outcome.status = int(status)
     outcome.timed_out, outcome.kill_sent = timed_out == "1", kill_sent == "1"
     outcome.gave_up, outcome.keeper_gone = gave_up == "1", keeper_gone == "1"
+    if ran_out == "1" and outcome.lost is None:
+        outcome.lost = LockLost(
+            "lost the lease: no renewal went through in time (the keeper could not run "
+            "or the server did not answer), so the supervisor stopped the command itself "
+            "before anyone could take the lock over"
+        )
     outcome.signals = [int(s) for s in signals.split(",")] if signals != "-" else []
     outcome.started = float(started)
 

@@ -84,6 +84,7 @@ class _Supervisor:
         self.timed_out = False
         self.kill_sent = False
         self.keeper_gone = False
+        self.lease_ran_out = False
         self.signals: list[int] = []
         self.last_request: dict[int, float] = {}
         self.started = time.monotonic()
@@ -208,17 +209,33 @@ def _install(sup: _Supervisor) -> None:
 
 def _watch_keeper(sup: _Supervisor, life: int) -> None:
     """Thread: become a child subreaper (off the main thread: ctypes costs a plain run
-    ~1 ms, and the main thread is already waiting for the command), then watch the keeper:
-    it holds the pipe's other end, so EOF means it died."""
+    ~1 ms, and the main thread is already waiting for the command), then watch the keeper.
+    It holds the pipe's other end, so EOF means it died; and for a leased lock it writes
+    ``deadline T`` after each renewal: if T passes with no newer one (a keeper that is
+    frozen, not dead), the command is stopped all the same, before the lease runs out."""
+    import select
+
     sup.stopper.subreaper = reaper.become_subreaper(reaper.load_prctl())
+    deadline: float | None = None
+    buffer = b""
     while True:
+        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         try:
-            if not os.read(life, 64):
+            if not select.select([life], [], [], timeout)[0]:
+                sup.lease_ran_out = True
                 break
+            data = os.read(life, 4096)
         except InterruptedError:
             continue
         except OSError:
             break
+        if not data:
+            break
+        buffer += data
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if line.startswith(b"deadline "):
+                deadline = float(line.split()[1])
     os.kill(os.getpid(), STOP_NOW)
 
 
@@ -233,7 +250,7 @@ def _write(fd: int, line: str) -> None:
             return  # the keeper is gone; nobody reads this
 
 
-def _wait_command(sup: _Supervisor, pid: int, tty: int | None) -> int:
+def _wait_command(sup: _Supervisor, pid: int, tty: int | None, home: int) -> int:
     """The command's wait status; reaps adopted orphans on the way."""
     flags = os.WUNTRACED if tty is not None else 0
     while True:
@@ -247,7 +264,7 @@ def _wait_command(sup: _Supervisor, pid: int, tty: int | None) -> int:
             continue  # an adopted orphan ended: reaped, so it never lingers as a zombie
         if os.WIFSTOPPED(status):
             # Ctrl-Z in a terminal stopped the command: stop as a shell job would.
-            terminal.stop_with(tty, sup.keeper)
+            terminal.stop_with(tty, sup.keeper, home)
             terminal.give_terminal(tty, pid)
             continue
         return status
@@ -273,6 +290,10 @@ def _run(
     sup = _Supervisor(spec, keeper, subreaper=False)
     _install(sup)
     tty = terminal.foreground_tty()
+    home = os.getpgrp()  # the caller's group: the terminal goes back to it
+    # A group of our own: whoever kills the caller's whole group (``kill -9 -PGID``,
+    # ``timeout``) takes the keeper but not us, and we stop the command before letting go.
+    os.setpgid(0, 0)
     try:
         pid = sup.start(keep_fds, mask, tty)
     except OSError as exc:
@@ -285,7 +306,7 @@ def _run(
     # orphan that early, and a normal exit leaves its leftovers running anyway.
     _thread.start_new_thread(_watch_keeper, (sup, life))  # born with HANDLED blocked
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # now requests reach the main thread
-    status = _wait_command(sup, pid, tty)
+    status = _wait_command(sup, pid, tty, home)
     if os.WIFSIGNALED(status) and not sup.stopping:
         # Killed by a signal nobody here sent (OOM, kill -9): the rest of its group must
         # not run on under a lock that is about to be released.
@@ -295,13 +316,16 @@ def _run(
         sup.stopper.told.clear()
         gave_up = not sup.stopper.wait_gone()
     signal.setitimer(signal.ITIMER_REAL, 0)
-    terminal.give_terminal(tty, os.getpgrp(), resume=False)
+    terminal.give_terminal(tty, home, resume=False)
     if sup.timed_out:
         code = 137 if sup.kill_sent else 124
     else:
         code = os.waitstatus_to_exitcode(status)
         code = 128 - code if code < 0 else code
-    flags = f"{int(sup.timed_out)} {int(sup.kill_sent)} {int(gave_up)} {int(sup.keeper_gone)}"
+    flags = (
+        f"{int(sup.timed_out)} {int(sup.kill_sent)} {int(gave_up)} {int(sup.keeper_gone)} "
+        f"{int(sup.lease_ran_out)}"
+    )
     signals = ",".join(str(s) for s in sup.signals) or "-"
     _write(out, f"done {code} {flags} {signals} {sup.started!r}\n")
     return 0

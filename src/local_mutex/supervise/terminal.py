@@ -71,10 +71,10 @@ def spawn_in_foreground(
         os._exit(127)
 
 
-def stop_with(tty: int | None, keeper: int) -> None:
+def stop_with(tty: int | None, keeper: int, home: int) -> None:
     """Ctrl-Z stopped the command: stop the keeper and ourselves as a shell job would, so
     the shell sees its job stopped; ``fg`` continues us all."""
-    give_terminal(tty, os.getpgrp(), resume=False)
+    give_terminal(tty, home, resume=False)
     try:
         os.kill(keeper, signal.SIGSTOP)
     except OSError:

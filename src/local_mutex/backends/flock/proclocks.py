@@ -11,6 +11,10 @@ import os
 
 from ..._proc import PROC, USE_PROC
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 
 class KernelLock:
     """One line of /proc/locks (or of an fdinfo ``lock:`` line)."""
@@ -114,20 +118,25 @@ def all_fd_holders(key: tuple[int, int, int]) -> list[int]:
     return sorted(pids)
 
 
-def held_deleted(path: str, locks: list[KernelLock]) -> tuple[KernelLock, str] | None:
+def held_elsewhere(
+    path: str, locks: list[KernelLock], recorded: Callable[[str], str | None]
+) -> tuple[KernelLock, str] | None:
     """A granted lock on a file that was at ``path`` and has been deleted or renamed away
-    while held: found through the holder's descriptors, which still name the old path.
-    Returns the lock and a /proc path that reads the file's content."""
+    while held (its holder puts one back within a moment): found through the holder's
+    descriptors, which still name the old path (``… (deleted)``) or whose holder record
+    names ``path`` (``recorded`` reads the lock file a record was found in). Returns the
+    lock and a /proc path that reads the file's content."""
     for lock in locks:
         if lock.depth:
             continue
         fd = _lock_fd(lock.pid, lock.key)
         if fd is None:
             continue
+        through = f"{PROC}/{lock.pid}/fd/{fd}"
         try:
-            target = os.readlink(f"{PROC}/{lock.pid}/fd/{fd}")
+            target = os.readlink(through)
         except OSError:
             continue
-        if target in (path + " (deleted)", path):
-            return lock, f"{PROC}/{lock.pid}/fd/{fd}"
+        if target in (path + " (deleted)", path) or recorded(through) == path:
+            return lock, through
     return None

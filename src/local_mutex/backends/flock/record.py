@@ -63,10 +63,12 @@ def read_record_fd(fd: int) -> dict[str, Any] | None:
     return _parse(data)
 
 
-def read_record(path: str) -> dict[str, Any] | None:
-    """The record in ``path``, or None when absent, unreadable, torn or malformed."""
+def read_record(path: str, *, through_proc: bool = False) -> dict[str, Any] | None:
+    """The record in ``path``, or None when absent, unreadable, torn or malformed.
+    ``through_proc``: ``path`` is a /proc/<pid>/fd link, which must be followed."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if through_proc else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, flags)
     except OSError:
         return None
     try:

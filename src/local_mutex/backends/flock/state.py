@@ -16,11 +16,18 @@ import time
 from ... import _proc
 from ...errors import CannotTell
 from ...identity import utc_stamp
-from ...names import LOCK_PREFIX, LOCK_SUFFIX
+from ...names import LOCK_PREFIX, LOCK_SUFFIX, lock_filename
 from ..base import Holder, LockStatus, Waiter
 from . import record
 from .lockdir import refusal_for
-from .proclocks import KernelLock, all_fd_holders, fd_holds, held_deleted, key_of, read_proc_locks
+from .proclocks import (
+    KernelLock,
+    all_fd_holders,
+    fd_holds,
+    held_elsewhere,
+    key_of,
+    read_proc_locks,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -165,14 +172,21 @@ def _missing(path: str, name: str | None) -> LockStatus:
     locks = read_proc_locks()
     if locks is None:
         return LockStatus(path, name, "free", "probe")
-    found = held_deleted(path, locks)
+
+    def recorded(through: str) -> str | None:
+        rec = record.read_record(through, through_proc=True)
+        named = rec.get("name") if rec is not None else None
+        if not isinstance(named, str):
+            return None
+        return os.path.join(os.path.dirname(path), lock_filename(named))
+
+    found = held_elsewhere(path, locks, recorded)
     if found is None:
         return LockStatus(path, name, "free", "proc")
     lock, content = found
     entries = [e for e in locks if e.key == lock.key]
-    return _from_kernel(
-        path, name, lock.key, entries, _proc.boot_time(), record.read_record(content)
-    )
+    rec = record.read_record(content, through_proc=True)
+    return _from_kernel(path, name, lock.key, entries, _proc.boot_time(), rec)
 
 
 def list_locks(directory: str, *, include_free: bool = False) -> list[LockStatus]:

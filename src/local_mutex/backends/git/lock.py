@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 # missed renewals still leave time to stop the command before it runs out.
 LEASE_PER_STOP = 3.0
 _ATTEMPTS = 5
+RELEASE_TIMEOUT = 10.0
 
 
 class GitLock:
@@ -198,6 +199,14 @@ class GitLock:
         """Epoch time by which the command must have been stopped."""
         return self.acked_sent + lease - self.stop_grace
 
+    def stop_deadline(self) -> float | None:
+        """When (monotonic) the command must be stopped if no renewal goes through by
+        then; the supervisor enforces it even if this process is frozen."""
+        lease = self._lease()
+        if lease is None:
+            return None
+        return time.monotonic() + (self._stop_by(lease) - time.time())
+
     def check_interval(self) -> float | None:
         lease = self._lease()
         return None if lease is None else min(1.0, lease / 10)
@@ -242,10 +251,13 @@ class GitLock:
         if self.ours is None:
             return
         ours, self.ours = self.ours, None
+        # The command is over: a hung server must not hold the caller for the full git
+        # timeout; if the unlock does not go through, the lease frees the lock anyway.
+        self.git.timeout = RELEASE_TIMEOUT
         try:
             done = unlock(self, ours, force=False, delete_branch=False, token=None)
-        except LockLost:
-            raise
+        finally:
+            self.git.timeout = self.backend.git_timeout
         if done is None:
             raise LockLost(f"remote lock {self.label} changed hands before release")
 
