@@ -6,10 +6,9 @@ package on every call and must not pay for what it does not use.
 
 from __future__ import annotations
 
-from ._version import __version__
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ._version import __version__ as __version__
     from .api import HeldLock as HeldLock
     from .api import hold as hold
     from .api import list_locks as list_locks
@@ -75,7 +74,7 @@ __all__ = [
     "status",
 ]
 # Where the names live, lightest first: an error class never loads the lifecycle.
-_HOMES = ("errors", "backends.base", "lifecycle", "api")
+_HOMES = ("_version", "errors", "backends.base", "lifecycle", "api")
 
 
 def __getattr__(name: str) -> object:

@@ -1,5 +1,3 @@
-import sys
+from .cli import main, run_and_exit
 
-from .cli import main
-
-sys.exit(main())
+run_and_exit(main)

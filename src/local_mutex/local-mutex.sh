@@ -13,6 +13,6 @@ esac
 exec "${LOCAL_MUTEX_PYTHON:-python3}" -I -S -c '
 import sys
 sys.path.insert(0, sys.argv.pop(1))
-from local_mutex.cli import main
-sys.exit(main())
+from local_mutex.cli import main, run_and_exit
+run_and_exit(main)
 ' "$here/.." "$@"

@@ -193,6 +193,9 @@ def _fork() -> int:
     """os.fork, without Python 3.12's warning about forking a threaded process: the child
     runs only code imported before the fork, takes no Python-level lock, talks through
     os.write and leaves through os._exit, which is what makes such a fork safe."""
+    threading = sys.modules.get("threading")
+    if threading is None or threading.active_count() == 1:
+        return os.fork()  # nothing to warn about (and no warnings module to load)
     import warnings
 
     with warnings.catch_warnings():

@@ -35,6 +35,8 @@ SHELL = "/bin/sh"
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 # The keeper's "stop now": the lock was lost, or the keeper is gone.
 STOP_NOW = signal.SIGUSR1
+# See ``_watch_keeper``.
+_SUBREAPER_AFTER = 0.02
 # Every signal the supervisor handles. They stay blocked from the fork until the command has
 # started (so a stop request is never lost before there is a group to stop), and always in
 # the keeper-watch thread: a process-directed signal delivered to that thread would leave
@@ -215,7 +217,10 @@ def _watch_keeper(sup: _Supervisor, life: int) -> None:
     frozen, not dead), the command is stopped all the same, before the lease runs out."""
     import select
 
-    sup.stopper.subreaper = reaper.become_subreaper(reaper.load_prctl())
+    # A moment first: a short command is over before ctypes would have loaded, and a long
+    # one loses nothing (an orphan made in its first instants goes to the keeper or PID 1).
+    if not select.select([life], [], [], _SUBREAPER_AFTER)[0]:
+        sup.stopper.subreaper = reaper.become_subreaper(reaper.load_prctl())
     deadline: float | None = None
     buffer = b""
     while True:
@@ -301,9 +306,7 @@ def _run(
         return 0
     _write(out, f"pid {pid}\n")  # first: should we die now, the keeper knows whom to stop
     terminal.give_terminal(tty, pid)  # the child took it already; this resumes it too
-    # The thread makes us a subreaper while the command starts. An orphan made in the
-    # command's first instants goes to the keeper or PID 1 instead; only a normal exit can
-    # orphan that early, and a normal exit leaves its leftovers running anyway.
+    # The thread makes us a subreaper once the command has run a moment (see there).
     _thread.start_new_thread(_watch_keeper, (sup, life))  # born with HANDLED blocked
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # now requests reach the main thread
     status = _wait_command(sup, pid, tty, home)

@@ -17,7 +17,6 @@ from ... import nesting
 from ...errors import NotAcquired, UnsafeLockFile
 from ...names import display, lock_filename
 from ...ui.lines import describe_holder, duration
-from ...ui.progress import Progress
 from . import kernel, record
 from .lockdir import ENV_LOCK_DIR, create_exclusive, names_inode, open_lock_file, refusal_for
 
@@ -136,6 +135,8 @@ class FlockLock:
                 reporter.waiting(self.label, holder)
             if wait is not None and wait <= 0:
                 return False, True
+            from ...ui.progress import Progress  # only paid for when the lock is busy
+
             with Progress(reporter, self.label, progress, start, self._look):
                 return kernel.wait_lock(self.fd, shared=shared, timeout=wait), True
 
