@@ -58,6 +58,8 @@ class GitBackend:
         self.git_timeout = GIT_TIMEOUT
         self.actor = env.get("GITHUB_ACTOR") or env.get("USER") or "local-mutex"
         self.git = Git(self.url, env, token)
+        # Per branch, the newest commit this process pushed (see ``GitLock.take``).
+        self.pushed: dict[str, RemoteState] = {}
 
     def lock(self, name: bytes) -> GitLock:
         return GitLock(self, validate_name(name))

@@ -100,7 +100,7 @@ class GitLock:
         if not self.git.push(self.ref, new, current.oid):
             return None
         self.acked_sent = sent
-        self.ours = parse_message(new, text, self.ref)
+        self.ours = self.backend.pushed[self.ref] = parse_message(new, text, self.ref)
         return self.ours
 
     def acquire(self, take: Take) -> float:
@@ -130,7 +130,10 @@ class GitLock:
         """Take it with this lease (None: until released) and these body fields."""
         start = time.monotonic()
         with interruptible():
-            current = self.read()
+            # What this process itself pushed last: a CAS straight on it saves reading the
+            # branch (the CAS still guards it; on a miss we read as usual).
+            last = self.backend.pushed.get(self.ref)
+            current = last if last is not None and not last.locked else self.read()
             if reporter is not None:
                 detail = (
                     f"held on {self.backend.address} by {describe(current)}"
@@ -242,7 +245,7 @@ class GitLock:
                 "its renewal went through"
             )
         self.acked_sent = now
-        self.ours = parse_message(new, text, self.ref)
+        self.ours = self.backend.pushed[self.ref] = parse_message(new, text, self.ref)
         return None
 
     # -- letting go ----------------------------------------------------------------------
@@ -301,6 +304,7 @@ def unlock(
                 f"remote lock {lock.label} is held by {describe(current)}; "
                 "release it with its --token, from its job, or --force"
             )
+        lock.backend.pushed.pop(lock.ref, None)
         if delete_branch:
             done = lock.git.push(lock.ref, None, current.oid)
         else:
@@ -308,9 +312,10 @@ def unlock(
             body = {k: v for k, v in current.body.items() if k in keep}
             body.update(lock._body({"released_holder_id": current.holder_id}))
             text = format_message("unlock", lock.backend.actor, current.message, body)
-            done = lock.git.push(
-                lock.ref, lock.git.commit(current.oid, text, lock.backend.actor), current.oid
-            )
+            unlocked = lock.git.commit(current.oid, text, lock.backend.actor)
+            done = lock.git.push(lock.ref, unlocked, current.oid)
+            if done:
+                lock.backend.pushed[lock.ref] = parse_message(unlocked, text, lock.ref)
         if done:
             return current
         if ours is not None:

@@ -32,6 +32,10 @@ MAX_DEPTH = 8
 _EPOCH_RANGE = (0.0, 1e11)
 
 
+# Ref names git has accepted in this process (each check is a git process of its own).
+_VALID: set[str] = set()
+
+
 class NotALock(ValidationError):
     """The branch exists but its tip is not a commit of the lock protocol."""
 
@@ -47,6 +51,8 @@ def branch_for(name: str, prefix: str, env: Mapping[str, str] | None = None) -> 
             "--key-prefix must not be empty: every branch of the repository would be a lock"
         )
     ref = f"refs/heads/{prefix}{name}"
+    if ref in _VALID:
+        return ref
     if not name or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
         raise ValidationError(f"lock name {name!r} is not a valid git branch name")
     proc = subprocess.run(
@@ -61,6 +67,7 @@ def branch_for(name: str, prefix: str, env: Mapping[str, str] | None = None) -> 
             "names that git accepts as branch names (no spaces, '..', '~', '^', ':', '?', "
             "'*', '[', '\\\\', no leading '-' or trailing '.lock')"
         )
+    _VALID.add(ref)
     return ref
 
 
