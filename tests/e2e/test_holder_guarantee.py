@@ -366,3 +366,43 @@ def test_a_hard_link_at_the_lock_path_is_refused_and_left_untouched(
     assert not (tmp_path / "ran").exists()
     assert mine.read_bytes() == b"someone's data\n"
     assert os.stat(mine).st_nlink == 2
+
+
+# -- descendants that left the group -----------------------------------------------------------
+
+
+@pytest.mark.skipif(
+    not Path("/proc/self/task").is_dir() or shutil.which("setsid") is None,
+    reason="a child subreaper and setsid(1) are Linux's",
+)
+@pytest.mark.parametrize("remote", [False, True])
+def test_a_descendant_that_left_the_group_is_stopped_when_the_top_process_is_killed(
+    procs: Procs, lock_dir: Path, marks: Path, tmp_path: Path, remote: bool
+) -> None:
+    """A descendant in a session of its own escapes the group kill, but not the supervisor,
+    which adopted it as a subreaper -- with a leased (git) lock as with a local one."""
+    cmd = (
+        f"setsid sh -c 'echo $$ > {marks}/escaped; exec sleep 60' & "
+        f"while [ ! -s {marks}/escaped ]; do sleep 0.02; done; sleep 0.5; "
+        f"echo $$ > {marks}/top; wait"
+    )
+    if remote:
+        from helpers.gitserver import git_daemon
+
+        with git_daemon(tmp_path / "server") as url:
+            p = procs.start(["run", "--remote", url, "--lease", "21", "esc", cmd])
+            _kill_top_and_check(p, marks)
+    else:
+        p = procs.start(["esc", cmd, str(lock_dir)])
+        _kill_top_and_check(p, marks)
+
+
+def _kill_top_and_check(p: subprocess.Popen[bytes], marks: Path) -> None:
+    wait_for(marks / "top", 30, "the command's top process")
+    escaped = int((marks / "escaped").read_text())
+    os.kill(int((marks / "top").read_text()), signal.SIGKILL)
+    assert p.wait(30) == 137
+    deadline = time.monotonic() + 10
+    while pw.alive(escaped) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not pw.alive(escaped), "a descendant that left the group outlived the release"

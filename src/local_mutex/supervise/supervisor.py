@@ -219,8 +219,8 @@ def _watch_keeper(sup: _Supervisor, life: int) -> None:
 
     # A moment first: a short command is over before ctypes would have loaded, and a long
     # one loses nothing (an orphan made in its first instants goes to the keeper or PID 1).
-    if not select.select([life], [], [], _SUBREAPER_AFTER)[0]:
-        sup.stopper.subreaper = reaper.become_subreaper(reaper.load_prctl())
+    time.sleep(_SUBREAPER_AFTER)
+    sup.stopper.subreaper = reaper.become_subreaper(reaper.load_prctl())
     deadline: float | None = None
     buffer = b""
     while True:
