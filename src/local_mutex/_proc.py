@@ -37,20 +37,6 @@ def parent_of(pid: int) -> int | None:
     return int(out) if out.isdigit() else None
 
 
-def is_alive(pid: int) -> bool:
-    """Running, stopped or asleep -- but not a zombie waiting for its parent to reap it."""
-    if USE_PROC:
-        fields = stat_fields(pid)
-        return fields is not None and fields[0] not in (b"Z", b"X")
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return _ps(pid, "stat=")[:1] != "Z"
-
-
 def is_ancestor(pid: int, max_depth: int = 4096) -> bool:
     """Is ``pid`` our parent, or its parent, and so on?"""
     current = os.getppid()

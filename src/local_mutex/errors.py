@@ -120,7 +120,3 @@ class Unavailable(LocalMutexError):
 
 class LockLost(Unavailable):
     """A held lock was lost while its command ran (lease taken over, session ended)."""
-
-
-# The name the git backend used before there were other remotes.
-RemoteError = Unavailable

@@ -211,8 +211,8 @@ def run_locked(
                 subreaper=subreaper,
                 held=held,
             )
-            release_failed = _release(lock, reporter)
-        _finish(result, outcome, lock.label, reporter, opts, release_failed)
+            _release(lock, reporter)
+        _finish(result, outcome, lock.label, reporter, opts)
         return result
     finally:
         lock.close()
@@ -249,11 +249,11 @@ def _run_inside(
     result.reentrant = True
     with SignalsHeld() as held:
         outcome = supervise(_spec(command, child_env, opts), reporter=reporter, held=held)
-    _finish(result, outcome, lock.label, reporter, opts, False)
+    _finish(result, outcome, lock.label, reporter, opts)
     return result
 
 
-def _release(lock: Lock, reporter: Reporter | None) -> bool:
+def _release(lock: Lock, reporter: Reporter | None) -> None:
     """Let go; a remote that cannot be told keeps the command's status (its lease or
     session will end by itself), with a warning."""
     try:
@@ -261,8 +261,6 @@ def _release(lock: Lock, reporter: Reporter | None) -> bool:
     except Unavailable as exc:
         if reporter is not None:
             reporter.warning(f"could not release {lock.label} cleanly: {exc}")
-        return True
-    return False
 
 
 def _finish(
@@ -271,7 +269,6 @@ def _finish(
     label: str,
     reporter: Reporter | None,
     opts: Options,
-    release_failed: bool,
 ) -> None:
     result.status = outcome.status
     result.timed_out = outcome.timed_out
@@ -295,7 +292,6 @@ def _finish(
         reporter.reentrant_done(label, result.held, result.status)
     else:
         reporter.released(label, result.waited, result.held, result.status, stopped=outcome.stopped)
-    del release_failed
 
 
 class Held:

@@ -11,13 +11,12 @@ import subprocess
 import tempfile
 from urllib.parse import urlsplit
 
-from ...errors import Unavailable as RemoteError
+from ...errors import Unavailable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-__all__ = ["Git", "RemoteError"]
 GIT_TIMEOUT = 60.0
 EMPTY_TREE_INPUT = b""
 # How a push that lost a race reads: our lease check failed locally, or the server's ref
@@ -41,7 +40,7 @@ class Git:
         self, url: str, env: Mapping[str, str] | None = None, token: str | None = None
     ) -> None:
         if not url.strip():
-            raise RemoteError("the remote URL is empty")
+            raise Unavailable("the remote URL is empty")
         self.url = url
         self.timeout = GIT_TIMEOUT
         self.dir = tempfile.mkdtemp(prefix="local-mutex-git-")
@@ -94,11 +93,11 @@ class Git:
                 check=False,
             )
         except FileNotFoundError:
-            raise RemoteError("git is not installed") from None
+            raise Unavailable("git is not installed") from None
         except subprocess.TimeoutExpired:
-            raise RemoteError(f"git {args[0]} timed out after {self.timeout:g}s") from None
+            raise Unavailable(f"git {args[0]} timed out after {self.timeout:g}s") from None
         if check and proc.returncode != 0:
-            raise RemoteError(f"git {args[0]} failed: {self._why(proc)}")
+            raise Unavailable(f"git {args[0]} failed: {self._why(proc)}")
         return proc
 
     def _why(self, proc: subprocess.CompletedProcess[bytes]) -> str:
@@ -127,7 +126,7 @@ class Git:
             why = self._why(proc)
             if "couldn't find remote ref" in why:
                 return None
-            raise RemoteError(f"cannot read {ref} from {self.url}: {why}")
+            raise Unavailable(f"cannot read {ref} from {self.url}: {why}")
         # FETCH_HEAD names what was fetched: reading it saves a git process per look.
         with open(os.path.join(self.dir, "FETCH_HEAD"), encoding="utf-8") as f:
             return f.read().split("\t", 1)[0].strip()
@@ -177,7 +176,7 @@ class Git:
 
     def push(self, ref: str, new: str | None, expected: str | None) -> bool:
         """Compare-and-swap ``ref`` from ``expected`` (None: must not exist) to ``new`` (None:
-        delete). False when someone else moved it first; RemoteError for anything else."""
+        delete). False when someone else moved it first; Unavailable for anything else."""
         lease = f"--force-with-lease={ref}:{expected or ''}"
         spec = f"{new}:{ref}" if new else f":{ref}"
         proc = self.run("push", "--porcelain", "--atomic", lease, "--", self.url, spec, check=False)
@@ -195,4 +194,4 @@ class Git:
         detail = "; ".join(line.split("\t", 2)[-1] for line in status) or " / ".join(
             line.strip() for line in (out + err).splitlines() if line.strip()
         )
-        raise RemoteError(f"push to {self.url} failed: {detail}")
+        raise Unavailable(f"push to {self.url} failed: {detail}")
