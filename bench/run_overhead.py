@@ -6,6 +6,11 @@ Baselines: the same interpreter running ``-c pass``, and flock(1) running ``sh -
 on a lock file. Targets: uncontended run <= 1.6x the bare interpreter, with common options
 <= 1.5x, the nested path (``$LOCAL_MUTEX_CLI``, started with ``-I -S``) <= 1.0x; handoff
 gap <= 25 ms. The cases take turns run by run, so a busy machine weighs on all alike.
+
+The two "floor" rows time the least any Python implementation of a supervised run must
+do, started the same two ways: open and flock the lock file, fork a supervisor that
+spawns ``sh -c true`` and waits for it, wait for the supervisor. What a real run costs
+above its floor is ours to cut; a target below the floor cannot be met on that machine.
 """
 
 from __future__ import annotations
@@ -23,6 +28,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from local_mutex.lifecycle import SHIM
 from timing import clean_env, cli, compile_package, interleaved_medians, median_seconds
+
+# The floor of a supervised run (see the module docstring): nothing but its system calls.
+FLOOR = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+child = os.fork()
+if child == 0:
+    pid = os.posix_spawn("/bin/sh", ["sh", "-c", "true"], os.environ, setpgroup=0)
+    os._exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
+"""
 
 
 def handoff_gaps(lock_dir: str, waiters: int, env: dict[str, str]) -> list[float]:
@@ -53,6 +70,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as lock_dir:
         lock_file = os.path.join(lock_dir, "bare.lock")
+        floor_file = os.path.join(lock_dir, "floor.lock")
         shim_env = {**env, "LOCAL_MUTEX_PYTHON": sys.executable}
         medians = interleaved_medians(
             {
@@ -63,6 +81,11 @@ def main() -> int:
                     env,
                 ),
                 "shim": (["sh", SHIM, "bench", "true", lock_dir], shim_env),
+                "floor": ([sys.executable, "-c", FLOOR, floor_file], env),
+                "shim floor": (
+                    ["sh", "-c", 'exec "$0" -I -S -c "$1" "$2"', sys.executable, FLOOR, floor_file],
+                    env,
+                ),
             },
             args.runs,
         )
@@ -72,10 +95,16 @@ def main() -> int:
             ("local-mutex NAME true", "plain", "target <= 1.6x"),
             ("local-mutex -q --wait 5 --lock-dir D NAME true", "options", "target <= 1.5x"),
             ('sh "$LOCAL_MUTEX_CLI" NAME true (nested path)', "shim", "target <= 1.0x"),
+            ("floor: the same system calls, no more", "floor", "floor of the first two"),
+            ("floor, started as the nested path is", "shim floor", "floor of the nested path"),
         ]
         for label, key, target in rows:
             value = medians[key]
             print(f"{label:<48} median {value * 1000:6.1f} ms  {value / python:.2f}x ({target})")
+        print(
+            f"{'above the floor':<48} plain +{(ours - medians['floor']) * 1000:.1f} ms, "
+            f"nested path +{(medians['shim'] - medians['shim floor']) * 1000:.1f} ms"
+        )
         if shutil.which("flock"):
             bare = median_seconds(
                 ["flock", "-o", "-x", lock_file, "sh", "-c", "true"], args.runs, env

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,38 @@ def test_run_reports_numbers(lock_dir: Path) -> None:
     result = local_mutex.run("api", command="sleep 0.2", lock_dir=str(lock_dir))
     assert result.status == 0 and result.acquired and not result.timed_out
     assert result.held >= 0.15 and result.waited < 5  # spawn is stamped once it returns
+
+
+REAPED = """
+import os, sys
+import local_mutex
+lock_dir = sys.argv[1]
+assert local_mutex.run("api", command="exit 3", lock_dir=lock_dir).status == 3
+try:
+    local_mutex.run("api", argv=["/nonexistent/program"], lock_dir=lock_dir)
+except local_mutex.SpawnError:
+    pass
+else:
+    raise SystemExit("a program that does not exist ran")
+try:
+    os.waitpid(-1, os.WNOHANG)
+except ChildProcessError:
+    print("no children left")
+"""
+
+
+def test_run_leaves_no_child_behind_not_even_a_zombie(lock_dir: Path) -> None:
+    """The lock is let go while the supervisor still exits, but the supervisor is reaped
+    before run() returns, also when the command could not start."""
+    out = subprocess.run(
+        [sys.executable, "-c", REAPED, str(lock_dir)],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "no children left\n"
 
 
 def test_hold_with_a_wait_ceiling_works_off_the_main_thread(lock_dir: Path) -> None:

@@ -27,7 +27,7 @@ from .supervisor import FORWARDED, STOP_NOW, Spec
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from types import FrameType
 
     from ..backends.base import Lock
@@ -143,12 +143,16 @@ def supervise(
     reporter: Reporter | None = None,
     subreaper: bool = False,
     held: SignalsHeld | None = None,
+    then: Callable[[Outcome], None] | None = None,
 ) -> Outcome:
     """Run the command to the end under a forked supervisor and report how it ended.
 
     Returns with the stop signals blocked (unblocked by ``held`` on exit), so a late
     signal cannot kill the caller before it releases the lock. ``subreaper``: adopt the
     command's orphans if the supervisor dies (only for a process of our own, the CLI).
+    ``then(outcome)`` runs once the command is over and everything of it stopped -- the
+    lock's release -- while the supervisor is still tearing itself down (a third of a
+    millisecond the next holder need not wait for); the supervisor is reaped after it.
     """
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -172,21 +176,40 @@ def supervise(
     relay = _Relay(child)
     relay.install()
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    reaped = False
     try:
-        if lock is not None:
-            _tell_deadline(lock, life_w)
-        outcome, text, subreaper = _wait(child, out_r, life_w, lock, reporter, relay, subreaper)
-        if outcome.supervisor_died is not None or text.startswith("error"):
-            _stop_orphaned(outcome, spec, subreaper, reporter, text, keep_fds)
+        try:
+            if lock is not None:
+                _tell_deadline(lock, life_w)
+            outcome, text, subreaper, reaped = _wait(
+                child, out_r, life_w, lock, reporter, relay, subreaper
+            )
+            if outcome.supervisor_died is not None or text.startswith("error"):
+                _stop_orphaned(outcome, spec, subreaper, reporter, text, keep_fds)
+        finally:
+            relay.done = True
+            signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+            relay.restore()
+            if held is not None:
+                held.pending.extend(relay.pending)
+        if then is not None:
+            then(outcome)
     finally:
-        relay.done = True
-        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
-        relay.restore()
-        if held is not None:
-            held.pending.extend(relay.pending)
+        if not reaped:
+            _reap(child)
+        # Only now: the supervisor reads the end of this pipe as the keeper's death.
         os.close(out_r)
         os.close(life_w)
     return outcome
+
+
+def _reap(child: int) -> None:
+    """Wait for the supervisor's exit: its last word is said, only its teardown is left
+    (or, on an error of ours, it sees its pipe close next and stops the command)."""
+    try:
+        os.waitpid(child, 0)
+    except ChildProcessError:
+        pass
 
 
 def _fork() -> int:
@@ -225,10 +248,11 @@ def _wait(
     reporter: Reporter | None,
     relay: _Relay,
     subreaper: bool,
-) -> tuple[Outcome, str, bool]:
-    """Until the supervisor reports and exits; (outcome, its last line, are we a subreaper).
-    The keeper becomes a subreaper only once the command has run a moment (it matters only
-    if the supervisor dies, and a short command should not pay ctypes' ~1 ms for it)."""
+) -> tuple[Outcome, str, bool, bool]:
+    """Until the supervisor's last line (``done``), or its death: (outcome, that line, are
+    we a subreaper, is the supervisor reaped -- only if it died). The keeper becomes a
+    subreaper only once the command has run a moment (it matters only if the supervisor
+    dies, and a short command should not pay ctypes' ~1 ms for it)."""
     outcome = Outcome()
     adopt_at = time.monotonic() + _ADOPT_AFTER if subreaper else None
     subreaper = False
@@ -256,20 +280,19 @@ def _wait(
                     outcome.command_pid = int(text.split()[1])
                 elif text.startswith("spawnfail "):
                     relay.done = True
-                    os.waitpid(child, 0)
                     detail = text.split(" ", 2)[2]
                     raise SpawnError(f"cannot start the command: {detail}")
                 elif text.startswith("done "):
                     _parse_done(outcome, text)
+                    return outcome, text, subreaper, False
         if interval is not None and lock is not None and time.monotonic() >= next_check:
             interval = _check(lock, reporter, child, outcome, interval)
             next_check = time.monotonic() + (interval or 0.0)
             _tell_deadline(lock, life)
     _, status = os.waitpid(child, 0)
-    if os.WIFSIGNALED(status) or not text.startswith("done "):
-        outcome.supervisor_died = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
-        outcome.status = 128 + outcome.supervisor_died if outcome.supervisor_died else 70
-    return outcome, text, subreaper
+    outcome.supervisor_died = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+    outcome.status = 128 + outcome.supervisor_died if outcome.supervisor_died else 70
+    return outcome, text, subreaper, True
 
 
 def _check(
