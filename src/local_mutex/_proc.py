@@ -29,6 +29,18 @@ def stat_fields(pid: int) -> list[bytes] | None:
     return data[data.rindex(b")") + 2 :].split()
 
 
+def thread_count() -> int | None:
+    """This process's threads as the kernel counts them (one started through ``_thread``
+    too, which ``threading`` does not see); None without /proc."""
+    if not USE_PROC:
+        return None
+    fields = stat_fields(os.getpid())
+    try:
+        return int(fields[17]) if fields else None  # field 20 of stat(5): num_threads
+    except (IndexError, ValueError):
+        return None
+
+
 def parent_of(pid: int) -> int | None:
     if USE_PROC:
         fields = stat_fields(pid)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import local_mutex
-from helpers import CLI, Procs, clean_env, hold_until, lock_file, wait_for
+from helpers import CLI, Procs, clean_env, hold_until, lock_file, pyenv_python, wait_for
 
 
 def test_lock_path_matches_the_cli(lock_dir: Path) -> None:
@@ -126,6 +126,40 @@ def test_run_leaves_no_child_behind_not_even_a_zombie(lock_dir: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout == "no children left\n"
+
+
+NO_FORK_WARNING = """
+import sys
+import local_mutex
+lock_dir = sys.argv[1]
+with local_mutex.hold("api", lock_dir=lock_dir):  # its watcher is a thread of its own
+    assert local_mutex.run("api", command="exit 0", lock_dir=lock_dir).status == 0
+print("quiet")
+"""
+
+
+def _python_312_or_newer() -> str | None:
+    if sys.version_info >= (3, 12):
+        return sys.executable
+    return pyenv_python("3.13") or pyenv_python("3.12")
+
+
+@pytest.mark.skipif(_python_312_or_newer() is None, reason="no Python 3.12 or newer here")
+def test_a_run_inside_a_hold_forks_without_a_deprecation_warning(lock_dir: Path) -> None:
+    """Python 3.12+ warns about fork() in a process with threads, counting the kernel's
+    threads: hold()'s watcher counts, and our fork is one of the safe kind."""
+    python = _python_312_or_newer()
+    assert python is not None
+    src = Path(local_mutex.__file__).resolve().parent.parent
+    out = subprocess.run(
+        [python, "-W", "always::DeprecationWarning", "-c", NO_FORK_WARNING, str(lock_dir)],
+        env=clean_env({"PYTHONPATH": str(src)}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "quiet\n" and "DeprecationWarning" not in out.stderr
 
 
 def test_hold_with_a_wait_ceiling_works_off_the_main_thread(lock_dir: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import clean_env
+from helpers import clean_env, pyenv_python
 
 BOOTSTRAP = Path(__file__).resolve().parents[2] / "setup" / "bootstrap.py"
 
@@ -102,19 +102,9 @@ def test_unusable_tool_cache_falls_back_to_the_user_cache(tmp_path: Path) -> Non
 # -- old interpreters: the bootstrap parses on any Python 3 and says what it needs --------
 
 
-def _pyenv_python(version: str) -> str | None:
-    """The newest pyenv interpreter of ``version`` (e.g. "3.6"), if this machine has one."""
-    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
-    found = sorted(
-        root.glob(f"{version}.*/bin/python3"),
-        key=lambda p: tuple(int(x) for x in p.parts[-3].split(".") if x.isdigit()),
-    )
-    return str(found[-1]) if found else None
-
-
 def _needs_pyenv(version: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(
-        _pyenv_python(version) is None,
+        pyenv_python(version) is None,
         reason=f"no pyenv Python {version} here (~/.pyenv/versions/{version}.*)",
     )
 
@@ -125,7 +115,7 @@ def _needs_pyenv(version: str) -> pytest.MarkDecorator:
 )
 @pytest.mark.parametrize("mode", ["action", "setup"])
 def test_an_old_python_gets_the_friendly_error(tmp_path: Path, version: str, mode: str) -> None:
-    python = _pyenv_python(version)
+    python = pyenv_python(version)
     assert python is not None
     cache = tmp_path / "tc"
     files = {n: tmp_path / n for n in ("path", "env", "out")}
@@ -164,7 +154,7 @@ def test_an_old_python_gets_the_friendly_error(tmp_path: Path, version: str, mod
 )
 def test_an_old_python_compiles_the_bootstrap(tmp_path: Path, version: str) -> None:
     """The whole file compiles (not just the lines that run before the version check)."""
-    python = _pyenv_python(version)
+    python = pyenv_python(version)
     assert python is not None
     code = "import sys; compile(open(sys.argv[1]).read(), sys.argv[1], 'exec')"
     r = subprocess.run([python, "-c", code, str(BOOTSTRAP)], capture_output=True, text=True)
@@ -204,11 +194,11 @@ def test_the_bootstrap_uses_no_syntax_newer_than_python_3_0() -> None:
             assert ann is None or isinstance(ann, (ast.Name, ast.Constant)), ast.dump(ann)
 
 
-@pytest.mark.skipif(_pyenv_python("3.9") is None, reason="no pyenv Python 3.9 here")
+@pytest.mark.skipif(pyenv_python("3.9") is None, reason="no pyenv Python 3.9 here")
 def test_the_lowest_supported_python_runs_the_action(tmp_path: Path) -> None:
     """Python 3.9 (the floor) installs the package and runs a command under a lock, with no
     click needed (the action path is click-free)."""
-    python = _pyenv_python("3.9")
+    python = pyenv_python("3.9")
     assert python is not None
     out = tmp_path / "out"
     out.write_text("")

@@ -27,6 +27,16 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def pyenv_python(version: str) -> str | None:
+    """The newest pyenv interpreter of ``version`` (e.g. "3.6"), if this machine has one."""
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    found = sorted(
+        root.glob(f"{version}.*/bin/python3"),
+        key=lambda p: tuple(int(x) for x in p.parts[-3].split(".") if x.isdigit()),
+    )
+    return str(found[-1]) if found else None
+
+
 def wait_for(predicate_or_path: object, timeout: float = 20.0, what: str = "") -> None:
     """Wait for a marker file (or a predicate) with a generous ceiling for busy machines."""
     deadline = time.monotonic() + timeout

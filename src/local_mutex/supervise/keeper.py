@@ -20,6 +20,7 @@ import select
 import sys
 import time
 
+from .. import _proc
 from .._fastsignal import signal
 from ..errors import LockLost, SpawnError
 from . import reaper, supervisor
@@ -216,14 +217,23 @@ def _fork() -> int:
     """os.fork, without Python 3.12's warning about forking a threaded process: the child
     runs only code imported before the fork, takes no Python-level lock, talks through
     os.write and leaves through os._exit, which is what makes such a fork safe."""
-    threading = sys.modules.get("threading")
-    if threading is None or threading.active_count() == 1:
+    if sys.version_info < (3, 12) or _alone():
         return os.fork()  # nothing to warn about (and no warnings module to load)
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         return os.fork()
+
+
+def _alone() -> bool:
+    """Is this thread the process's only one, counted as the interpreter's warning counts
+    (by the kernel where it can: ``hold()``'s watcher is a ``_thread`` thread)?"""
+    count = _proc.thread_count()
+    if count is not None:
+        return count == 1
+    threading = sys.modules.get("threading")
+    return threading is None or threading.active_count() == 1
 
 
 def _tell_deadline(lock: Lock, life: int) -> None:
