@@ -203,20 +203,17 @@ def run_locked(
             lock.release()
             raise
 
-        def release_and_report(outcome: Outcome) -> None:
-            _release(lock, reporter)
-            _finish(result, outcome, lock.label, reporter, opts)
-
         with SignalsHeld() as held:
-            supervise(
+            outcome = supervise(
                 _spec(command, command_env(lock, env, True), opts),
                 keep_fds=lock.keep_fds(),
                 lock=lock,
                 reporter=reporter,
                 subreaper=subreaper,
                 held=held,
-                then=release_and_report,
+                then=lambda: _release(lock, reporter),
             )
+        _finish(result, outcome, lock.label, reporter, opts)
         return result
     finally:
         lock.close()

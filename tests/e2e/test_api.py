@@ -128,6 +128,50 @@ def test_run_leaves_no_child_behind_not_even_a_zombie(lock_dir: Path) -> None:
     assert out.stdout == "no children left\n"
 
 
+RAISING_HANDLER = """
+import os, signal, sys
+import local_mutex
+lock_dir, marks = sys.argv[1], sys.argv[2]
+class Limit(Exception):
+    pass
+def on_alarm(signum, frame):
+    raise Limit()
+signal.signal(signal.SIGALRM, on_alarm)
+signal.setitimer(signal.ITIMER_REAL, 0.3)
+try:
+    local_mutex.run("api", command=f"echo $$ > {marks}/pid; exec sleep 1000", lock_dir=lock_dir)
+except Limit:
+    pass
+pid = int(open(f"{marks}/pid").read())
+try:
+    os.kill(pid, 0)
+    print("the command still runs")
+except ProcessLookupError:
+    pass
+try:
+    os.waitpid(-1, os.WNOHANG)
+    print("a child is left")
+except ChildProcessError:
+    print("stopped and reaped")
+"""
+
+
+def test_an_exception_mid_run_stops_the_command_and_returns(lock_dir: Path, marks: Path) -> None:
+    """A caller's own signal handler raises while run() waits (a time limit around the
+    call): the exception comes back once the command has been stopped, not when it ends."""
+    out = subprocess.run(
+        [sys.executable, "-c", RAISING_HANDLER, str(lock_dir), str(marks)],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "stopped and reaped\n"
+    free = subprocess.run([*CLI, "--no-wait", "api", "true", str(lock_dir)], env=clean_env())
+    assert free.returncode == 0
+
+
 NO_FORK_WARNING = """
 import sys
 import local_mutex

@@ -31,6 +31,42 @@ def test_sigkill_to_the_keeper_stops_the_command_before_the_lock_frees(
     assert not _alive(command), "the lock was free while the command still ran"
 
 
+FILL_STDERR = """
+import fcntl, os
+flags = fcntl.fcntl(2, fcntl.F_GETFL)
+fcntl.fcntl(2, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+for chunk in (b"x" * 512, b"x"):  # to the last byte: a write under PIPE_BUF is all or none
+    try:
+        while True:
+            os.write(2, chunk)
+    except BlockingIOError:
+        pass
+fcntl.fcntl(2, fcntl.F_SETFL, flags)
+"""
+
+
+def test_a_report_that_cannot_be_written_does_not_make_the_wrapper_deaf(
+    lock_dir: Path, marks: Path
+) -> None:
+    """The command filled the stderr pipe nobody reads (a paused pager): the lock is let go,
+    the wrapper blocks writing its last line -- and a SIGTERM still ends it."""
+    script = marks / "fill.py"
+    script.write_text(FILL_STDERR)
+    wrapper = subprocess.Popen(
+        [sys.executable, "-m", "local_mutex", "full", f"{sys.executable} {script}", str(lock_dir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,  # never read until the end
+    )
+    try:
+        path = lock_file(lock_dir, "full")
+        wait_for(lambda: path.exists() and lock_is_free(path) and wrapper.poll() is None, 30)
+        wrapper.send_signal(signal.SIGTERM)
+        assert wrapper.wait(20) == -signal.SIGTERM
+    finally:
+        wrapper.kill()
+        wrapper.communicate()
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]

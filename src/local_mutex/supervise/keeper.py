@@ -144,16 +144,17 @@ def supervise(
     reporter: Reporter | None = None,
     subreaper: bool = False,
     held: SignalsHeld | None = None,
-    then: Callable[[Outcome], None] | None = None,
+    then: Callable[[], None] | None = None,
 ) -> Outcome:
     """Run the command to the end under a forked supervisor and report how it ended.
 
     Returns with the stop signals blocked (unblocked by ``held`` on exit), so a late
     signal cannot kill the caller before it releases the lock. ``subreaper``: adopt the
     command's orphans if the supervisor dies (only for a process of our own, the CLI).
-    ``then(outcome)`` runs once the command is over and everything of it stopped -- the
-    lock's release -- while the supervisor is still tearing itself down (a third of a
-    millisecond the next holder need not wait for); the supervisor is reaped after it.
+    ``then()`` runs once the command is over and everything of it stopped -- the lock's
+    release -- while the supervisor is still tearing itself down (a third of a millisecond
+    the next holder need not wait for); the supervisor is reaped after it. It runs with
+    the stop signals blocked: keep it short (nothing that may block on the terminal).
     """
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -177,7 +178,7 @@ def supervise(
     relay = _Relay(child)
     relay.install()
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    reaped = False
+    ended = reaped = False  # the supervisor has said its last word (or died); reaped it
     try:
         try:
             if lock is not None:
@@ -185,6 +186,7 @@ def supervise(
             outcome, text, subreaper, reaped = _wait(
                 child, out_r, life_w, lock, reporter, relay, subreaper
             )
+            ended = True
             if outcome.supervisor_died is not None or text.startswith("error"):
                 _stop_orphaned(outcome, spec, subreaper, reporter, text, keep_fds)
         finally:
@@ -194,23 +196,23 @@ def supervise(
             if held is not None:
                 held.pending.extend(relay.pending)
         if then is not None:
-            then(outcome)
+            then()
     finally:
+        if not ended:
+            # An error of ours mid-run: the closed pipes tell the supervisor to stop the
+            # command (TERM, KILL after the grace), as our death would; reaped once it has.
+            os.close(out_r)
+            os.close(life_w)
         if not reaped:
-            _reap(child)
-        # Only now: the supervisor reads the end of this pipe as the keeper's death.
-        os.close(out_r)
-        os.close(life_w)
+            try:
+                os.waitpid(child, 0)
+            except ChildProcessError:
+                pass
+        if ended:
+            # Only now: the supervisor would read the end of its pipe as our death.
+            os.close(out_r)
+            os.close(life_w)
     return outcome
-
-
-def _reap(child: int) -> None:
-    """Wait for the supervisor's exit: its last word is said, only its teardown is left
-    (or, on an error of ours, it sees its pipe close next and stops the command)."""
-    try:
-        os.waitpid(child, 0)
-    except ChildProcessError:
-        pass
 
 
 def _fork() -> int:
