@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 import sys
 
+from ._fastsignal import main_thread
 from .backends import open_backend
+from .errors import ValidationError
 from .lifecycle import Command, Held, Options, RunResult, run_locked
 from .names import display
 
@@ -49,6 +51,11 @@ def run(
     ``remote`` locks on a git remote or PostgreSQL URL instead of ``lock_dir``. Nothing is
     printed unless a ``reporter`` is given. Call it from the main thread (signals drive it).
     """
+    if not main_thread():  # refused before anything is opened or run
+        raise ValidationError(
+            "run a command from the main thread: it relays stop signals to the command, and "
+            "only the main thread can handle signals (hold() works from any thread)"
+        )
     env = os.environ if env is None else env
     backend = open_backend(remote, lock_dir=lock_dir, env=env, allow_other_owner=allow_other_owner)
     try:

@@ -77,14 +77,34 @@ def run_and_exit(entry: Callable[[], int]) -> None:
     would run over them cost a short run ~0.3 ms. A long wait or run still collects."""
     gc.set_threshold(_GC_THRESHOLD, *gc.get_threshold()[1:])
     try:
+        _stand_in_for_closed_streams()
         status = entry()
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except KeyboardInterrupt:
         status = 130
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            status = status or 1  # e.g. stdout closed by a pipe reader: say so, as sys.exit would
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                status = status or 1  # e.g. stdout closed by a pipe reader, as sys.exit says
+    except KeyboardInterrupt:  # a late Ctrl-C: the lock is released already
+        status = 130
     os._exit(status)
+
+
+def _stand_in_for_closed_streams() -> None:
+    """A caller that closed our stdin, stdout or stderr (``cmd >&-``) left that descriptor
+    free: the first file we open would take it, and the command would inherit our lock
+    file as its stdout or stderr. /dev/null stands in for each (Python saw it closed and
+    left ``sys.stdout`` and the like as None); we open them lowest first, so each gets the
+    very number that was missing."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        if getattr(sys, name) is None:
+            got = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+            if got != fd:  # not the lowest free number after all: leave things as they were
+                os.close(got)
+                continue
+            os.set_inheritable(fd, True)  # the command's too, as the caller's streams are
+            setattr(sys, name, open(fd, mode, encoding="utf-8"))  # noqa: SIM115 (kept open)

@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 import local_mutex
-from helpers import CLI, Procs, clean_env, hold_until, lock_file, pyenv_python, wait_for
+from helpers import (
+    CLI,
+    Procs,
+    clean_env,
+    hold_until,
+    lock_file,
+    pyenv_python,
+    wait_for,
+)
 
 
 def test_lock_path_matches_the_cli(lock_dir: Path) -> None:
@@ -227,3 +235,25 @@ def test_hold_with_a_wait_ceiling_works_off_the_main_thread(lock_dir: Path) -> N
     t.start()
     t.join(20)
     assert outcome[1] == "held"
+
+
+def test_run_off_the_main_thread_is_refused_before_anything_runs(
+    lock_dir: Path, marks: Path
+) -> None:
+    import threading
+
+    caught: list[BaseException] = []
+
+    def go() -> None:
+        try:
+            local_mutex.run("api", command=f"touch {marks}/ran", lock_dir=str(lock_dir))
+        except BaseException as exc:  # handed to the main thread
+            caught.append(exc)
+
+    thread = threading.Thread(target=go)
+    thread.start()
+    thread.join(30)
+    assert len(caught) == 1 and isinstance(caught[0], local_mutex.ValidationError)
+    assert "main thread" in str(caught[0])
+    assert not (marks / "ran").exists()
+    assert not lock_file(lock_dir, "api").exists()  # not even opened

@@ -435,3 +435,26 @@ def test_an_unwritable_lock_dir_is_not_writable_for_every_verb_that_writes(
         r = run(["list", "--lock-dir", str(d), "--all"], b"")
         assert r.returncode == 0, _err(r)
         assert list(d.iterdir()) == []
+
+
+@has_proc
+@pytest.mark.parametrize("closed", ["<&-", ">&-", "2>&-", "<&- >&- 2>&-"])
+def test_a_closed_standard_stream_becomes_dev_null_for_the_command(
+    lock_dir: Path, marks: Path, closed: str
+) -> None:
+    """`local-mutex NAME CMD >&-`: the command runs with /dev/null where a stream was
+    closed -- never with our lock file in its place, where its output would land."""
+    report = marks / "fds"
+    command = (
+        f'for fd in 0 1 2; do echo "$fd $(readlink /proc/$$/fd/$fd)" >> {report}; done; '
+        "echo to-stdout; echo to-stderr >&2"
+    )
+    script = f"{shlex.join([*CLI, 'closed', command, str(lock_dir)])} {closed}"
+    out = subprocess.run(["sh", "-c", script], env=clean_env(), capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    targets = dict(line.split(" ", 1) for line in report.read_text().splitlines())
+    for fd, redirect in (("0", "<&-"), ("1", ">&-"), ("2", "2>&-")):
+        if redirect in closed.split():
+            assert targets[fd] == os.devnull
+    record = lock_file(lock_dir, "closed").read_bytes()
+    assert b"to-std" not in record

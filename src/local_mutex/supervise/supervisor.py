@@ -99,6 +99,7 @@ class _Supervisor:
             return
         self.last_request[signum] = now
         self.signals.append(signum)
+        self.adopt_now()
         self._send_group(signum)
         if not self.stopping:
             self.stopping = True
@@ -116,6 +117,7 @@ class _Supervisor:
         if self.stopping and self.stopper.last is not None:
             return
         self.stopping = True
+        self.adopt_now()
         self.stopper.send(signal.SIGTERM)
         self._schedule(time.monotonic() + self.spec.kill_after, signal.SIGKILL)
 
@@ -126,6 +128,7 @@ class _Supervisor:
         for event in due:
             self.events.remove(event)
         for _, sig, is_timeout in sorted(due):
+            self.adopt_now()
             if is_timeout:
                 self.timed_out = True
                 self.stopping = True
@@ -136,6 +139,13 @@ class _Supervisor:
         self._arm()
 
     # -- helpers -----------------------------------------------------------------------------
+
+    def adopt_now(self) -> None:
+        """Become a subreaper before stopping anything, should the watcher not have made us
+        one yet: a process of the command that the stop orphans (a ``setsid``'d child of a
+        shell we stop) must come to us and be stopped too, not run on under PID 1."""
+        if not self.stopper.subreaper:
+            self.stopper.subreaper = reaper.become_subreaper(reaper.load_prctl())
 
     def _anyone_left(self) -> bool:
         return self.pgid is not None and reaper.group_alive(self.pgid)
