@@ -432,3 +432,19 @@ def test_a_stop_in_the_first_instant_still_reaches_a_descendant_that_left_the_gr
             return
     if not conclusive:
         pytest.skip("this machine never started the descendant within the first 10 ms")
+
+
+def test_a_daemon_started_at_once_is_stopped_with_the_command(lock_dir: Path, marks: Path) -> None:
+    """A double fork in the command's first instant (the intermediate exits at once) makes
+    an orphan before any stop: the supervisor was a subreaper already, so it adopted it,
+    and the stop -- here the run ceiling -- ends it before the release."""
+    pid_file = marks / "daemon"
+    daemon = f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 60' >/dev/null 2>&1"
+    cmd = f"({daemon} &); sleep 60"
+    out = run_cli(["--timeout", "0.5", "--kill-after", "1", "dd", cmd, str(lock_dir)])
+    assert out.returncode == 124, out.stderr
+    escaped = int(pid_file.read_text())
+    survived = pw.alive(escaped)
+    if survived:
+        os.kill(escaped, signal.SIGKILL)
+    assert not survived, "a daemon of the command outlived the release"

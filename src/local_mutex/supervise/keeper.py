@@ -36,8 +36,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Outcome", "SignalsHeld", "Spec", "supervise"]
 
-# See ``_wait``: a command that ran this long makes its keeper a subreaper.
-_ADOPT_AFTER = 0.05
 # How much later than the keeper the supervisor enforces a lease's stop deadline; less
 # than the margin the lifecycle adds to --kill-after (lifecycle.STOP_MARGIN).
 _SUPERVISOR_LATE = 1.0
@@ -161,8 +159,12 @@ def supervise(
             stream.flush()
         except (OSError, ValueError, AttributeError):
             pass
+    # ctypes' C half, for prctl: loaded here, before the fork, so that the supervisor
+    # imports nothing (see _fork) and is a subreaper before the command exists.
+    prctl = reaper.load_prctl()
     if subreaper:
         reaper.reap_strays()  # leftovers of earlier commands we adopted (``each``)
+        subreaper = reaper.become_subreaper(prctl)  # a dead supervisor's orphans: ours
     out_r, out_w = os.pipe()
     life_r, life_w = os.pipe()
     # A stop signal from now on must reach the command: it waits, blocked, until the relay
@@ -172,7 +174,7 @@ def supervise(
     if child == 0:
         os.close(out_r)
         os.close(life_w)
-        supervisor.main(spec, out_w, life_r, keep_fds, os.getppid(), mask)
+        supervisor.main(spec, out_w, life_r, keep_fds, os.getppid(), mask, prctl)
     os.close(out_w)
     os.close(life_r)
     relay = _Relay(child)
@@ -183,9 +185,7 @@ def supervise(
         try:
             if lock is not None:
                 _tell_deadline(lock, life_w)
-            outcome, text, subreaper, reaped = _wait(
-                child, out_r, life_w, lock, reporter, relay, subreaper
-            )
+            outcome, text, reaped = _wait(child, out_r, life_w, lock, reporter, relay)
             ended = True
             if outcome.supervisor_died is not None or text.startswith("error"):
                 _stop_orphaned(outcome, spec, subreaper, reporter, text, keep_fds)
@@ -259,15 +259,10 @@ def _wait(
     lock: Lock | None,
     reporter: Reporter | None,
     relay: _Relay,
-    subreaper: bool,
-) -> tuple[Outcome, str, bool, bool]:
-    """Until the supervisor's last line (``done``), or its death: (outcome, that line, are
-    we a subreaper, is the supervisor reaped -- only if it died). The keeper becomes a
-    subreaper only once the command has run a moment (it matters only if the supervisor
-    dies, and a short command should not pay ctypes' ~1 ms for it)."""
+) -> tuple[Outcome, str, bool]:
+    """Until the supervisor's last line (``done``), or its death: (outcome, that line, is
+    the supervisor reaped -- only if it died)."""
     outcome = Outcome()
-    adopt_at = time.monotonic() + _ADOPT_AFTER if subreaper else None
-    subreaper = False
     buffer = b""
     text = ""
     interval = lock.check_interval() if lock is not None else None
@@ -275,10 +270,7 @@ def _wait(
     poller = select.poll()  # not select(): a caller may hold descriptors past FD_SETSIZE
     poller.register(out, select.POLLIN)
     while True:
-        if adopt_at is not None and time.monotonic() >= adopt_at:
-            subreaper, adopt_at = reaper.become_subreaper(reaper.load_prctl()), None
-        due = [t for t in (next_check if interval is not None else None, adopt_at) if t]
-        timeout = max(min(due) - time.monotonic(), 0.0) if due else None
+        timeout = max(next_check - time.monotonic(), 0.0) if interval is not None else None
         ready = poller.poll(None if timeout is None else int(timeout * 1000) + 1)
         if ready:
             data = os.read(out, 4096)
@@ -296,7 +288,7 @@ def _wait(
                     raise SpawnError(f"cannot start the command: {detail}")
                 elif text.startswith("done "):
                     _parse_done(outcome, text)
-                    return outcome, text, subreaper, False
+                    return outcome, text, False
         if interval is not None and lock is not None and time.monotonic() >= next_check:
             interval = _check(lock, reporter, child, outcome, interval)
             next_check = time.monotonic() + (interval or 0.0)
@@ -304,7 +296,7 @@ def _wait(
     _, status = os.waitpid(child, 0)
     outcome.supervisor_died = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
     outcome.status = 128 + outcome.supervisor_died if outcome.supervisor_died else 70
-    return outcome, text, subreaper, True
+    return outcome, text, True
 
 
 def _check(

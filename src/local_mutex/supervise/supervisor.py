@@ -35,8 +35,6 @@ SHELL = "/bin/sh"
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 # The keeper's "stop now": the lock was lost, or the keeper is gone.
 STOP_NOW = signal.SIGUSR1
-# See ``_watch_keeper``.
-_SUBREAPER_AFTER = 0.02
 # Every signal the supervisor handles. They stay blocked from the fork until the command has
 # started (so a stop request is never lost before there is a group to stop), and always in
 # the keeper-watch thread: a process-directed signal delivered to that thread would leave
@@ -99,7 +97,6 @@ class _Supervisor:
             return
         self.last_request[signum] = now
         self.signals.append(signum)
-        self.adopt_now()
         self._send_group(signum)
         if not self.stopping:
             self.stopping = True
@@ -117,7 +114,6 @@ class _Supervisor:
         if self.stopping and self.stopper.last is not None:
             return
         self.stopping = True
-        self.adopt_now()
         self.stopper.send(signal.SIGTERM)
         self._schedule(time.monotonic() + self.spec.kill_after, signal.SIGKILL)
 
@@ -128,7 +124,6 @@ class _Supervisor:
         for event in due:
             self.events.remove(event)
         for _, sig, is_timeout in sorted(due):
-            self.adopt_now()
             if is_timeout:
                 self.timed_out = True
                 self.stopping = True
@@ -139,13 +134,6 @@ class _Supervisor:
         self._arm()
 
     # -- helpers -----------------------------------------------------------------------------
-
-    def adopt_now(self) -> None:
-        """Become a subreaper before stopping anything, should the watcher not have made us
-        one yet: a process of the command that the stop orphans (a ``setsid``'d child of a
-        shell we stop) must come to us and be stopped too, not run on under PID 1."""
-        if not self.stopper.subreaper:
-            self.stopper.subreaper = reaper.become_subreaper(reaper.load_prctl())
 
     def _anyone_left(self) -> bool:
         return self.pgid is not None and reaper.group_alive(self.pgid)
@@ -220,17 +208,12 @@ def _install(sup: _Supervisor) -> None:
 
 
 def _watch_keeper(sup: _Supervisor, life: int) -> None:
-    """Thread: become a child subreaper (off the main thread: ctypes costs a plain run
-    ~1 ms, and the main thread is already waiting for the command), then watch the keeper.
-    It holds the pipe's other end, so EOF means it died; and for a leased lock it writes
-    ``deadline T`` after each renewal: if T passes with no newer one (a keeper that is
-    frozen, not dead), the command is stopped all the same, before the lease runs out."""
+    """Thread: watch the keeper. It holds the pipe's other end, so EOF means it died; and
+    for a leased lock it writes ``deadline T`` after each renewal: if T passes with no newer
+    one (a keeper that is frozen, not dead), the command is stopped all the same, before
+    the lease runs out."""
     import select
 
-    # A moment first: a short command is over before ctypes would have loaded, and a long
-    # one loses nothing (an orphan made in its first instants goes to the keeper or PID 1).
-    time.sleep(_SUBREAPER_AFTER)
-    sup.stopper.subreaper = reaper.become_subreaper(reaper.load_prctl())
     deadline: float | None = None
     buffer = b""
     while True:
@@ -286,13 +269,19 @@ def _wait_command(sup: _Supervisor, pid: int, tty: int | None, home: int) -> int
 
 
 def main(
-    spec: Spec, out: int, life: int, keep_fds: Sequence[int], keeper: int, mask: Iterable[int]
+    spec: Spec,
+    out: int,
+    life: int,
+    keep_fds: Sequence[int],
+    keeper: int,
+    mask: Iterable[int],
+    prctl: int | None,
 ) -> None:
     """The supervisor's whole life, in the forked child, which starts with HANDLED blocked
     (``mask`` is the caller's own). Never returns."""
     code = 70
     try:
-        code = _run(spec, out, life, keep_fds, keeper, mask)
+        code = _run(spec, out, life, keep_fds, keeper, mask, prctl)
     except BaseException as exc:
         _write(out, f"error {type(exc).__name__}: {exc}\n".replace("\n", " ").strip() + "\n")
     finally:
@@ -300,7 +289,13 @@ def main(
 
 
 def _run(
-    spec: Spec, out: int, life: int, keep_fds: Sequence[int], keeper: int, mask: Iterable[int]
+    spec: Spec,
+    out: int,
+    life: int,
+    keep_fds: Sequence[int],
+    keeper: int,
+    mask: Iterable[int],
+    prctl: int | None,
 ) -> int:
     sup = _Supervisor(spec, keeper, subreaper=False)
     _install(sup)
@@ -309,6 +304,10 @@ def _run(
     # A group of our own: whoever kills the caller's whole group (``kill -9 -PGID``,
     # ``timeout``) takes the keeper but not us, and we stop the command before letting go.
     os.setpgid(0, 0)
+    # A child subreaper before the command exists, so that every orphan it makes (a
+    # double-forked daemon, a setsid'd child of a shell we stop) comes to us, never to
+    # PID 1, from its very first instant (``prctl``: loaded by the keeper before the fork).
+    sup.stopper.subreaper = reaper.become_subreaper(prctl)
     try:
         pid = sup.start(keep_fds, mask, tty)
     except OSError as exc:
@@ -316,7 +315,6 @@ def _run(
         return 0
     _write(out, f"pid {pid}\n")  # first: should we die now, the keeper knows whom to stop
     terminal.give_terminal(tty, pid)  # the child took it already; this resumes it too
-    # The thread makes us a subreaper once the command has run a moment (see there).
     _thread.start_new_thread(_watch_keeper, (sup, life))  # born with HANDLED blocked
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # now requests reach the main thread
     status = _wait_command(sup, pid, tty, home)
