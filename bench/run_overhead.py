@@ -9,7 +9,8 @@ gap <= 25 ms. The cases take turns run by run, so a busy machine weighs on all a
 
 The two "floor" rows time the least any Python implementation of a supervised run must
 do, started the same two ways: open and flock the lock file, fork a supervisor that
-spawns ``sh -c true`` and waits for it, wait for the supervisor. What a real run costs
+becomes a child subreaper (prctl, reached through ctypes' C half), spawns ``sh -c true``
+and waits for it, wait for the supervisor. What a real run costs
 above its floor is ours to cut; a target below the floor cannot be met on that machine.
 """
 
@@ -31,11 +32,13 @@ from timing import clean_env, cli, compile_package, interleaved_medians, median_
 
 # The floor of a supervised run (see the module docstring): nothing but its system calls.
 FLOOR = """
-import fcntl, os, sys
+import _ctypes, fcntl, os, sys
+prctl = _ctypes.dlsym(_ctypes.dlopen(None, 2), "prctl")
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
 fcntl.flock(fd, fcntl.LOCK_EX)
 child = os.fork()
 if child == 0:
+    _ctypes.call_function(prctl, (36, 1, 0, 0, 0))  # PR_SET_CHILD_SUBREAPER
     pid = os.posix_spawn("/bin/sh", ["sh", "-c", "true"], os.environ, setpgroup=0)
     os._exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 sys.exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
