@@ -104,6 +104,22 @@ def test_run_reports_numbers(lock_dir: Path) -> None:
     assert result.held >= 0.15 and result.waited < 5  # spawn is stamped once it returns
 
 
+def _script(
+    code: str, *args: Path, python: list[str] | None = None, src: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a Python of its own (``src``: import the package from there); it
+    must succeed."""
+    out = subprocess.run(
+        [*(python or [sys.executable]), "-c", code, *map(str, args)],
+        env=clean_env({"PYTHONPATH": str(src)} if src else None),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    return out
+
+
 REAPED = """
 import os, sys
 import local_mutex
@@ -125,15 +141,7 @@ except ChildProcessError:
 def test_run_leaves_no_child_behind_not_even_a_zombie(lock_dir: Path) -> None:
     """The lock is let go while the supervisor still exits, but the supervisor is reaped
     before run() returns, also when the command could not start."""
-    out = subprocess.run(
-        [sys.executable, "-c", REAPED, str(lock_dir)],
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout == "no children left\n"
+    assert _script(REAPED, lock_dir).stdout == "no children left\n"
 
 
 RAISING_HANDLER = """
@@ -167,15 +175,7 @@ except ChildProcessError:
 def test_an_exception_mid_run_stops_the_command_and_returns(lock_dir: Path, marks: Path) -> None:
     """A caller's own signal handler raises while run() waits (a time limit around the
     call): the exception comes back once the command has been stopped, not when it ends."""
-    out = subprocess.run(
-        [sys.executable, "-c", RAISING_HANDLER, str(lock_dir), str(marks)],
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout == "stopped and reaped\n"
+    assert _script(RAISING_HANDLER, lock_dir, marks).stdout == "stopped and reaped\n"
     free = subprocess.run([*CLI, "--no-wait", "api", "true", str(lock_dir)], env=clean_env())
     assert free.returncode == 0
 
@@ -203,14 +203,9 @@ def test_a_run_inside_a_hold_forks_without_a_deprecation_warning(lock_dir: Path)
     python = _python_312_or_newer()
     assert python is not None
     src = Path(local_mutex.__file__).resolve().parent.parent
-    out = subprocess.run(
-        [python, "-W", "always::DeprecationWarning", "-c", NO_FORK_WARNING, str(lock_dir)],
-        env=clean_env({"PYTHONPATH": str(src)}),
-        capture_output=True,
-        text=True,
-        timeout=60,
+    out = _script(
+        NO_FORK_WARNING, lock_dir, python=[python, "-W", "always::DeprecationWarning"], src=src
     )
-    assert out.returncode == 0, out.stderr
     assert out.stdout == "quiet\n" and "DeprecationWarning" not in out.stderr
 
 

@@ -281,7 +281,7 @@ def main(
     (``mask`` is the caller's own). Never returns."""
     code = 70
     try:
-        code = _run(spec, out, life, keep_fds, keeper, mask, prctl)
+        code = _run(_Supervisor(spec, keeper, subreaper=False), out, life, keep_fds, mask, prctl)
     except BaseException as exc:
         _write(out, f"error {type(exc).__name__}: {exc}\n".replace("\n", " ").strip() + "\n")
     finally:
@@ -289,15 +289,13 @@ def main(
 
 
 def _run(
-    spec: Spec,
+    sup: _Supervisor,
     out: int,
     life: int,
     keep_fds: Sequence[int],
-    keeper: int,
     mask: Iterable[int],
     prctl: int | None,
 ) -> int:
-    sup = _Supervisor(spec, keeper, subreaper=False)
     _install(sup)
     tty = terminal.foreground_tty()
     home = os.getpgrp()  # the caller's group: the terminal goes back to it
