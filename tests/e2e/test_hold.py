@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers import Procs, hold_until, lock_file, run_cli, wait_for
+from helpers import CLI, Procs, clean_env, hold_until, lock_file, run_cli, wait_for
 
 JOB_A = {
     "GITHUB_RUN_ID": "100",
@@ -166,3 +168,16 @@ def test_hold_bad_input(lock_dir: Path) -> None:
         assert r.returncode == 2, (args, r.stderr)
         assert needle in r.stderr
     assert not lock_file(lock_dir, "x").exists() or _free("x", lock_dir)
+
+
+@pytest.mark.parametrize("closed", ["<&- >&-", ">&-", "2>&-", "<&- >&- 2>&-"])
+def test_hold_with_closed_standard_streams_returns_holding(
+    lock_dir: Path, cleanup: list[str], closed: str
+) -> None:
+    """`local-mutex hold NAME >&-` used to hang (stdin and stdout closed) or fail with a
+    traceback after taking the lock; now it returns 0 with the lock held."""
+    cleanup.append("closed")
+    cli = " ".join(shlex.quote(a) for a in [*CLI, "hold", "closed", "--lock-dir", str(lock_dir)])
+    r = subprocess.run(["sh", "-c", f"{cli} {closed}"], env=clean_env(), timeout=30)
+    assert r.returncode == 0
+    assert _status("closed", lock_dir)["state"] == "held"
