@@ -29,7 +29,19 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 def main_thread() -> bool:
-    # Without the threading module loaded there are no other Python threads to be in.
+    """Can this thread handle signals (the main thread of the main interpreter)? Asked of
+    the interpreter itself, by putting a handler back as it is: ``threading`` would miss
+    a ``_thread`` thread, and before 3.13 it names the wrong main thread when a thread
+    other than the main one imported it first."""
+    for sig in STOP_SIGNALS:
+        handler = signal.getsignal(sig)
+        if handler is None:
+            continue  # installed outside Python: it could not be put back as it is
+        try:
+            signal.signal(sig, handler)
+        except ValueError:
+            return False
+        return True
     threading = sys.modules.get("threading")
     return threading is None or threading.current_thread() is threading.main_thread()
 

@@ -252,3 +252,23 @@ def test_run_off_the_main_thread_is_refused_before_anything_runs(
     assert "main thread" in str(caught[0])
     assert not (marks / "ran").exists()
     assert not lock_file(lock_dir, "api").exists()  # not even opened
+
+
+THREADING_FROM_A_WORKER = """
+import _thread, sys, time
+import local_mutex
+done = []
+def worker():
+    import threading  # a library imported lazily off the main thread, e.g. logging
+    done.append(1)
+_thread.start_new_thread(worker, ())
+while not done:
+    time.sleep(0.01)
+print(local_mutex.run("api", command="exit 5", lock_dir=sys.argv[1]).status)
+"""
+
+
+def test_run_on_the_main_thread_works_whoever_imported_threading(lock_dir: Path) -> None:
+    """Before 3.13, threading.main_thread() names the thread that imported threading
+    first; the main thread must not be refused because a worker did."""
+    assert _script(THREADING_FROM_A_WORKER, lock_dir).stdout == "5\n"
