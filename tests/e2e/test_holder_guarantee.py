@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -448,3 +449,28 @@ def test_a_daemon_started_at_once_is_stopped_with_the_command(lock_dir: Path, ma
     if survived:
         os.kill(escaped, signal.SIGKILL)
     assert not survived, "a daemon of the command outlived the release"
+
+
+def test_a_relayed_stop_ends_a_daemon_that_left_the_group_with_the_command(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """Ctrl-C to the wrapper reaches the command's group; a daemon outside it (which a
+    shell started with SIGINT ignored) gets SIGTERM as soon as the command has ended --
+    not at the escalation, seconds later, with the release waiting for it."""
+    daemon = f"trap 'echo TERM > {marks}/got; exit 0' TERM; echo $$ > {marks}/daemon; " + (
+        "while :; do sleep 0.05; done"
+    )
+    cmd = (
+        f"(setsid sh -c {shlex.quote(daemon)} >/dev/null 2>&1 &); "
+        f"while [ ! -s {marks}/daemon ]; do sleep 0.02; done; "
+        f"touch {marks}/up; exec sleep 60"
+    )
+    p = procs.start(["relay", cmd, str(lock_dir)])
+    wait_for(marks / "up", 30, "the daemon")
+    asked = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    assert p.wait(30) == 130
+    assert (marks / "got").read_text().strip() == "TERM"
+    assert not pw.alive(int((marks / "daemon").read_text()))
+    # The escalation's SIGTERM would have come ESCALATE_TERM_AFTER (4 s) after the request.
+    assert time.monotonic() - asked < 3.5, "the daemon waited for the escalation"

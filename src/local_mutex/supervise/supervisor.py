@@ -316,9 +316,11 @@ def _run(
     _thread.start_new_thread(_watch_keeper, (sup, life))  # born with HANDLED blocked
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # now requests reach the main thread
     status = _wait_command(sup, pid, tty, home)
-    if os.WIFSIGNALED(status) and not sup.stopping:
-        # Killed by a signal nobody here sent (OOM, kill -9): the rest of its group must
-        # not run on under a lock that is about to be released.
+    if sup.stopping or os.WIFSIGNALED(status):
+        # Killed by a signal nobody here sent (OOM, kill -9), or ended after a stop was
+        # asked for: what is left of it -- the rest of its group, a daemon that left the
+        # group and never heard a relayed Ctrl-C -- is stopped now (not at the escalation,
+        # seconds later), and must not run on under a lock that is about to be released.
         sup.stop_everything()
     gave_up = False
     if sup.stopping:
