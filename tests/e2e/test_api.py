@@ -272,3 +272,24 @@ def test_run_on_the_main_thread_works_whoever_imported_threading(lock_dir: Path)
     """Before 3.13, threading.main_thread() names the thread that imported threading
     first; the main thread must not be refused because a worker did."""
     assert _script(THREADING_FROM_A_WORKER, lock_dir).stdout == "5\n"
+
+
+CLOSED_STDOUT = """
+import os, sys
+import local_mutex
+lock_dir, marks = sys.argv[1], sys.argv[2]
+os.close(1)  # the caller's stdout is closed: the lock file takes descriptor 1
+probe = "import os, sys; open(sys.argv[1], 'w').write('closed' if sys.stdout is None else 'open')"
+program = [sys.executable, "-c", probe + "; os.write(1, b'GARBAGE')", f"{marks}/fd1"]
+status = local_mutex.run("api", argv=program, lock_dir=lock_dir).status
+sys.stderr.write(f"{status}\\n")
+"""
+
+
+def test_run_never_hands_the_lock_file_to_the_command_as_a_standard_stream(
+    lock_dir: Path, marks: Path
+) -> None:
+    out = _script(CLOSED_STDOUT, lock_dir, marks)
+    assert out.stderr.splitlines()[-1] == "1"  # its write to stdout failed: EBADF
+    assert (marks / "fd1").read_text() == "closed"  # for the command, as for its caller
+    assert b"GARBAGE" not in lock_file(lock_dir, "api").read_bytes()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import _thread
 import errno
+import fcntl
 import os
 import time
 
@@ -159,7 +160,15 @@ class _Supervisor:
 
     def start(self, keep_fds: Sequence[int], mask: Iterable[int], tty: int | None) -> int:
         spec = self.spec
-        for fd in keep_fds:
+        actions: list[tuple[object, ...]] = []
+        for kept in keep_fds:
+            fd = kept
+            if kept <= 2:
+                # Our caller's stdin, stdout or stderr was closed and the lock took its
+                # number: the command gets the lock's description on a higher one, and that
+                # stream closed, as its caller had it (not our lock file to write into).
+                actions.append((os.POSIX_SPAWN_CLOSE, kept))
+                fd = fcntl.fcntl(kept, fcntl.F_DUPFD, 3)
             os.set_inheritable(fd, True)  # the lock's description: the command's second line
         program = SHELL if spec.argv[:2] == ["sh", "-c"] else find_program(spec)
         if tty is not None:
@@ -167,7 +176,6 @@ class _Supervisor:
                 tty, program, spec.argv, spec.env, mask, _RESET_FOR_CHILD, spec.stdin_devnull
             )
         else:
-            actions = []
             if spec.stdin_devnull:
                 actions.append((os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0))
             pid = os.posix_spawn(
