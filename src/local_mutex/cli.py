@@ -108,3 +108,6 @@ def _stand_in_for_closed_streams() -> None:
                 continue
             os.set_inheritable(fd, True)  # the command's too, as the caller's streams are
             setattr(sys, name, open(fd, mode, encoding="utf-8"))  # noqa: SIM115 (kept open)
+            from .ui.output import closed_by_caller
+
+            closed_by_caller.add(fd)

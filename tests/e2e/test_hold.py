@@ -170,14 +170,71 @@ def test_hold_bad_input(lock_dir: Path) -> None:
     assert not lock_file(lock_dir, "x").exists() or _free("x", lock_dir)
 
 
-@pytest.mark.parametrize("closed", ["<&- >&-", ">&-", "2>&-", "<&- >&- 2>&-"])
-def test_hold_with_closed_standard_streams_returns_holding(
+@pytest.mark.parametrize("closed", ["<&-", "2>&-", "<&- 2>&-"])
+def test_hold_with_closed_stdin_or_stderr_returns_holding(
     lock_dir: Path, cleanup: list[str], closed: str
 ) -> None:
-    """`local-mutex hold NAME >&-` used to hang (stdin and stdout closed) or fail with a
-    traceback after taking the lock; now it returns 0 with the lock held."""
+    """`local-mutex hold NAME <&-` used to hang, and `2>&-` to fail with a traceback
+    after taking the lock; now each returns 0 with the lock held and the token printed."""
     cleanup.append("closed")
     cli = " ".join(shlex.quote(a) for a in [*CLI, "hold", "closed", "--lock-dir", str(lock_dir)])
-    r = subprocess.run(["sh", "-c", f"{cli} {closed}"], env=clean_env(), timeout=30)
+    r = subprocess.run(
+        ["sh", "-c", f"{cli} {closed}"], env=clean_env(), stdout=subprocess.PIPE, timeout=30
+    )
     assert r.returncode == 0
+    assert len(r.stdout.strip()) == 32
     assert _status("closed", lock_dir)["state"] == "held"
+
+
+@pytest.mark.parametrize("closed", [">&-", "<&- >&-", "<&- >&- 2>&-"])
+def test_hold_with_stdout_closed_is_refused_before_holding(
+    lock_dir: Path, cleanup: list[str], closed: str
+) -> None:
+    """The token that ends a hold goes to stdout; with stdout closed nobody could read it,
+    and the hold would last until a forced release. Nothing is held; `>/dev/null` is how
+    to drop the token on purpose."""
+    cleanup.append("closed")
+    cli = " ".join(shlex.quote(a) for a in [*CLI, "hold", "closed", "--lock-dir", str(lock_dir)])
+    r = subprocess.run(
+        ["sh", "-c", f"{cli} {closed}"], env=clean_env(), stderr=subprocess.PIPE, timeout=30
+    )
+    assert r.returncode == 2
+    if "2>&-" not in closed:
+        assert b"standard output, which is closed; nothing was held" in r.stderr
+    assert not lock_file(lock_dir, "closed").exists() or _free("closed", lock_dir)
+
+
+def _broken_pipe() -> int:
+    """A pipe whose reader is gone: writing to it fails with EPIPE."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    return write_end
+
+
+@pytest.mark.parametrize("where", ["/dev/full", "a closed pipe"])
+@pytest.mark.parametrize("slots", [[], ["--slots", "2"]])
+def test_hold_whose_token_cannot_be_printed_is_ended(
+    lock_dir: Path, cleanup: list[str], where: str, slots: list[str]
+) -> None:
+    """A token lost on its way out (a full disk, a reader that went away) would leave a
+    hold nobody can end without --force: the hold is ended with it and the status is 74."""
+    cleanup.append("lost")
+    stdout = _broken_pipe() if where == "a closed pipe" else os.open(where, os.O_WRONLY)
+    try:
+        r = subprocess.run(
+            [*CLI, "hold", "lost", "--lock-dir", str(lock_dir), *slots],
+            env=clean_env(),
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            timeout=30,
+        )
+    finally:
+        os.close(stdout)
+    assert r.returncode == 74, r.stderr
+    assert b"could not print the hold's token" in r.stderr
+    assert b"ended the hold" in r.stderr
+    listed = run_cli(["list", "--lock-dir", str(lock_dir), "--json"])
+    assert json.loads(listed.stdout) == [], listed.stdout
+    # The lock is free for the next taker at once.
+    token = _hold("lost", lock_dir, *slots)
+    run_cli(["release", "lost", "--lock-dir", str(lock_dir), "--token", token, *slots[:1]])

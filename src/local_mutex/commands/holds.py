@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 
 from ..backends import Ending
+from ..errors import EXIT_IOERR, EXIT_USAGE
 from ..names import name_bytes, shell_quote
 from ..nesting import ENV_REMOTE
+from ..ui.output import closed_by_caller, out
 from . import Failed, reporter_for, using
 
 TYPE_CHECKING = False
@@ -17,6 +19,8 @@ if TYPE_CHECKING:
     from ..backends.base import Backend, HoldInfo
     from ..ui.lines import Reporter
     from .argv import Parsed
+
+_STDOUT = 1
 
 
 def take_hold(
@@ -72,6 +76,12 @@ def hold(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     reporter = reporter_for(parsed, env)
     name = parsed.positionals[0]
+    if _STDOUT in closed_by_caller:
+        reporter.error(
+            "hold prints the token that ends it on standard output, which is closed; "
+            "nothing was held (send it to a file, or to /dev/null to drop it on purpose)"
+        )
+        return EXIT_USAGE
     values = {**parsed.values, "wait": parsed.wait()}
     values["remote_url"] = parsed.text("remote") or env.get(ENV_REMOTE)
     address = ""
@@ -86,18 +96,30 @@ def hold(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
     except Failed as exc:
         return exc.code
     where = f"detached pid {info.pid}" if info.pid else info.lock_file
+    try:
+        out(info.token)  # stdout only: logs (stderr, annotations) are read by many
+    except OSError as exc:  # a closed pipe, a full disk: nobody has the token
+        return _end_undelivered(parsed, env, reporter, name, info.token, exc)
     reporter.notice(
         f"holding {info.name} in {where}; release with: {release_hint(name, parsed, address)}"
     )
-    _print_token(info.token)
     return 0
 
 
-def _print_token(token: str) -> None:
-    """The token goes to stdout only: logs (stderr, annotations) are read by many."""
-    from ..ui.output import out
-
-    out(token)
+def _end_undelivered(
+    parsed: Parsed, env: Mapping[str, str], reporter: Reporter, name: str, token: str, exc: OSError
+) -> int:
+    """A hold whose token could not be printed would last until a forced release: end it
+    with that token and fail."""
+    why = exc.strerror or type(exc).__name__
+    ending = Ending(env, token=token, slots=bool(parsed.count("slots")))
+    try:
+        using(parsed, env, reporter, lambda b: b.release_hold(name_bytes(name), ending))
+    except Failed as failed:
+        reporter.error(f"could not print the hold's token ({why}) nor end the hold")
+        return failed.code
+    reporter.error(f"could not print the hold's token ({why}); ended the hold")
+    return EXIT_IOERR
 
 
 def release(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:

@@ -12,6 +12,11 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+# The standard streams (by descriptor) the caller had closed (``cmd >&-``): the CLI stands
+# /dev/null in for them, so an answer written there is lost without an error. ``hold``
+# refuses to start one whose token nobody could read.
+closed_by_caller: set[int] = set()
+
 
 def out(text: str) -> None:
     """An answer on stdout, byte for byte (names may be any bytes); each of its lines
