@@ -105,6 +105,26 @@ def test_a_sigkilled_supervisor_does_not_free_the_lock_while_its_command_runs(
     assert lock_is_free(lock_file(lock_dir, "k9"))
 
 
+def test_a_command_deaf_to_sigterm_after_its_supervisor_died_gets_sigkill_then_releases(
+    procs: Procs, lock_dir: Path, marks: Path, wit: Witnessed
+) -> None:
+    """With its supervisor SIGKILLed, the keeper stops the command itself: SIGTERM, then
+    SIGKILL after --kill-after for a shell that ignores SIGTERM; the next holder starts
+    only once that shell is gone, and the keeper says what it did."""
+    cmd = f"{wit.enter('A')}; trap '' TERM; touch '{marks}/A.held'; while :; do sleep 0.05; done"
+    a = procs.start(["--kill-after", "1", "deaf", cmd, str(lock_dir)], env=wit.env("A"))
+    wait_for(marks / "A.held")
+    a_procs = wit.command_processes("A")
+    b = procs.start(["--wait", "30", "deaf", wit.enter("B"), str(lock_dir)], env=wit.env("B"))
+    procs.wait_stderr(b, "waiting for lock deaf")
+    os.kill(_supervisor_pid(a, "supervisor"), signal.SIGKILL)
+    assert a.wait(30) == 128 + signal.SIGKILL, procs.stderr(a)
+    assert "stopping the command before releasing" in procs.stderr(a)
+    assert b.wait(30) == 0, procs.stderr(b)
+    wit.assert_saw_nobody("B")
+    assert pw.wait_gone(a_procs, 5) == []
+
+
 @pytest.mark.parametrize("body", ["sleep", "exec-closes-fds"])
 def test_killing_the_callers_whole_process_group_does_not_free_the_lock(
     lock_dir: Path, marks: Path, wit: Witnessed, tmp_path: Path, body: str

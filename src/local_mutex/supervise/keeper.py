@@ -356,12 +356,7 @@ def _stop_orphaned(
         )
     stopper = reaper.Stopper(pgid, subreaper)
     stopper.send(signal.SIGTERM)
-    deadline = time.monotonic() + spec.kill_after
-    while not stopper.reap() and time.monotonic() < deadline:
-        if subreaper:
-            stopper.tell_children()
-        time.sleep(reaper.POLL)
-    if not stopper.reap():
+    if not stopper.wait_gone(until=time.monotonic() + spec.kill_after):
         stopper.send(signal.SIGKILL)
         outcome.kill_sent = True
         outcome.gave_up = not stopper.wait_gone()

@@ -204,13 +204,14 @@ class Stopper:
         """A process outlived SIGKILL for a while: uninterruptible sleep; stop waiting."""
         return self.kill_at is not None and time.monotonic() > self.kill_at + GIVE_UP_AFTER_KILL
 
-    def wait_gone(self) -> bool:
-        """Until nothing is left (True), or a process outlived SIGKILL (False). Looks again
-        after 1 ms, then less and less often: most processes are gone within a few ms of
-        the signal, and the lock is released the moment they are."""
+    def wait_gone(self, until: float | None = None) -> bool:
+        """Until nothing is left (True), or a process outlived SIGKILL or the monotonic
+        time ``until`` passed (False). Looks again after 1 ms, then less and less often:
+        most processes are gone within a few ms of the signal, and the lock is released
+        the moment they are."""
         pause = 0.001
         while not self.reap():
-            if self.gave_up():
+            if self.gave_up() or (until is not None and time.monotonic() >= until):
                 return False
             if self.subreaper:
                 self.tell_children()
