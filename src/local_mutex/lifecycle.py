@@ -52,8 +52,8 @@ class RunResult:
         "lock_file",
         "lost",
         "reentrant",
-        "signalled",
         "status",
+        "stop_signal",
         "timed_out",
         "waited",
     )
@@ -61,7 +61,7 @@ class RunResult:
     def __init__(self, lock_file: str) -> None:
         self.lock_file = lock_file
         self.status = 0
-        self.signalled = False  # a stop signal reached us: the caller was asked to stop
+        self.stop_signal = 0  # the first stop signal that reached us: we were asked to stop
         self.acquired = False
         self.reentrant = False
         self.timed_out = False
@@ -273,7 +273,7 @@ def _finish(
 ) -> None:
     result.status = outcome.status
     result.timed_out = outcome.timed_out
-    result.signalled = bool(outcome.signals)
+    result.stop_signal = outcome.signals[0] if outcome.signals else 0
     result.lost = outcome.lost
     result.held = time.monotonic() - outcome.started
     if outcome.lost is not None:

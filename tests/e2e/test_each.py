@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import signal
 import subprocess
 from pathlib import Path
 
@@ -186,3 +187,53 @@ def test_template_braces(lock_dir: Path, template: str, expected: str) -> None:
     r = run_cli(["each", "--lock-dir", str(lock_dir), template, "true"], input=b"a\n")
     assert r.returncode == 0, r.stderr
     assert lock_file(lock_dir, expected).exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_stops_the_batch_even_when_the_item_exits_0(
+    lock_dir: Path, marks: Path, sig: signal.Signals
+) -> None:
+    """The item catches the relayed signal and exits 0; the signal was a request to stop
+    the batch all the same: no later item runs, and the status is 128+N."""
+    cmd = (
+        f"trap 'exit 0' INT TERM HUP; touch '{marks}/'\"$LOCAL_MUTEX_ITEM\"; "
+        "while :; do sleep 0.05; done"
+    )
+    with open(marks / "err", "wb") as err:
+        p = subprocess.Popen(
+            [*CLI, "each", "--lock-dir", str(lock_dir), "k-{}", cmd],
+            stdin=subprocess.PIPE,
+            stderr=err,
+            env=clean_env(),
+        )
+    assert p.stdin is not None
+    p.stdin.write(b"a\nb\nc\n")
+    p.stdin.close()
+    wait_for(marks / "a")
+    p.send_signal(sig)
+    assert p.wait(30) == 128 + sig, (marks / "err").read_text()
+    assert not (marks / "b").exists() and not (marks / "c").exists()
+    assert "stopped early" in (marks / "err").read_text()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_between_fast_items_stops_the_batch(
+    lock_dir: Path, tmp_path: Path, sig: signal.Signals
+) -> None:
+    """Items that end within a millisecond: the signal often reaches the supervisor after
+    its command ended, when it no longer reports it. The batch stops all the same."""
+    out = tmp_path / "out"
+    p = subprocess.Popen(
+        [*CLI, "each", "-q", "--lock-dir", str(lock_dir), "k-{}", f"echo x >> '{out}'"],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+    )
+    assert p.stdin is not None and p.stderr is not None
+    p.stdin.write(b"".join(b"%d\n" % i for i in range(3000)))
+    p.stdin.close()
+    wait_for(lambda: out.exists() and len(out.read_bytes()) >= 2 * 50)
+    p.send_signal(sig)
+    assert p.wait(60) in (128 + sig, -sig)
+    assert len(out.read_bytes()) < 2 * 3000
+    assert b"Traceback" not in p.stderr.read()

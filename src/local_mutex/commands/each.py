@@ -141,18 +141,18 @@ def run_each(
                 reporter=reporter,
                 subreaper=subreaper,
             )
-            status, signalled = run.status, run.signalled
+            status, stop_signal = run.status, run.stop_signal
         except NotAcquired as exc:
             if skip_locked:
                 result.skipped.append(item)
                 if reporter is not None:
                     reporter.info(f"skipped item {item!r}: {exc}")
                 continue
-            status, signalled = EXIT_NOT_ACQUIRED, False
+            status, stop_signal = EXIT_NOT_ACQUIRED, 0
             if reporter is not None:
                 reporter.error(f"item {item!r}: {exc}")
         except ValidationError as exc:
-            status, signalled = EXIT_USAGE, False
+            status, stop_signal = EXIT_USAGE, 0
             if reporter is not None:
                 reporter.error(f"item {item!r}: {exc}")
         except Interrupted as exc:
@@ -163,10 +163,11 @@ def run_each(
             result.failed.append((item, status))
             if result.first_failure is None:
                 result.first_failure = (item, status)
-            if signalled or not keep_going:
-                # A signal to us is a request to stop the whole batch, not one item.
-                result.status, result.stopped = status, True
-                return result
+        if stop_signal or (status != 0 and not keep_going):
+            # A signal to us is a request to stop the whole batch, not one item: even when
+            # the item it reached caught it and exited 0.
+            result.status, result.stopped = status or 128 + stop_signal, True
+            return result
     if result.failed:
         result.status = min(len(result.failed), MAX_EXIT)
     return result

@@ -87,12 +87,16 @@ class _Relay:
         self.child = child
         self.done = False
         self.pending: list[int] = []
+        # Every stop signal passed on: one that reached the supervisor only after the
+        # command ended is in no report of its, yet it was a request to stop (``each``).
+        self.relayed: list[int] = []
         self.saved: dict[int, object] = {}
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         if self.done:
             self.pending.append(signum)  # after the command: for ourselves, after release
             return
+        self.relayed.append(signum)
         try:
             os.kill(self.child, signum)
         except OSError:
@@ -187,6 +191,7 @@ def supervise(
                 _tell_deadline(lock, life_w)
             outcome, text, reaped = _wait(child, out_r, life_w, lock, reporter, relay)
             ended = True
+            outcome.signals += [sig for sig in relay.relayed if sig not in outcome.signals]
             if outcome.supervisor_died is not None or text.startswith("error"):
                 _stop_orphaned(outcome, spec, subreaper, reporter, text, keep_fds)
         finally:
