@@ -39,10 +39,12 @@ def _command(verb: str) -> Callable[[Parsed], int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .commands.argv import parse, wants_help
+    from .commands.argv import parse, verb_first, wants_help
     from .commands.options import VERBS, UsageError
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0].startswith("-"):
+        args = verb_first(args)
     if COMPLETE_VAR in os.environ or not args or wants_help(args):
         from ._site import ensure
 

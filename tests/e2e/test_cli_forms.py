@@ -145,6 +145,46 @@ def test_options_anywhere_in_the_verb_free_form(lock_dir: Path, args: list[str])
 
 
 @pytest.mark.parametrize(
+    ("args", "verb"),
+    [
+        (["--json", "status", "{probe}"], "status"),
+        (["--lock-dir", "{dir}", "status", "{probe}"], "status"),
+        (["-q", "status", "{probe}"], "no -q for status"),
+        (["--lock-dir={dir}", "-q", "history", "{probe}"], "history"),
+        (["-q", "release", "{probe}", "--lock-dir", "{dir}"], "release"),
+        (["--lock-dir", "{dir}", "list"], "list"),
+    ],
+)
+def test_options_before_the_verb_still_mean_the_verb(
+    lock_dir: Path, tmp_path: Path, args: list[str], verb: str
+) -> None:
+    """`local-mutex -q status deploy` took `status` for a lock name and ran `deploy` (a
+    program on PATH, or any shell command) under it. Options may come before the verb."""
+    probe = tmp_path / "probe"
+    argv = [a.replace("{dir}", str(lock_dir)).replace("{probe}", f"touch '{probe}'") for a in args]
+    r = run_cli(argv, env={"LOCAL_MUTEX_LOCK_DIR": str(lock_dir)})
+    assert not probe.exists(), r.stderr
+    assert not any(
+        lock_file(lock_dir, v).exists() for v in ("status", "history", "release", "list")
+    )
+    expected = {"status": 0, "history": 2, "release": 2, "list": 0, "no -q for status": 2}
+    assert r.returncode == expected[verb], r.stderr
+    if verb == "no -q for status":
+        assert b"no such option: '-q' (see local-mutex status --help)" in r.stderr
+
+
+def test_a_lock_named_like_a_verb_goes_after_dashdash(lock_dir: Path) -> None:
+    r = _ok(run_cli(["-q", "--", "status", "echo ran", str(lock_dir)]))
+    assert r.stdout == b"ran\n"
+    assert lock_file(lock_dir, "status").exists()
+
+
+def test_help_after_options_before_the_verb_is_the_verbs_help() -> None:
+    r = _ok(run_cli(["--lock-dir", "/tmp", "status", "--help"]))
+    assert b"Usage: local-mutex status" in r.stdout
+
+
+@pytest.mark.parametrize(
     ("words", "quoted"),
     [
         (["touch", "ran"], "'touch ran'"),

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from local_mutex.commands.argv import Parsed, parse, wants_help
+from local_mutex.commands.argv import Parsed, parse, verb_first, wants_help
 from local_mutex.commands.clicktree import tree
 from local_mutex.commands.options import (
     EACH,
@@ -572,3 +572,15 @@ def test_hint_suggestions_run_what_was_typed(words: list[str]) -> None:
     assert f"(local-mutex n {shell_quote(joined)})" in msg, msg
     assert f"(local-mutex n -- {joined})" in msg, msg
     assert shlex.split(shlex.split(shell_quote(joined))[0]) == words
+
+
+def test_verb_after_leading_options_moves_first() -> None:
+    assert verb_first(["-q", "status", "n"]) == ["status", "-q", "n"]
+    assert verb_first(["--lock-dir", "/d", "hold", "n"]) == ["hold", "--lock-dir", "/d", "n"]
+    assert verb_first(["--lock-dir=/d", "each", "t", "c"]) == ["each", "--lock-dir=/d", "t", "c"]
+    # an option's value is not the verb, nor is a word after `--`
+    assert verb_first(["--message", "status", "n", "c"]) == ["--message", "status", "n", "c"]
+    assert verb_first(["-q", "--", "status", "c"]) == ["-q", "--", "status", "c"]
+    # a lock name that is no verb: the run form, untouched
+    assert verb_first(["-q", "n", "status"]) == ["-q", "n", "status"]
+    assert verb_first(["-q"]) == ["-q"]

@@ -8,7 +8,8 @@ Forms (options may come anywhere before ``--``)::
     local-mutex hold|release|status|history [OPTIONS] NAME
     local-mutex list [OPTIONS]
 
-A ``--`` before any positional only ends the options (a name may then start with ``-``); a
+Options may come before the verb too (``local-mutex -q status NAME``). A ``--`` before any
+positional only ends the options (a name may then start with ``-``, or be a verb's); a
 ``--`` after NAME (TEMPLATE) starts the program's argv, taken verbatim.
 """
 
@@ -23,6 +24,7 @@ from .options import (
     OPTIONS,
     POSITIONALS,
     RUN,
+    VERBS,
     Option,
     UsageError,
     is_plain_number,
@@ -31,7 +33,7 @@ from .options import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterator, Sequence
 
 
 class Parsed:
@@ -93,20 +95,35 @@ def _lookup(verb: str) -> dict[str, Option]:
     return {flag: o for o in options_for(verb) for flag in o.flags}
 
 
-def wants_help(args: Sequence[str]) -> bool:
-    """``-h``/``--help`` as an option, not as the value of one (``--message -h``)."""
+def _option_words(args: Sequence[str]) -> Iterator[tuple[int, str, bool]]:
+    """(index, word, is it an option) for each word before ``--``, an option's value
+    skipped (``--message -h`` holds no ``-h``)."""
     takes_value = {f for o in OPTIONS if o.kind != "flag" for f in o.flags}
     skip = False
-    for arg in args:
+    for i, arg in enumerate(args):
         if skip:
             skip = False
             continue
         if arg == "--":
-            return False
-        if arg in ("-h", "--help"):
-            return True
-        skip = arg in takes_value
-    return False
+            return
+        is_option = arg.startswith("-") and arg != "-"
+        yield i, arg, is_option
+        skip = is_option and arg in takes_value
+
+
+def wants_help(args: Sequence[str]) -> bool:
+    """``-h``/``--help`` as an option, not as the value of one."""
+    return any(arg in ("-h", "--help") for _, arg, is_option in _option_words(args) if is_option)
+
+
+def verb_first(args: Sequence[str]) -> list[str]:
+    """``local-mutex -q status NAME`` means ``status -q NAME``: options may come before the
+    verb too. The first word that is not an option names the verb, if it is one; a lock
+    named like a verb goes after ``--`` (``local-mutex -q -- status CMD``)."""
+    for i, arg, is_option in _option_words(args):
+        if not is_option:
+            return [arg, *args[:i], *args[i + 1 :]] if arg in VERBS else list(args)
+    return list(args)
 
 
 def parse(verb: str, args: Sequence[str]) -> Parsed:
