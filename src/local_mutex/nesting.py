@@ -4,7 +4,9 @@ A holder adds ``pid:KEY:mode`` to LOCAL_MUTEX_HELD in its command's environment,
 names the lock in its backend (``dev:ino`` of a lock file, ``g-<digest>`` of a git branch,
 ``p-<key>`` of a database lock). An entry counts only if that pid is really one of our
 ancestors, so an unrelated process that merely inherited (or copied) the environment
-still waits like anyone else.
+still waits like anyone else. The pid is the supervisor's (``handed_down``): it lives for
+this one run of the command, while the process that took the lock may go on to the next
+(``each``) and adopt the leftovers of this one.
 """
 
 from __future__ import annotations
@@ -39,3 +41,15 @@ def enclosing_hold(env: Mapping[str, str], key: str) -> tuple[int, str] | None:
         if is_ancestor(int(pid_text)):
             return int(pid_text), mode
     return None
+
+
+def handed_down(held: str, keeper: int, supervisor: int) -> str:
+    """LOCAL_MUTEX_HELD as a supervisor gives it to its command: the entries in its
+    keeper's name (the locks held for this run) in the supervisor's. A leftover of the
+    command that outlives the run -- adopted by the keeper, ``each``'s between items --
+    no longer finds an ancestor behind them, and waits like anyone else."""
+    prefix = f"{keeper}:"
+    return ";".join(
+        f"{supervisor}:{item[len(prefix) :]}" if item.startswith(prefix) else item
+        for item in held.split(";")
+    )

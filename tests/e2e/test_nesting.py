@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
-from helpers import Procs, hold_until, lock_file, run_cli, wait_for
+from helpers import CLI, Procs, clean_env, hold_until, lock_file, run_cli, wait_for
+from helpers import procwatch as pw
 
 
 def test_cli_shim_runs_with_sh_and_directly(lock_dir: Path) -> None:
@@ -77,7 +79,7 @@ def test_a_non_descendant_with_the_inherited_environment_still_waits(
     holder = procs.start(["n", cmd, str(lock_dir)])
     wait_for(env_dump)
     held = env_dump.read_text()
-    assert held.startswith(f"{holder.pid}:")
+    assert held.startswith(f"{pw.supervisor_child(holder.pid)}:")  # the run's supervisor
     r = run_cli(
         ["--no-wait", "n", f"touch '{marks}/ran'", str(lock_dir)], env={"LOCAL_MUTEX_HELD": held}
     )
@@ -119,3 +121,37 @@ def test_holder_record_is_in_the_lock_file_while_held(
     (marks / "h.go").touch()
     assert holder.wait(20) == 0
     assert lock_file(lock_dir, "rec").read_text() == ""
+
+
+def test_a_leftover_of_an_earlier_each_item_is_not_inside_the_next_items_lock(
+    lock_dir: Path, marks: Path
+) -> None:
+    """Item a leaves a job behind and ends; `each` adopts it. Its LOCAL_MUTEX_HELD names
+    the lock item a held -- the same lock item b holds now. Its nested call must wait like
+    anyone else's, not run inside item b's lock."""
+    leftover = (
+        f'(setsid sh -c \'while [ ! -e "{marks}/go" ]; do sleep 0.01; done; '
+        f'sh "$LOCAL_MUTEX_CLI" --no-wait k "touch {marks}/ran"; '
+        f'echo $? > "{marks}/rc.tmp"; mv "{marks}/rc.tmp" "{marks}/rc"\' '
+        "</dev/null >/dev/null 2>&1 &)"
+    )
+    cmd = (
+        f'if [ "$LOCAL_MUTEX_ITEM" = a ]; then {leftover}; exit 0; fi; '
+        f"touch '{marks}/b.started'; "
+        f"while [ ! -e '{marks}/rc' ]; do sleep 0.01; done"
+    )
+    p = subprocess.Popen(
+        [*CLI, "each", "-q", "--lock-dir", str(lock_dir), "k", cmd],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+    )
+    assert p.stdin is not None and p.stderr is not None
+    p.stdin.write(b"a\nb\n")
+    p.stdin.close()
+    wait_for(marks / "b.started")
+    (marks / "go").touch()
+    wait_for(marks / "rc")
+    assert p.wait(20) == 0, p.stderr.read()
+    assert (marks / "rc").read_text().strip() == "75"
+    assert not (marks / "ran").exists()

@@ -25,6 +25,7 @@ import os
 import time
 
 from .._fastsignal import signal
+from ..nesting import ENV_HELD, handed_down
 from . import reaper, terminal
 
 TYPE_CHECKING = False
@@ -171,9 +172,12 @@ class _Supervisor:
                 fd = fcntl.fcntl(kept, fcntl.F_DUPFD, 3)
             os.set_inheritable(fd, True)  # the lock's description: the command's second line
         program = SHELL if spec.argv[:2] == ["sh", "-c"] else find_program(spec)
+        env = spec.env
+        if ENV_HELD in env:
+            env = {**env, ENV_HELD: handed_down(env[ENV_HELD], self.keeper, os.getpid())}
         if tty is not None:
             pid = terminal.spawn_in_foreground(
-                tty, program, spec.argv, spec.env, mask, _RESET_FOR_CHILD, spec.stdin_devnull
+                tty, program, spec.argv, env, mask, _RESET_FOR_CHILD, spec.stdin_devnull
             )
         else:
             if spec.stdin_devnull:
@@ -181,7 +185,7 @@ class _Supervisor:
             pid = os.posix_spawn(
                 program,
                 spec.argv,
-                spec.env,
+                env,
                 file_actions=actions,
                 setpgroup=0,
                 setsigdef=_RESET_FOR_CHILD,
