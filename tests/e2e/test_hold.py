@@ -238,3 +238,26 @@ def test_hold_whose_token_cannot_be_printed_is_ended(
     # The lock is free for the next taker at once.
     token = _hold("lost", lock_dir, *slots)
     run_cli(["release", "lost", "--lock-dir", str(lock_dir), "--token", token, *slots[:1]])
+
+
+def test_release_returns_once_the_holder_let_go_though_a_waiter_took_the_lock(
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
+) -> None:
+    """`release` waited for the lock to be free: a run queued behind the hold took it at
+    once, so release sat out the whole 10 s grace, then sent SIGKILL to a pid that had
+    already exited. It returns as soon as the holder is gone; the waiter holds on."""
+    cleanup.append("queued")
+    token = _hold("queued", lock_dir)
+    holder_pid = _status("queued", lock_dir)["holders"][0]["pid"]
+    waiter = procs.start(["queued", hold_until(marks), str(lock_dir)])
+    procs.wait_stderr(waiter, "waiting for lock queued")
+    r = run_cli(
+        ["release", "queued", "--lock-dir", str(lock_dir), "--token", token], timeout=8
+    )  # well inside the 10 s grace it used to sit out
+    assert r.returncode == 0, r.stderr
+    assert b"released queued" in r.stderr
+    wait_for(marks / "h.held")
+    st = _status("queued", lock_dir)
+    assert st["state"] == "held" and st["holders"][0]["pid"] != holder_pid
+    (marks / "h.go").touch()
+    assert waiter.wait(30) == 0

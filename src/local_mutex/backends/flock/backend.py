@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import time
 
-from ..._fastsignal import signal
 from ...errors import InvalidLockDir, Refused, Unsupported
 from ...identity import ENV_TOKEN, owned
 from ...names import display, lock_filename, validate_name
@@ -19,9 +18,6 @@ if TYPE_CHECKING:
 
     from .. import Ending
     from ..base import HoldInfo, LockStatus, Released
-
-# How long ``release`` gives a holder to go after SIGTERM, then after SIGKILL.
-RELEASE_GRACE = (10.0, 2.0)
 
 
 class FlockBackend:
@@ -127,7 +123,9 @@ class FlockBackend:
             pid = int(rec["pid"])
             since = rec.get("since_epoch")
             held = time.time() - since if isinstance(since, (int, float)) else None
-            _end_holder(pid, candidate, label, rec.get("user"))
+            from .ending import end_holder
+
+            end_holder(pid, candidate, label, rec.get("user"))
             return Released(candidate, True, pid, held)
         if refusal is not None:
             raise refusal
@@ -135,23 +133,3 @@ class FlockBackend:
 
     def close(self) -> None:
         pass
-
-
-def _end_holder(pid: int, path: str, label: str, user: object) -> None:
-    from .state import status_of_path
-
-    for sig, grace in zip((signal.SIGTERM, signal.SIGKILL), RELEASE_GRACE):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return
-        except PermissionError:
-            raise Refused(
-                f"the hold on {label} (pid {pid}) belongs to user {user or '?'}; only that "
-                "user or root can end it"
-            ) from None
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            if not status_of_path(path, allow_other_owner=True).held:
-                return
-            time.sleep(0.02)

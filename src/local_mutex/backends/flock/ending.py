@@ -1,0 +1,94 @@
+"""Ending a hold: signal its detached holder process until it has let go of the lock.
+
+Through a pidfd where the kernel has them (Linux 5.3+): the signals reach that very
+process, never one that took its number after it exited, and its exit is seen at once,
+zombie or not. Elsewhere, by its number and by the lock's holders."""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+
+from ..._fastsignal import signal
+from ...errors import Refused
+from .state import status_of_path
+
+# How long ``release`` gives a holder to go after SIGTERM, then after SIGKILL.
+RELEASE_GRACE = (10.0, 2.0)
+_POLL = 0.02
+
+
+def end_holder(pid: int, path: str, label: str, user: object) -> None:
+    """SIGTERM, then SIGKILL after the grace, until ``pid`` no longer holds ``path``."""
+    pidfd = _open_pidfd(pid)
+    try:
+        if not _holds(pid, path):  # it let go between our look and now
+            return
+        for sig, grace in zip((signal.SIGTERM, signal.SIGKILL), RELEASE_GRACE):
+            try:
+                _send(pid, pidfd, sig)
+            except ProcessLookupError:
+                return
+            except PermissionError:
+                raise Refused(
+                    f"the hold on {label} (pid {pid}) belongs to user {user or '?'}; only "
+                    "that user or root can end it"
+                ) from None
+            if _let_go(pid, pidfd, path, grace):
+                return
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def _open_pidfd(pid: int) -> int | None:
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is None:
+        return None
+    try:
+        return int(pidfd_open(pid))
+    except OSError:  # gone already (ESRCH), or a kernel without pidfds (ENOSYS)
+        return None
+
+
+def _send(pid: int, pidfd: int | None, sig: int) -> None:
+    send = getattr(signal, "pidfd_send_signal", None)
+    if pidfd is not None and send is not None:
+        send(pidfd, sig)
+    else:
+        os.kill(pid, sig)
+
+
+def _let_go(pid: int, pidfd: int | None, path: str, grace: float) -> bool:
+    """Within ``grace``: has the holder exited, or stopped holding the lock? (Whoever
+    was queued behind it may hold the lock by then: that is not the holder.)"""
+    deadline = time.monotonic() + grace
+    while True:
+        if pidfd is not None and select.select([pidfd], [], [], 0)[0]:
+            return True  # exited
+        if not _holds(pid, path):
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if pidfd is not None:
+            select.select([pidfd], [], [], min(left, _POLL))
+        else:
+            time.sleep(min(left, _POLL))
+
+
+def _holds(pid: int, path: str) -> bool:
+    st = status_of_path(path, allow_other_owner=True)
+    if not st.held:
+        return False
+    pids = {h.pid for h in st.holders}
+    if pids - {None}:
+        return pid in pids
+    try:  # the kernel names no holders here (no /proc/locks): is the process still there?
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
