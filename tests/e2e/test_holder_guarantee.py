@@ -348,6 +348,33 @@ def test_a_deleted_lock_file_is_put_back_and_still_excludes(
     assert back_after < 10, back_after
 
 
+def test_a_lock_dir_removed_for_a_while_gets_the_locked_file_back_when_it_returns(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """A tmp cleaner removes the whole lock directory, and a job puts it back: while it is
+    gone nobody can take the lock, and once it is back the holder's file is at the path
+    first. The holder gave up at the first look with the directory gone, and said that
+    it itself had taken "the new file first: both now run"; a newcomer then ran."""
+    sub = lock_dir / "L"
+    sub.mkdir()
+    holder = procs.start(["dirgone", hold_until(marks, "a"), str(sub)])
+    wait_for(marks / "a.held")
+    path = lock_file(sub, "dirgone")
+    shutil.rmtree(sub)
+    # A few of the holder's 0.1 s looks with the directory gone (fewer on a busy machine:
+    # then this proves less, but cannot fail wrongly).
+    time.sleep(0.5)
+    sub.mkdir()
+    wait_for(lambda: _locked_file_at(path), 10, f"a locked file back at {path}")
+    r = run_cli(["--no-wait", "dirgone", f"touch '{marks}/newcomer.ran'", str(sub)])
+    assert r.returncode == 75, r.stderr
+    assert not (marks / "newcomer.ran").exists()
+    (marks / "a.go").touch()
+    assert holder.wait(20) == 0, procs.stderr(holder)
+    assert "both now run" not in procs.stderr(holder)
+    assert "put a locked file back" in procs.stderr(holder)
+
+
 @pytest.mark.parametrize("how", ["rm", "mv"])
 def test_a_waiter_on_a_deleted_lock_file_ends_up_holding_the_file_at_the_path(
     procs: Procs, lock_dir: Path, marks: Path, how: str

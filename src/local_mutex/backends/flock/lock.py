@@ -211,10 +211,14 @@ class FlockLock:
             if st is not None and (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
                 return None
         fd: int | None = create_exclusive(self.path) if st is None else _open_quietly(self.path)
-        if fd is not None and refusal_for(os.fstat(fd), self.path, self.allow_other_owner):
-            os.close(fd)  # never write into a file that may be someone else's
-            fd = None
-        if fd is not None and kernel.try_lock(fd, shared=self.shared):
+        if fd is None:
+            # Nothing to lock at the path: its directory is gone (a tmp cleaner), or a file
+            # came and went. Nobody else can take the lock there either; look next tick.
+            return None
+        if refusal_for(os.fstat(fd), self.path, self.allow_other_owner):
+            os.close(fd)  # never write into a file that may be someone else's (which
+            return None  # a newcomer refuses as well): look again next tick
+        if kernel.try_lock(fd, shared=self.shared):
             self.spares.append(fd)
             if self.record is not None:
                 try:
@@ -225,8 +229,7 @@ class FlockLock:
                 f"lock file {self.path!r} of {self.label} was deleted or replaced while held; "
                 "put a locked file back at the path"
             )
-        if fd is not None:
-            os.close(fd)
+        os.close(fd)  # the file now at the path is locked: somebody took it first
         other = self.busy_holder() or {}
         self.lost_to = other.get("pid") if isinstance(other.get("pid"), int) else -1
         return (
