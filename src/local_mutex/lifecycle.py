@@ -242,14 +242,17 @@ def _run_inside(
     reporter: Reporter | None,
     result: RunResult,
 ) -> RunResult:
-    """An enclosing holder has this lock: run the command within its hold."""
+    """An enclosing holder has this lock: run the command within its hold. The lock stays
+    open until the command is over: it may share the hold's (``backends.flock.share``)."""
     child_env = command_env(lock, env, False)
-    lock.close()
     if reporter is not None:
         reporter.reentrant(lock.label, pid)
     result.reentrant = True
-    with SignalsHeld() as held:
-        outcome = supervise(_spec(command, child_env, opts), reporter=reporter, held=held)
+    try:
+        with SignalsHeld() as held:
+            outcome = supervise(_spec(command, child_env, opts), reporter=reporter, held=held)
+    finally:
+        lock.close()
     _finish(result, outcome, lock.label, reporter, opts)
     return result
 

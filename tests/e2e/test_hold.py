@@ -7,6 +7,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from helpers import CLI, Procs, clean_env, hold_until, lock_file, run_cli, wait_for
+from helpers import procwatch as pw
 
 JOB_A = {
     "GITHUB_RUN_ID": "100",
@@ -261,3 +263,92 @@ def test_release_returns_once_the_holder_let_go_though_a_waiter_took_the_lock(
     assert st["state"] == "held" and st["holders"][0]["pid"] != holder_pid
     (marks / "h.go").touch()
     assert waiter.wait(30) == 0
+
+
+# -- a run inside a hold keeps the lock when the hold ends under it --------------------------
+
+
+def _end_hold(how: str, name: str, lock_dir: Path, token: str, holder_pid: int) -> None:
+    if how == "holder killed":
+        os.kill(holder_pid, signal.SIGKILL)
+    elif how == "release":
+        r = run_cli(["release", name, "--lock-dir", str(lock_dir), "--token", token])
+        assert r.returncode == 0, r.stderr
+    # "ttl": it runs out by itself
+    assert pw.wait_gone([holder_pid], 20) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+@pytest.mark.parametrize("how", ["holder killed", "release", "ttl"])
+def test_a_run_inside_a_hold_keeps_the_lock_when_the_hold_ends_under_it(
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str], how: str
+) -> None:
+    """`run --reentrant` inside a hold used to hold nothing: SIGKILL to the holder, a
+    release or the TTL let the next holder in while the run's command still ran. The
+    run shares the hold's lock now, and the lock is free once it ends."""
+    cleanup.append("inside")
+    token = _hold("inside", lock_dir, *(["--ttl", "1"] if how == "ttl" else []))
+    holder_pid = _status("inside", lock_dir)["holders"][0]["pid"]
+    run = procs.start(
+        ["run", "--reentrant", "--lock-dir", str(lock_dir), "inside", hold_until(marks, "in")],
+        env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+    )
+    wait_for(marks / "in.held")
+    _end_hold(how, "inside", lock_dir, token, holder_pid)
+    r = run_cli(["--no-wait", "inside", f"touch '{marks}/newcomer'", str(lock_dir)])
+    assert r.returncode == 75, r.stderr
+    assert not (marks / "newcomer").exists()
+    (marks / "in.go").touch()
+    assert run.wait(30) == 0, procs.stderr(run)
+    r = run_cli(["--no-wait", "inside", f"touch '{marks}/newcomer'", str(lock_dir)])
+    assert r.returncode == 0, r.stderr
+    assert (marks / "newcomer").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+def test_what_a_run_inside_a_hold_leaves_behind_does_not_keep_the_lock(
+    lock_dir: Path, marks: Path, cleanup: list[str]
+) -> None:
+    """The run's keeper and supervisor share the hold's lock, not its command: a job the
+    command left behind does not keep the lock once the hold is released."""
+    cleanup.append("left")
+    token = _hold("left", lock_dir)
+    cmd = f"sleep 30 </dev/null >/dev/null 2>&1 & echo $! > '{marks}/left.pid'"
+    r = run_cli(
+        ["run", "--reentrant", "--lock-dir", str(lock_dir), "left", cmd],
+        env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+    )
+    leftover = int((marks / "left.pid").read_text())
+    try:
+        assert r.returncode == 0, r.stderr
+        assert pw.alive(leftover)
+        assert (
+            run_cli(["release", "left", "--lock-dir", str(lock_dir), "--token", token]).returncode
+            == 0
+        )
+        assert _free("left", lock_dir)
+    finally:
+        pw.signal_quietly([leftover])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+def test_the_holder_shares_its_lock_only_with_its_token(lock_dir: Path, cleanup: list[str]) -> None:
+    from local_mutex.backends.flock import share
+    from local_mutex.backends.flock.record import read_record
+
+    cleanup.append("asked")
+    token = _hold("asked", lock_dir)
+    rec = read_record(str(lock_file(lock_dir, "asked")))
+    assert rec is not None
+    pid, digest = rec["pid"], rec["token_sha256"]
+    assert share.join(pid, digest, "0" * 32, None) is None
+    assert share.join(pid, digest, None, {"run_id": "1", "job": "x"}) is None
+    got = share.join(pid, digest, token, None)
+    assert got is not None
+    conn, fds = got
+    try:
+        assert fds and all(not os.get_inheritable(fd) for fd in fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+        conn.close()

@@ -15,6 +15,8 @@ import time
 
 from .._json import dumps, loads_object
 from ..backends import open_backend
+from ..backends.flock.lock import FlockLock
+from ..backends.flock.share import SUPPORTED, Sharing
 from ..errors import LockLost, NotAcquired, RecordNotWritten, Unavailable, ValidationError
 from ..identity import job_identity, new_token, token_hash, utc_stamp
 from ..lifecycle import Held, Options
@@ -78,18 +80,33 @@ def main() -> int:
     lock_file = held.lock.lock_file if held.lock is not None else ""
     _say(ready, f"ok {token} {held.waited:.3f} {lock_file}")
     os.chdir("/")  # a long-lived daemon must not pin the caller's directory (or its mount)
+    sharing = _sharing(held, token, env)
     try:
-        _keep(held, spec.get("anchor"), ttl)
+        _keep(held, spec.get("anchor"), ttl, sharing)
     except LockLost as exc:
         return exc.exit_code
     finally:
+        if sharing is not None:
+            if sharing.anyone_inside() and isinstance(held.lock, FlockLock):
+                held.lock.hand_over()  # theirs until the last run inside ends
+            sharing.close()
         held.__exit__(None, None, None)
     return 0
 
 
-def _keep(held: Held, anchor: int | None, ttl: float | None) -> None:
+def _sharing(held: Held, token: str, env: dict[str, str]) -> Sharing | None:
+    """Where runs inside this hold ask for its lock (a lock on this machine, on Linux)."""
+    if not SUPPORTED or not isinstance(held.lock, FlockLock):
+        return None
+    try:
+        return Sharing(token, job_identity(env))
+    except OSError:
+        return None  # runs inside the hold then hold nothing of their own, as elsewhere
+
+
+def _keep(held: Held, anchor: int | None, ttl: float | None, sharing: Sharing | None) -> None:
     """Until the TTL runs out or the anchor process exits (SIGTERM ends it earlier),
-    looking at the lock every tick."""
+    looking at the lock every tick and answering runs that join the hold."""
     deadline = None if not ttl else time.monotonic() + ttl
     watch = None
     if anchor:
@@ -103,15 +120,19 @@ def _keep(held: Held, anchor: int | None, ttl: float | None) -> None:
         if remaining is not None and remaining <= 0:
             return
         pause = _min(remaining, tick)
-        if watch is not None:
-            if select.select([watch], [], [], pause)[0]:
-                return
-        elif anchor:
+        if watch is None and anchor:
             try:
                 os.kill(anchor, 0)
             except ProcessLookupError:
                 return
-            time.sleep(_min(pause, 1.0) or 1.0)
+            pause = _min(pause, 1.0) or 1.0
+        waitables: list[Any] = [w for w in (watch, sharing) if w is not None]
+        if waitables:
+            ready = select.select(waitables, [], [], pause)[0]
+            if watch is not None and watch in ready:
+                return
+            if sharing is not None and sharing in ready and isinstance(held.lock, FlockLock):
+                sharing.serve(held.lock.descriptions())
         else:
             time.sleep(3600.0 if pause is None else pause)
         if tick is not None:

@@ -22,6 +22,7 @@ from .lockdir import ENV_LOCK_DIR, create_exclusive, names_inode, open_lock_file
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import socket
     from collections.abc import Mapping
     from typing import Any
 
@@ -55,6 +56,8 @@ class FlockLock:
         self.record: dict[str, Any] | None = None
         self.spares: list[int] = []  # files we put back at the path while holding
         self.lost_to: int | None = None  # pid that took a replacement file before us
+        # Inside a hold: its descriptions of the lock, and our connection to its holder.
+        self.joined: tuple[socket.socket, list[int]] | None = None
 
     # -- who we are ----------------------------------------------------------------------
 
@@ -70,16 +73,49 @@ class FlockLock:
         return nesting.enclosing_hold(env, self._key())
 
     def held_by_our_hold(self, env: Mapping[str, str], token: str | None) -> int | None:
-        """The pid of a ``hold`` of this very job (or token) that has this lock busy."""
+        """The pid of a ``hold`` of this very job (or token) that has this lock busy; the
+        hold's descriptions of the lock are then ours too while we are open (``share``)."""
         from ...identity import owned
 
         if kernel.try_lock(self.fd):
             kernel.unlock(self.fd)
             return None
         rec = record.read_record(self.path)
-        if rec is not None and owned(rec, env, token) and isinstance(rec.get("pid"), int):
-            return int(rec["pid"])
-        return None
+        if rec is None or not owned(rec, env, token) or not isinstance(rec.get("pid"), int):
+            return None
+        self._join(rec, env, token)
+        return int(rec["pid"])
+
+    def _join(self, rec: Mapping[str, Any], env: Mapping[str, str], token: str | None) -> None:
+        from ...identity import job_identity
+        from . import share
+
+        digest = rec.get("token_sha256")
+        if not share.SUPPORTED or not isinstance(digest, str):
+            return
+        got = share.join(int(rec["pid"]), digest, token, job_identity(env))
+        if got is None:
+            return
+        conn, fds = got
+        shared = rec.get("mode") == "shared"
+        # Only what really is the hold's lock on this very file: a description of the
+        # file at the path that holds the lock already (taking it again is then a no-op).
+        if not any(names_inode(self.path, fd) and kernel.try_lock(fd, shared=shared) for fd in fds):
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            return
+        self.joined = (conn, fds)
+
+    def descriptions(self) -> list[int]:
+        """Our open descriptions of the held lock (for a hold to share)."""
+        return [fd for fd in (self.fd, *self.spares) if fd >= 0]
+
+    def hand_over(self) -> None:
+        """Close our descriptions without unlocking them: runs inside our hold share them,
+        and the lock is held until the last of those ends."""
+        self.held = False
+        self.close()
 
     # -- taking it -----------------------------------------------------------------------
 
@@ -244,6 +280,8 @@ class FlockLock:
         """Clear the record, drop the lock for every holder of its descriptions (leftover
         background processes of the command run on without it), close."""
         for fd in (self.fd, *self.spares):
+            if fd < 0:
+                continue
             if self.held and self.record is not None:
                 record.clear_record(fd)
             try:
@@ -264,6 +302,12 @@ class FlockLock:
                 except OSError:
                     pass
         self.fd, self.spares = -1, []
+        if self.joined is not None:
+            conn, fds = self.joined
+            self.joined = None
+            for fd in fds:
+                os.close(fd)  # never unlocked: they are the hold's
+            conn.close()
 
     def child_env(self, env: Mapping[str, str], held: bool) -> dict[str, str]:
         """The caller's environment plus what nested calls need to join our lock domain."""

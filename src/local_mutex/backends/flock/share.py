@@ -1,0 +1,152 @@
+"""A hold's lock, shared with the runs inside it (``run --reentrant``).
+
+A run inside a hold holds nothing of its own, so the hold's end -- ``release``, its TTL,
+its holder killed -- would let the next holder in while the run's command still runs.
+The holder therefore listens on an abstract unix socket named after its pid; a run
+inside the hold proves it may join (the hold's token, or the same job, and the same user)
+and gets the holder's open file descriptions of the lock (SCM_RIGHTS). The run's keeper
+and supervisor keep them -- the command does not inherit them, so nothing it leaves
+behind keeps the lock -- and the kernel holds the lock until the last of them is closed.
+The connection stays open for the run's life: a holder that ends while a run is inside
+closes its descriptions without unlocking them.
+
+Linux only (abstract sockets, SO_PEERCRED); elsewhere a run inside a hold holds nothing,
+as before.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import sys
+
+from ...identity import token_hash
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+SUPPORTED = sys.platform.startswith("linux")
+_REQUEST_LIMIT = 4096
+_TIMEOUT = 2.0  # for a run: how long the holder may take to answer
+_SERVE_TIMEOUT = 0.2  # for the holder: a peer that connects and says nothing stalls it no longer
+_CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def address(holder_pid: int, token_sha256: str) -> str:
+    return f"\0local-mutex-hold-{holder_pid}-{token_sha256[:16]}"
+
+
+class Sharing:
+    """The holder's side: a listening socket, and the runs inside the hold."""
+
+    def __init__(self, token: str, identity: Mapping[str, str] | None) -> None:
+        self.token_sha256 = token_hash(token)
+        self.identity = dict(identity) if identity else None
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(address(os.getpid(), self.token_sha256))
+        self.listener.listen(16)
+        self.inside: list[socket.socket] = []
+
+    def fileno(self) -> int:
+        return self.listener.fileno()
+
+    def serve(self, fds: Sequence[int]) -> None:
+        """Answer one run that knocked: the lock's descriptions, or a refusal."""
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        try:
+            conn.settimeout(_SERVE_TIMEOUT)
+            if not self._may_join(conn, _read_line(conn)):
+                conn.sendall(b"no\n")
+                conn.close()
+                return
+            socket.send_fds(conn, [b"ok\n"], list(fds))
+        except OSError:
+            conn.close()
+            return
+        self.inside.append(conn)
+
+    def _may_join(self, conn: socket.socket, request: str) -> bool:
+        cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size)
+        _, uid, _ = _CRED.unpack(cred)
+        if uid not in (os.geteuid(), 0):
+            return False  # as ``release``: only the hold's user (or root) may end or join it
+        kind, _, value = request.partition(" ")
+        if kind == "token":
+            return token_hash(value) == self.token_sha256
+        if kind == "job" and self.identity is not None:
+            return value == _job_text(self.identity)
+        return False
+
+    def anyone_inside(self) -> bool:
+        """Is a run still inside the hold (its connection open)?"""
+        still = []
+        for conn in self.inside:
+            try:
+                conn.setblocking(False)
+                gone = conn.recv(1) == b""
+            except BlockingIOError:
+                gone = False
+            except OSError:
+                gone = True
+            if gone:
+                conn.close()
+            else:
+                still.append(conn)
+        self.inside = still
+        return bool(still)
+
+    def close(self) -> None:
+        self.listener.close()
+        for conn in self.inside:
+            conn.close()
+        self.inside = []
+
+
+def join(
+    holder_pid: int, token_sha256: str, token: str | None, identity: Mapping[str, str] | None
+) -> tuple[socket.socket, list[int]] | None:
+    """The run's side: the hold's descriptions of the lock (non-inheritable) and the
+    connection to keep open while inside; None when the holder cannot be asked or says no."""
+    if not SUPPORTED or not (token or identity):
+        return None
+    request = f"token {token}" if token else f"job {_job_text(identity or {})}"
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(_TIMEOUT)
+        conn.connect(address(holder_pid, token_sha256))
+        conn.sendall(request.encode("utf-8", "surrogateescape") + b"\n")
+        # MSG_CMSG_CLOEXEC: the descriptions must never reach a command we spawn.
+        msg, ancdata, _, _ = conn.recvmsg(16, socket.CMSG_SPACE(16 * 4), socket.MSG_CMSG_CLOEXEC)
+    except OSError:
+        conn.close()
+        return None
+    fds: list[int] = []
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(data) - len(data) % 4
+            fds += list(struct.unpack(f"{usable // 4}i", data[:usable]))
+    if msg != b"ok\n" or not fds:
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        return None
+    return conn, fds
+
+
+def _read_line(conn: socket.socket) -> str:
+    data = b""
+    while b"\n" not in data and len(data) < _REQUEST_LIMIT:
+        chunk = conn.recv(_REQUEST_LIMIT)
+        if not chunk:
+            break
+        data += chunk
+    return data.split(b"\n", 1)[0].decode("utf-8", "surrogateescape")
+
+
+def _job_text(identity: Mapping[str, str]) -> str:
+    return "\t".join(f"{key}={identity[key]}" for key in sorted(identity))
