@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from helpers import CLI, Procs, clean_env, hold_until, lock_file, run_cli, wait_for
+from helpers import procwatch as pw
 
 
 def test_two_hundred_items_each_once_under_its_own_lock(lock_dir: Path, tmp_path: Path) -> None:
@@ -237,3 +239,39 @@ def test_a_stop_signal_between_fast_items_stops_the_batch(
     assert p.wait(60) in (128 + sig, -sig)
     assert len(out.read_bytes()) < 2 * 3000
     assert b"Traceback" not in p.stderr.read()
+
+
+def test_a_supervisor_death_in_one_item_spares_what_earlier_items_left_behind(
+    lock_dir: Path, marks: Path
+) -> None:
+    """Item a leaves a job running (it runs on, unlocked, as after any normal end) and
+    `each` adopts it. Item b's supervisor is SIGKILLed: `each` stops item b's command
+    before letting go -- and only it, not item a's job."""
+    cmd = (
+        'if [ "$LOCAL_MUTEX_ITEM" = a ]; then '
+        f"(setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > '{marks}/a.pid'); exit 0; fi; "
+        f"echo $$ > '{marks}/b.pid'; while :; do sleep 0.05; done"
+    )
+    p = subprocess.Popen(
+        [*CLI, "each", "-q", "--lock-dir", str(lock_dir), "k", cmd],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+    )
+    assert p.stdin is not None and p.stderr is not None
+    p.stdin.write(b"a\nb\n")
+    p.stdin.close()
+    wait_for(lambda: (marks / "b.pid").exists() and (marks / "b.pid").read_text().strip() != "")
+    left = int((marks / "a.pid").read_text())
+    b_top = int((marks / "b.pid").read_text())
+    try:
+        wait_for(lambda: pw.ppid(left) == p.pid, what="each adopting item a's job")
+        supervisor = pw.supervisor_child(p.pid)
+        assert supervisor is not None
+        os.kill(supervisor, signal.SIGKILL)
+        assert p.wait(30) != 0
+        assert pw.wait_gone([b_top], 10) == []
+        assert pw.alive(left), "item a's job was stopped with item b's command"
+        assert "stopping the command before releasing" in p.stderr.read().decode()
+    finally:
+        pw.signal_quietly([left, b_top])

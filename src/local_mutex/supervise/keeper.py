@@ -166,8 +166,10 @@ def supervise(
     # ctypes' C half, for prctl: loaded here, before the fork, so that the supervisor
     # imports nothing (see _fork) and is a subreaper before the command exists.
     prctl = reaper.load_prctl()
+    spare: frozenset[int] = frozenset()
     if subreaper:
-        reaper.reap_strays()  # leftovers of earlier commands we adopted (``each``)
+        if reaper.reap_strays():  # leftovers of earlier commands we adopted (``each``)
+            spare = frozenset(_proc.children(os.getpid()))  # still running: not this one's
         subreaper = reaper.become_subreaper(prctl)  # a dead supervisor's orphans: ours
     out_r, out_w = os.pipe()
     life_r, life_w = os.pipe()
@@ -193,7 +195,7 @@ def supervise(
             ended = True
             outcome.signals += [sig for sig in relay.relayed if sig not in outcome.signals]
             if outcome.supervisor_died is not None or text.startswith("error"):
-                _stop_orphaned(outcome, spec, subreaper, reporter, text, keep_fds)
+                _stop_orphaned(outcome, spec, subreaper, reporter, text, keep_fds, spare)
         finally:
             relay.done = True
             signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
@@ -343,6 +345,7 @@ def _stop_orphaned(
     reporter: Reporter | None,
     text: str,
     keep_fds: Sequence[int],
+    spare: frozenset[int],
 ) -> None:
     """The supervisor died with the command still ours: stop it before the release. If
     it died before it could tell us the command's pid, the command is found the way the
@@ -359,7 +362,7 @@ def _stop_orphaned(
         reporter.error(
             f"the supervisor of the command {why}; stopping the command before releasing"
         )
-    stopper = reaper.Stopper(pgid, subreaper)
+    stopper = reaper.Stopper(pgid, subreaper, spare)
     stopper.send(signal.SIGTERM)
     if not stopper.wait_gone(until=time.monotonic() + spec.kill_after):
         stopper.send(signal.SIGKILL)

@@ -55,18 +55,18 @@ def become_subreaper(prctl: int | None) -> bool:
         return False
 
 
-def reap_strays() -> None:
+def reap_strays() -> bool:
     """Reap adopted children that have ended (only for a process that has no children of
-    its own to wait for: the CLI's keeper)."""
+    its own to wait for: the CLI's keeper); are any left, still running?"""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return False
         except InterruptedError:
             continue
         if pid == 0:
-            return
+            return True
 
 
 def group_holding(fds: Sequence[int]) -> int | None:
@@ -146,9 +146,14 @@ class Stopper:
     """Sends the stop signals to the command's group (and, as a subreaper, to each child
     we have), reaps, and says when nothing is left."""
 
-    def __init__(self, pgid: int | None, subreaper: bool) -> None:
+    def __init__(
+        self, pgid: int | None, subreaper: bool, spare: frozenset[int] = frozenset()
+    ) -> None:
         self.pgid = pgid
         self.subreaper = subreaper
+        # Children we had before this command started (what earlier items of ``each``
+        # left behind, adopted): not this command's, neither stopped nor waited for.
+        self.spare = spare
         self.last: int | None = None  # the last signal sent to everyone
         self.kill_at: float | None = None
         self.told: dict[int, int] = {}  # child pid -> the last signal it got from us
@@ -172,7 +177,7 @@ class Stopper:
         if self.last is None:
             return
         for child in _proc.children(os.getpid()):
-            if self.told.get(child) == self.last:
+            if self.told.get(child) == self.last or child in self.spare:
                 continue
             self.told[child] = self.last
             try:
@@ -195,7 +200,8 @@ class Stopper:
                     continue
                 raise
             if pid == 0:
-                return False
+                return bool(self.spare) and set(_proc.children(os.getpid())) <= self.spare
+            self.spare -= {pid}  # its number may come back, on an orphan of this command
 
     def _group_left(self) -> bool:
         return self.pgid is not None and group_alive(self.pgid)
