@@ -246,7 +246,7 @@ def _run_inside(
     open until the command is over: it may share the hold's (``backends.flock.share``)."""
     child_env = command_env(lock, env, False)
     if reporter is not None:
-        reporter.reentrant(lock.label, pid)
+        reporter.reentrant(lock.label, pid, unshared=getattr(lock, "join_failed", False))
     result.reentrant = True
     try:
         with SignalsHeld() as held:

@@ -352,3 +352,127 @@ def test_the_holder_shares_its_lock_only_with_its_token(lock_dir: Path, cleanup:
         for fd in fds:
             os.close(fd)
         conn.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+def test_a_hold_that_ended_with_a_run_inside_leaves_no_record_to_join(
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
+) -> None:
+    """The ended hold's record stayed in the lock file: a later `run --reentrant` with its
+    token took it for the hold and ran "inside" whoever held the lock next."""
+    cleanup.append("stale")
+    token = _hold("stale", lock_dir)
+    run = procs.start(
+        ["run", "--reentrant", "--lock-dir", str(lock_dir), "stale", hold_until(marks, "in")],
+        env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+    )
+    wait_for(marks / "in.held")
+    assert (
+        run_cli(["release", "stale", "--lock-dir", str(lock_dir), "--token", token]).returncode == 0
+    )
+    (marks / "in.go").touch()
+    assert run.wait(30) == 0, procs.stderr(run)
+    # The next holder writes no record of its own (flock(1), another program).
+    other = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time\n"
+            "fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "open(sys.argv[2], 'w').close()\n"
+            "while not os.path.exists(sys.argv[3]): time.sleep(0.02)\n",
+            str(lock_file(lock_dir, "stale")),
+            str(marks / "other.held"),
+            str(marks / "other.go"),
+        ]
+    )
+    try:
+        wait_for(marks / "other.held")
+        r = run_cli(
+            ["run", "--reentrant", "--no-wait", "--lock-dir", str(lock_dir), "stale", "true"],
+            env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+        )
+        assert r.returncode == 75, r.stderr
+    finally:
+        (marks / "other.go").touch()
+        assert other.wait(30) == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+def test_a_run_tells_its_token_only_to_the_holder_itself(tmp_path: Path) -> None:
+    """A server at the holder's socket name that is not the holder's process (it took
+    the name first) never hears the token."""
+    from local_mutex.backends.flock import share
+
+    decoy = subprocess.Popen(["sleep", "30"])
+    heard = tmp_path / "heard"
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import socket, sys\n"
+            "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+            "s.bind('\\0' + sys.argv[1]); s.listen(1); open(sys.argv[2] + '.up', 'w').close()\n"
+            "c, _ = s.accept(); c.settimeout(10); data = b''\n"
+            "while True:\n"
+            "    chunk = c.recv(4096)\n"
+            "    if not chunk: break\n"
+            "    data += chunk\n"
+            "open(sys.argv[2], 'wb').write(data)\n",
+            share.address(decoy.pid, "f" * 64)[1:],  # abstract: the leading NUL added there
+            str(heard),
+        ]
+    )
+    try:
+        wait_for(tmp_path / "heard.up")
+        assert share.join(decoy.pid, "f" * 64, "the-secret-token", None) is None
+        assert server.wait(20) == 0
+        assert b"the-secret-token" not in heard.read_bytes()
+    finally:
+        for p in (decoy, server):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+def test_a_peer_that_says_nothing_does_not_stall_the_holder(
+    lock_dir: Path, cleanup: list[str]
+) -> None:
+    """A connection that drips a byte now and then used to hold the holder in its read
+    for minutes (no TTL, no lock-file checks, no other run served)."""
+    import socket
+    import threading
+
+    from local_mutex.backends.flock import share
+    from local_mutex.backends.flock.record import read_record
+
+    cleanup.append("drip")
+    token = _hold("drip", lock_dir)
+    rec = read_record(str(lock_file(lock_dir, "drip")))
+    assert rec is not None
+    name = share.address(rec["pid"], rec["token_sha256"])
+    drip = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    drip.connect(name)
+    stop = threading.Event()
+
+    def dripping() -> None:
+        while not stop.wait(0.05):
+            try:
+                drip.sendall(b"x")
+            except OSError:
+                return
+
+    thread = threading.Thread(target=dripping)
+    thread.start()
+    try:
+        got = share.join(rec["pid"], rec["token_sha256"], token, None)  # 2 s to answer
+        assert got is not None
+        conn, fds = got
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+    finally:
+        stop.set()
+        thread.join()
+        drip.close()

@@ -26,6 +26,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from ..backends.base import Backend
+
 
 def _say(fd: int, text: str) -> None:
     os.write(fd, text.encode("utf-8", "surrogateescape"))
@@ -49,8 +51,10 @@ def main() -> int:
     extra.update(job_identity(env) or {})
     if ttl:
         extra["expires_at"] = utc_stamp(time.time() + ttl)
+    sharing: Sharing | None = None
     try:
         backend = open_backend(env=env, **spec.get("backend", {}))
+        sharing = _sharing(backend, token, env)  # before the record tells where it is
         held = Held(
             backend,
             spec["name"],
@@ -80,7 +84,6 @@ def main() -> int:
     lock_file = held.lock.lock_file if held.lock is not None else ""
     _say(ready, f"ok {token} {held.waited:.3f} {lock_file}")
     os.chdir("/")  # a long-lived daemon must not pin the caller's directory (or its mount)
-    sharing = _sharing(held, token, env)
     try:
         _keep(held, spec.get("anchor"), ttl, sharing)
     except LockLost as exc:
@@ -94,9 +97,9 @@ def main() -> int:
     return 0
 
 
-def _sharing(held: Held, token: str, env: dict[str, str]) -> Sharing | None:
+def _sharing(backend: Backend, token: str, env: dict[str, str]) -> Sharing | None:
     """Where runs inside this hold ask for its lock (a lock on this machine, on Linux)."""
-    if not SUPPORTED or not isinstance(held.lock, FlockLock):
+    if not SUPPORTED or backend.kind != "flock":
         return None
     try:
         return Sharing(token, job_identity(env))

@@ -164,9 +164,13 @@ class Reporter:
         if not self.quiet:
             self.write(f"acquired lock {name} at {utc_stamp()} after waiting {duration(waited)}")
 
-    def reentrant(self, name: str, pid: int) -> None:
+    def reentrant(self, name: str, pid: int, *, unshared: bool = False) -> None:
         if not self.quiet:
             self.write(f"lock {name} is already held by enclosing pid {pid}; running inside it")
+        if unshared:  # the hold's holder did not answer (see backends.flock.share)
+            self.warning(
+                f"hold {pid} did not share lock {name}: if the hold ends first, so does the lock"
+            )
 
     def reentrant_done(self, name: str, held: float, status: int) -> None:
         if not self.quiet:

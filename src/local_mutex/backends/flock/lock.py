@@ -58,6 +58,7 @@ class FlockLock:
         self.lost_to: int | None = None  # pid that took a replacement file before us
         # Inside a hold: its descriptions of the lock, and our connection to its holder.
         self.joined: tuple[socket.socket, list[int]] | None = None
+        self.join_failed = False  # a hold's holder that could not share its lock with us
 
     # -- who we are ----------------------------------------------------------------------
 
@@ -83,6 +84,12 @@ class FlockLock:
         rec = record.read_record(self.path)
         if rec is None or not owned(rec, env, token) or not isinstance(rec.get("pid"), int):
             return None
+        try:
+            os.kill(rec["pid"], 0)  # a record its holder left behind is not a hold
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
         self._join(rec, env, token)
         return int(rec["pid"])
 
@@ -93,6 +100,7 @@ class FlockLock:
         digest = rec.get("token_sha256")
         if not share.SUPPORTED or not isinstance(digest, str):
             return
+        self.join_failed = True  # until the holder's descriptions are ours
         got = share.join(int(rec["pid"]), digest, token, job_identity(env))
         if got is None:
             return
@@ -105,7 +113,7 @@ class FlockLock:
                 os.close(fd)
             conn.close()
             return
-        self.joined = (conn, fds)
+        self.joined, self.join_failed = (conn, fds), False
 
     def descriptions(self) -> list[int]:
         """Our open descriptions of the held lock (for a hold to share)."""
@@ -113,7 +121,11 @@ class FlockLock:
 
     def hand_over(self) -> None:
         """Close our descriptions without unlocking them: runs inside our hold share them,
-        and the lock is held until the last of those ends."""
+        and the lock is held until the last of those ends. The record goes: the hold is
+        over (a run must not take it for a hold to join), and ``status`` names the runs."""
+        for fd in self.descriptions():
+            if self.record is not None:
+                record.clear_record(fd)
         self.held = False
         self.close()
 

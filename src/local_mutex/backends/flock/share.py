@@ -20,6 +20,7 @@ import os
 import socket
 import struct
 import sys
+import time
 
 from ...identity import token_hash
 
@@ -42,39 +43,44 @@ class Sharing:
     """The holder's side: a listening socket, and the runs inside the hold."""
 
     def __init__(self, token: str, identity: Mapping[str, str] | None) -> None:
+        """Bound before the hold's record is written: the name holds a digest of the token
+        that nobody can know before, so nobody can take the name first."""
         self.token_sha256 = token_hash(token)
         self.identity = dict(identity) if identity else None
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(address(os.getpid(), self.token_sha256))
-        self.listener.listen(16)
+        self.listener.listen(64)
+        self.listener.setblocking(False)
         self.inside: list[socket.socket] = []
 
     def fileno(self) -> int:
         return self.listener.fileno()
 
     def serve(self, fds: Sequence[int]) -> None:
-        """Answer one run that knocked: the lock's descriptions, or a refusal."""
-        try:
-            conn, _ = self.listener.accept()
-        except OSError:
-            return
-        try:
-            conn.settimeout(_SERVE_TIMEOUT)
-            if not self._may_join(conn, _read_line(conn)):
-                conn.sendall(b"no\n")
-                conn.close()
+        """Answer every run that knocked: the lock's descriptions, or a refusal. Another
+        user's connection is closed unread; our own user's gets a fraction of a second
+        in all to ask (our user could end the hold anyway)."""
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:  # nobody else waiting (or out of descriptors): next tick
                 return
-            socket.send_fds(conn, [b"ok\n"], list(fds))
-        except OSError:
-            conn.close()
-            return
-        self.inside.append(conn)
+            try:
+                if not _same_user(_peer(conn)[1]):
+                    conn.close()
+                    continue
+                conn.settimeout(_SERVE_TIMEOUT)
+                if not self._may_join(_read_line(conn, time.monotonic() + _SERVE_TIMEOUT)):
+                    conn.sendall(b"no\n")
+                    conn.close()
+                    continue
+                socket.send_fds(conn, [b"ok\n"], list(fds))
+            except OSError:
+                conn.close()
+                continue
+            self.inside.append(conn)
 
-    def _may_join(self, conn: socket.socket, request: str) -> bool:
-        cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size)
-        _, uid, _ = _CRED.unpack(cred)
-        if uid not in (os.geteuid(), 0):
-            return False  # as ``release``: only the hold's user (or root) may end or join it
+    def _may_join(self, request: str) -> bool:
         kind, _, value = request.partition(" ")
         if kind == "token":
             return token_hash(value) == self.token_sha256
@@ -118,7 +124,10 @@ def join(
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.settimeout(_TIMEOUT)
-        conn.connect(address(holder_pid, token_sha256))
+        _connect(conn, address(holder_pid, token_sha256))
+        pid, uid = _peer(conn)
+        if pid != holder_pid or not _same_user(uid):
+            raise OSError("not the holder")  # never tell the token to anyone else
         conn.sendall(request.encode("utf-8", "surrogateescape") + b"\n")
         # MSG_CMSG_CLOEXEC: the descriptions must never reach a command we spawn.
         msg, ancdata, _, _ = conn.recvmsg(16, socket.CMSG_SPACE(16 * 4), socket.MSG_CMSG_CLOEXEC)
@@ -138,9 +147,37 @@ def join(
     return conn, fds
 
 
-def _read_line(conn: socket.socket) -> str:
+def _connect(conn: socket.socket, name: str) -> None:
+    """Connect, retrying while the holder's queue is full (it empties it every tick)."""
+    deadline = time.monotonic() + _TIMEOUT
+    while True:
+        try:
+            conn.connect(name)
+            return
+        except (BlockingIOError, InterruptedError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def _peer(conn: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the other end: for a listening socket, of the process that listens."""
+    pid, uid, _ = _CRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+    return pid, uid
+
+
+def _same_user(uid: int) -> bool:
+    """As ``release``: only the hold's own user (or root) may join it, or be joined."""
+    return uid in (os.geteuid(), 0)
+
+
+def _read_line(conn: socket.socket, deadline: float) -> str:
     data = b""
     while b"\n" not in data and len(data) < _REQUEST_LIMIT:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request took too long")
+        conn.settimeout(left)
         chunk = conn.recv(_REQUEST_LIMIT)
         if not chunk:
             break
