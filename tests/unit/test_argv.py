@@ -584,3 +584,6 @@ def test_verb_after_leading_options_moves_first() -> None:
     # a lock name that is no verb: the run form, untouched
     assert verb_first(["-q", "n", "status"]) == ["-q", "n", "status"]
     assert verb_first(["-q"]) == ["-q"]
+    # --slots: a count for run/hold/each, a flag for release/status
+    assert verb_first(["--slots", "release", "n"]) == ["release", "--slots", "n"]
+    assert verb_first(["--slots", "2", "hold", "n"]) == ["hold", "--slots", "2", "n"]

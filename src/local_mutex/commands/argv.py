@@ -99,6 +99,8 @@ def _option_words(args: Sequence[str]) -> Iterator[tuple[int, str, bool]]:
     """(index, word, is it an option) for each word before ``--``, an option's value
     skipped (``--message -h`` holds no ``-h``)."""
     takes_value = {f for o in OPTIONS if o.kind != "flag" for f in o.flags}
+    # A flag for some verbs, a value for others (``--slots``): before a verb, a flag.
+    flag_too = {f for o in OPTIONS if o.kind == "flag" for f in o.flags} & takes_value
     skip = False
     for i, arg in enumerate(args):
         if skip:
@@ -109,6 +111,8 @@ def _option_words(args: Sequence[str]) -> Iterator[tuple[int, str, bool]]:
         is_option = arg.startswith("-") and arg != "-"
         yield i, arg, is_option
         skip = is_option and arg in takes_value
+        if skip and arg in flag_too and i + 1 < len(args) and args[i + 1] in VERBS:
+            skip = False
 
 
 def wants_help(args: Sequence[str]) -> bool:
