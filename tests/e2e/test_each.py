@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CLI, Procs, clean_env, hold_until, lock_file, run_cli, wait_for
+from helpers import CLI, Procs, clean_env, hold_until, lock_file, run_cli, start_each, wait_for
 from helpers import procwatch as pw
 
 
@@ -148,15 +148,8 @@ def test_items_that_waited_get_a_line(procs: Procs, lock_dir: Path, marks: Path)
     wait_for(marks / "h.held")
     p = procs.start(["each", "--lock-dir", str(lock_dir), "w-{}", "true"])  # stdin: /dev/null
     assert p.wait(30) == 0
-    p = subprocess.Popen(
-        [*CLI, "each", "--lock-dir", str(lock_dir), "w-{}", "true"],
-        stdin=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=clean_env(),
-    )
-    assert p.stdin is not None and p.stderr is not None
-    p.stdin.write(b"a\nb\nc\n")
-    p.stdin.close()
+    p = start_each(["--lock-dir", str(lock_dir), "w-{}", "true"], b"a\nb\nc\n")
+    assert p.stderr is not None
     line = p.stderr.readline().decode()
     assert "waiting for lock w-b" in line and f"held by pid {holder.pid}" in line
     (marks / "h.go").touch()
@@ -225,15 +218,11 @@ def test_a_stop_signal_between_fast_items_stops_the_batch(
     """Items that end within a millisecond: the signal often reaches the supervisor after
     its command ended, when it no longer reports it. The batch stops all the same."""
     out = tmp_path / "out"
-    p = subprocess.Popen(
-        [*CLI, "each", "-q", "--lock-dir", str(lock_dir), "k-{}", f"echo x >> '{out}'"],
-        stdin=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=clean_env(),
+    p = start_each(
+        ["-q", "--lock-dir", str(lock_dir), "k-{}", f"echo x >> '{out}'"],
+        b"".join(b"%d\n" % i for i in range(3000)),
     )
-    assert p.stdin is not None and p.stderr is not None
-    p.stdin.write(b"".join(b"%d\n" % i for i in range(3000)))
-    p.stdin.close()
+    assert p.stderr is not None
     wait_for(lambda: out.exists() and len(out.read_bytes()) >= 2 * 50)
     p.send_signal(sig)
     assert p.wait(60) in (128 + sig, -sig)
@@ -252,15 +241,8 @@ def test_a_supervisor_death_in_one_item_spares_what_earlier_items_left_behind(
         f"(setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > '{marks}/a.pid'); exit 0; fi; "
         f"echo $$ > '{marks}/b.pid'; while :; do sleep 0.05; done"
     )
-    p = subprocess.Popen(
-        [*CLI, "each", "-q", "--lock-dir", str(lock_dir), "k", cmd],
-        stdin=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=clean_env(),
-    )
-    assert p.stdin is not None and p.stderr is not None
-    p.stdin.write(b"a\nb\n")
-    p.stdin.close()
+    p = start_each(["-q", "--lock-dir", str(lock_dir), "k", cmd], b"a\nb\n")
+    assert p.stderr is not None
     wait_for(lambda: (marks / "b.pid").exists() and (marks / "b.pid").read_text().strip() != "")
     left = int((marks / "a.pid").read_text())
     b_top = int((marks / "b.pid").read_text())

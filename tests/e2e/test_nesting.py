@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
-from helpers import CLI, Procs, clean_env, hold_until, lock_file, run_cli, wait_for
+from helpers import Procs, hold_until, lock_file, run_cli, start_each, wait_for
 from helpers import procwatch as pw
 
 
@@ -140,15 +139,8 @@ def test_a_leftover_of_an_earlier_each_item_is_not_inside_the_next_items_lock(
         f"touch '{marks}/b.started'; "
         f"while [ ! -e '{marks}/rc' ]; do sleep 0.01; done"
     )
-    p = subprocess.Popen(
-        [*CLI, "each", "-q", "--lock-dir", str(lock_dir), "k", cmd],
-        stdin=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=clean_env(),
-    )
-    assert p.stdin is not None and p.stderr is not None
-    p.stdin.write(b"a\nb\n")
-    p.stdin.close()
+    p = start_each(["-q", "--lock-dir", str(lock_dir), "k", cmd], b"a\nb\n")
+    assert p.stderr is not None
     wait_for(marks / "b.started")
     (marks / "go").touch()
     wait_for(marks / "rc")

@@ -27,6 +27,18 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def start_each(args: Sequence[str], items: bytes) -> subprocess.Popen[bytes]:
+    """``local-mutex each ARGS`` with ITEMS on its stdin (closed after them), its stderr
+    piped for the test to read."""
+    p = subprocess.Popen(
+        [*CLI, "each", *args], stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env()
+    )
+    assert p.stdin is not None
+    p.stdin.write(items)
+    p.stdin.close()
+    return p
+
+
 def pyenv_python(version: str) -> str | None:
     """The newest pyenv interpreter of ``version`` (e.g. "3.6"), if this machine has one."""
     root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
