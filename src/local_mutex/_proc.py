@@ -41,6 +41,17 @@ def thread_count() -> int | None:
         return None
 
 
+def exists(pid: int) -> bool:
+    """Is there a process ``pid`` (of any user; a zombie counts)?"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
 def parent_of(pid: int) -> int | None:
     if USE_PROC:
         fields = stat_fields(pid)

@@ -13,6 +13,7 @@ import select
 import signal
 import time
 
+from .. import _proc
 from .._json import dumps, loads_object
 from ..backends import open_backend
 from ..backends.flock.lock import FlockLock
@@ -124,9 +125,7 @@ def _keep(held: Held, anchor: int | None, ttl: float | None, sharing: Sharing | 
             return
         pause = _min(remaining, tick)
         if watch is None and anchor:
-            try:
-                os.kill(anchor, 0)
-            except ProcessLookupError:
+            if not _proc.exists(anchor):
                 return
             pause = _min(pause, 1.0) or 1.0
         waitables: list[Any] = [w for w in (watch, sharing) if w is not None]

@@ -10,6 +10,7 @@ import os
 import select
 import time
 
+from ... import _proc
 from ..._fastsignal import signal
 from ...errors import Refused
 from .state import status_of_path
@@ -85,10 +86,4 @@ def _holds(pid: int, path: str) -> bool:
     pids = {h.pid for h in st.holders}
     if pids - {None}:
         return pid in pids
-    try:  # the kernel names no holders here (no /proc/locks): is the process still there?
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
+    return _proc.exists(pid)  # the kernel names no holders here (no /proc/locks)

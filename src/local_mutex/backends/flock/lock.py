@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 
-from ... import nesting
+from ... import _proc, nesting
 from ...errors import NotAcquired, UnsafeLockFile
 from ...names import display, lock_filename
 from ...ui.lines import describe_holder, duration
@@ -84,12 +84,8 @@ class FlockLock:
         rec = record.read_record(self.path)
         if rec is None or not owned(rec, env, token) or not isinstance(rec.get("pid"), int):
             return None
-        try:
-            os.kill(rec["pid"], 0)  # a record its holder left behind is not a hold
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
+        if not _proc.exists(rec["pid"]):
+            return None  # a record its holder left behind is not a hold
         self._join(rec, env, token)
         return int(rec["pid"])
 

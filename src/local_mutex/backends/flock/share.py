@@ -69,7 +69,6 @@ class Sharing:
                 if not _same_user(_peer(conn)[1]):
                     conn.close()
                     continue
-                conn.settimeout(_SERVE_TIMEOUT)
                 if not self._may_join(_read_line(conn, time.monotonic() + _SERVE_TIMEOUT)):
                     conn.sendall(b"no\n")
                     conn.close()
