@@ -16,6 +16,7 @@ import pytest
 
 from helpers import CLI, Procs, clean_env, hold_until, lock_file, run_cli, wait_for
 from helpers import procwatch as pw
+from helpers.otheruser import as_other_user
 
 JOB_A = {
     "GITHUB_RUN_ID": "100",
@@ -349,6 +350,50 @@ def test_the_holder_shares_its_lock_only_with_its_token(lock_dir: Path, cleanup:
     try:
         assert fds and all(not os.get_inheritable(fd) for fd in fds)
     finally:
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+def test_the_holder_never_shares_its_lock_with_another_user(
+    lock_dir: Path, cleanup: list[str]
+) -> None:
+    """Another user who knows the token, or runs in the same job, gets no description of
+    the lock (the holder closes its connection unread), and the holder serves its own
+    user as before."""
+    from local_mutex.backends.flock import share
+    from local_mutex.backends.flock.record import read_record
+    from local_mutex.identity import job_identity
+
+    cleanup.append("theirs")
+    token = _hold("theirs", lock_dir, env=JOB_A)
+    job = job_identity(JOB_A)
+    rec = read_record(str(lock_file(lock_dir, "theirs")))
+    assert rec is not None
+    pid, digest = rec["pid"], rec["token_sha256"]
+    ask = (
+        "import sys\n"
+        "from local_mutex.backends.flock import share\n"
+        "from local_mutex.identity import job_identity\n"
+        "token = sys.argv[3] or None\n"
+        "job = job_identity(dict(a.split('=') for a in sys.argv[4:]))\n"
+        "got = share.join(int(sys.argv[1]), sys.argv[2], token, job)\n"
+        "print('shared' if got else 'refused')\n"
+    )
+    with as_other_user() as nobody:
+        for request in ([token], ["", *(f"{k}={v}" for k, v in JOB_A.items())]):
+            r = subprocess.run(
+                [*nobody.drop, nobody.python, "-c", ask, str(pid), digest, *request],
+                env=nobody.env(),
+                capture_output=True,
+                timeout=60,
+                cwd="/",
+            )
+            assert (r.returncode, r.stdout.strip()) == (0, b"refused"), r.stderr
+    for got in (share.join(pid, digest, token, None), share.join(pid, digest, None, job)):
+        assert got is not None
+        conn, fds = got
         for fd in fds:
             os.close(fd)
         conn.close()
