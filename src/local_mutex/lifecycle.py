@@ -179,8 +179,14 @@ def run_locked(
     result = RunResult(lock.lock_file)
     try:
         pid = _enclosing(backend, lock, opts, env)
+        if pid is not None and getattr(lock, "join_failed", False):
+            # Inside a hold that did not share its lock we would hold nothing: should it
+            # end, a newcomer would run beside us. Take the lock as anyone else would.
+            if reporter is not None:
+                reporter.unshared_hold(lock.label, pid)
+            pid = None
         if pid is not None:
-            return _run_inside(lock, pid, command, opts, env, reporter, result)
+            return _run_inside(lock, pid, command, opts, env, reporter, result, subreaper)
         lock.stop_grace = opts.kill_after + STOP_MARGIN
         result.waited = lock.acquire(
             Take(
@@ -241,16 +247,19 @@ def _run_inside(
     env: Mapping[str, str],
     reporter: Reporter | None,
     result: RunResult,
+    subreaper: bool,
 ) -> RunResult:
     """An enclosing holder has this lock: run the command within its hold. The lock stays
     open until the command is over: it may share the hold's (``backends.flock.share``)."""
     child_env = command_env(lock, env, False)
     if reporter is not None:
-        reporter.reentrant(lock.label, pid, unshared=getattr(lock, "join_failed", False))
+        reporter.reentrant(lock.label, pid)
     result.reentrant = True
     try:
         with SignalsHeld() as held:
-            outcome = supervise(_spec(command, child_env, opts), reporter=reporter, held=held)
+            outcome = supervise(
+                _spec(command, child_env, opts), reporter=reporter, subreaper=subreaper, held=held
+            )
     finally:
         lock.close()
     _finish(result, outcome, lock.label, reporter, opts)

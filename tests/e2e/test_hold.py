@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -304,6 +305,133 @@ def test_a_run_inside_a_hold_keeps_the_lock_when_the_hold_ends_under_it(
     r = run_cli(["--no-wait", "inside", f"touch '{marks}/newcomer'", str(lock_dir)])
     assert r.returncode == 0, r.stderr
     assert (marks / "newcomer").exists()
+
+
+def _knocks(holder_pid: int) -> int:
+    """Connections waiting in the hold's socket queue (Linux lists them under its name)."""
+    name = f"@local-mutex-hold-{holder_pid}-"
+    lines = Path("/proc/net/unix").read_text().splitlines()
+    return sum(1 for line in lines if name in line) - 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+def test_a_run_whose_hold_dies_before_it_shares_takes_the_lock_itself(
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
+) -> None:
+    """The holder killed while a `run --reentrant` waited for its answer: the run ran
+    "inside" a hold that was gone, holding nothing, beside the next holder."""
+    cleanup.append("died")
+    token = _hold("died", lock_dir)
+    holder_pid = _status("died", lock_dir)["holders"][0]["pid"]
+    os.kill(holder_pid, signal.SIGSTOP)
+    try:
+        run = procs.start(
+            ["run", "--reentrant", "--lock-dir", str(lock_dir), "died", hold_until(marks, "in")],
+            env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+        )
+        wait_for(lambda: _knocks(holder_pid) > 0, what="the run asking the holder")
+    finally:
+        os.kill(holder_pid, signal.SIGKILL)
+    wait_for(marks / "in.held")
+    r = run_cli(["--no-wait", "died", f"touch '{marks}/newcomer'", str(lock_dir)])
+    assert r.returncode == 75, r.stderr
+    assert not (marks / "newcomer").exists()
+    (marks / "in.go").touch()
+    assert run.wait(30) == 0, procs.stderr(run)
+    assert "running inside" not in procs.stderr(run)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+def test_a_run_whose_hold_does_not_share_waits_for_it(
+    lock_dir: Path, marks: Path, cleanup: list[str]
+) -> None:
+    """A holder that never answers (stopped here): the run says so and waits for the hold
+    like any other caller, instead of running inside it with no lock of its own."""
+    cleanup.append("mute")
+    token = _hold("mute", lock_dir)
+    holder_pid = _status("mute", lock_dir)["holders"][0]["pid"]
+    os.kill(holder_pid, signal.SIGSTOP)
+    try:
+        ran = f"touch '{marks}/ran'"
+        r = run_cli(
+            ["run", "--reentrant", "--wait", "0.2", "--lock-dir", str(lock_dir), "mute", ran],
+            env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+            timeout=60,
+        )
+    finally:
+        os.kill(holder_pid, signal.SIGCONT)
+    assert r.returncode == 75, r.stderr
+    assert not (marks / "ran").exists()
+    assert f"hold {holder_pid} of lock mute did not share its lock" in r.stderr.decode()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+def test_a_release_right_after_the_holder_shared_hands_the_lock_over(
+    procs: Procs, lock_dir: Path, marks: Path, tmp_path: Path, cleanup: list[str]
+) -> None:
+    """`release`'s SIGTERM reaching the holder just after it sent its lock to a run, before
+    it counted the run as inside: the holder unlocked what the run now shared, and a
+    newcomer ran beside it. The moment is widened by a pause after the send (in the
+    holder only)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os\n"
+        "if 'LOCAL_MUTEX_HOLD_SPEC' in os.environ:\n"
+        "    import socket, time\n"
+        "    _send = socket.send_fds\n"
+        "    def send_fds(*args, **kwargs):\n"
+        "        sent = _send(*args, **kwargs)\n"
+        f"        open({str(marks / 'sent')!r}, 'w').close()\n"
+        "        time.sleep(2)\n"
+        "        return sent\n"
+        "    socket.send_fds = send_fds\n"
+    )
+    cleanup.append("late")
+    token = _hold("late", lock_dir, env={"PYTHONPATH": str(site)})
+    run = procs.start(
+        ["run", "--reentrant", "--lock-dir", str(lock_dir), "late", hold_until(marks, "in")],
+        env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+    )
+    wait_for(marks / "sent")
+    r = run_cli(["release", "late", "--lock-dir", str(lock_dir), "--token", token])
+    assert r.returncode == 0, r.stderr
+    wait_for(marks / "in.held")
+    r = run_cli(["--no-wait", "late", f"touch '{marks}/newcomer'", str(lock_dir)])
+    assert r.returncode == 75, r.stderr
+    (marks / "in.go").touch()
+    assert run.wait(30) == 0, procs.stderr(run)
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or shutil.which("setsid") is None,
+    reason="abstract unix sockets, a child subreaper and setsid(1) are Linux's",
+)
+def test_a_run_inside_a_hold_stops_a_descendant_that_left_the_group_when_its_supervisor_dies(
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
+) -> None:
+    """The keeper of a run inside a hold was no subreaper: with its supervisor killed, a
+    descendant in a session of its own went to PID 1, ran on and outlived the hold."""
+    cleanup.append("orphan")
+    token = _hold("orphan", lock_dir)
+    cmd = (
+        f"setsid sh -c 'echo $$ > {marks}/escaped; exec sleep 60' >/dev/null 2>&1 & "
+        f"while [ ! -s {marks}/escaped ]; do sleep 0.02; done; touch {marks}/top; sleep 60"
+    )
+    run = procs.start(
+        ["run", "--reentrant", "--lock-dir", str(lock_dir), "orphan", cmd],
+        env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+    )
+    wait_for(marks / "top")
+    escaped = int((marks / "escaped").read_text())
+    supervisor = pw.supervisor_child(run.pid)
+    assert supervisor is not None
+    os.kill(supervisor, signal.SIGKILL)
+    try:
+        assert run.wait(30) == 137, procs.stderr(run)
+        assert pw.wait_gone([escaped], 10) == [], "a descendant outlived the run"
+    finally:
+        pw.signal_quietly([escaped])
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")

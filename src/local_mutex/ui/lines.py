@@ -164,13 +164,16 @@ class Reporter:
         if not self.quiet:
             self.write(f"acquired lock {name} at {utc_stamp()} after waiting {duration(waited)}")
 
-    def reentrant(self, name: str, pid: int, *, unshared: bool = False) -> None:
+    def reentrant(self, name: str, pid: int) -> None:
         if not self.quiet:
             self.write(f"lock {name} is already held by enclosing pid {pid}; running inside it")
-        if unshared:  # the hold's holder did not answer (see backends.flock.share)
-            self.warning(
-                f"hold {pid} did not share lock {name}: if the hold ends first, so does the lock"
-            )
+
+    def unshared_hold(self, name: str, pid: int) -> None:
+        """The hold's holder did not share its lock (see backends.flock.share)."""
+        self.warning(
+            f"hold {pid} of lock {name} did not share its lock; "
+            "waiting for it like any other caller"
+        )
 
     def reentrant_done(self, name: str, held: float, status: int) -> None:
         if not self.quiet:

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 WATCH_INTERVAL = 0.1
 # A waiter that keeps waking on replaced files gives up after this many (exit 2).
 MAX_RETRIES = 20
+# Asking a hold for its lock again once it did not answer: it may have ended meanwhile.
+_JOIN_TRIES = 2
 
 
 class FlockLock:
@@ -59,6 +61,8 @@ class FlockLock:
         # Inside a hold: its descriptions of the lock, and our connection to its holder.
         self.joined: tuple[socket.socket, list[int]] | None = None
         self.join_failed = False  # a hold's holder that could not share its lock with us
+        self._hold_digest: object = None  # of the hold we found: its record's token digest
+        self._hold_shared = False  # and whether it holds the lock shared
 
     # -- who we are ----------------------------------------------------------------------
 
@@ -75,7 +79,17 @@ class FlockLock:
 
     def held_by_our_hold(self, env: Mapping[str, str], token: str | None) -> int | None:
         """The pid of a ``hold`` of this very job (or token) that has this lock busy; the
-        hold's descriptions of the lock are then ours too while we are open (``share``)."""
+        hold's descriptions of the lock are then ours too while we are open (``share``).
+        A hold that ends while we ask is asked again, and is then gone: None. Where it is
+        still there yet did not share (``join_failed``), running inside it would hold
+        nothing: the caller takes the lock as anyone else would."""
+        for _ in range(_JOIN_TRIES):
+            pid = self._our_hold(env, token)
+            if pid is None or self._join(pid, env, token):
+                return pid
+        return pid
+
+    def _our_hold(self, env: Mapping[str, str], token: str | None) -> int | None:
         from ...identity import owned
 
         if kernel.try_lock(self.fd):
@@ -86,30 +100,34 @@ class FlockLock:
             return None
         if not _proc.exists(rec["pid"]):
             return None  # a record its holder left behind is not a hold
-        self._join(rec, env, token)
+        self._hold_digest = rec.get("token_sha256")
+        self._hold_shared = rec.get("mode") == "shared"
         return int(rec["pid"])
 
-    def _join(self, rec: Mapping[str, Any], env: Mapping[str, str], token: str | None) -> None:
+    def _join(self, pid: int, env: Mapping[str, str], token: str | None) -> bool:
+        """Take a share of the hold's lock; False if it did not give one (where holds
+        can share at all: elsewhere a run inside a hold holds nothing, as documented)."""
         from ...identity import job_identity
         from . import share
 
-        digest = rec.get("token_sha256")
+        digest = self._hold_digest
         if not share.SUPPORTED or not isinstance(digest, str):
-            return
+            return True
         self.join_failed = True  # until the holder's descriptions are ours
-        got = share.join(int(rec["pid"]), digest, token, job_identity(env))
+        got = share.join(pid, digest, token, job_identity(env))
         if got is None:
-            return
+            return False
         conn, fds = got
-        shared = rec.get("mode") == "shared"
         # Only what really is the hold's lock on this very file: a description of the
         # file at the path that holds the lock already (taking it again is then a no-op).
+        shared = self._hold_shared
         if not any(names_inode(self.path, fd) and kernel.try_lock(fd, shared=shared) for fd in fds):
             for fd in fds:
                 os.close(fd)
             conn.close()
-            return
+            return False
         self.joined, self.join_failed = (conn, fds), False
+        return True
 
     def descriptions(self) -> list[int]:
         """Our open descriptions of the held lock (for a hold to share)."""

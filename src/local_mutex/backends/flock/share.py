@@ -73,11 +73,15 @@ class Sharing:
                     conn.sendall(b"no\n")
                     conn.close()
                     continue
+                # Counted inside before it has the descriptions: a stop (``release``'s
+                # SIGTERM raises in the holder) right after the send must still hand
+                # the lock over rather than unlock what this run now shares.
+                self.inside.append(conn)
                 socket.send_fds(conn, [b"ok\n"], list(fds))
             except OSError:
+                if conn in self.inside:
+                    self.inside.remove(conn)
                 conn.close()
-                continue
-            self.inside.append(conn)
 
     def _may_join(self, request: str) -> bool:
         kind, _, value = request.partition(" ")
