@@ -40,7 +40,7 @@ STOP_MARGIN = 2.0
 
 # Locks held by ``Held`` in this process: (backend kind, lock file, thread) -> "x" or "s".
 # A ``run`` of the same lock inside the block runs within it instead of waiting for itself.
-_held_here: dict[tuple[str, str, int], str] = {}
+_held_here: dict[tuple[str, str, bool, int], str] = {}
 
 
 class RunResult:
@@ -140,17 +140,20 @@ def command_env(lock: Lock, env: Mapping[str, str], held: bool) -> dict[str, str
     return out
 
 
-def _here_key(backend: Backend, lock: Lock) -> tuple[str, str, int]:
-    return (backend.kind, lock.lock_file, _thread.get_ident())
+def _here_key(backend: Backend, lock: Lock, slots: int | None) -> tuple[str, str, bool, int]:
+    # A name's slots are a lock of their own, apart from its plain lock (whatever N).
+    return (backend.kind, lock.lock_file, slots is not None, _thread.get_ident())
 
 
 def _enclosing(backend: Backend, lock: Lock, opts: Options, env: Mapping[str, str]) -> int | None:
-    """The pid of an enclosing holder of this very lock (we run inside it), or None."""
-    mode = _held_here.get(_here_key(backend, lock))
-    found = (os.getpid(), mode) if mode is not None else lock.enclosing(env)
+    """The pid of an enclosing holder of this very lock (we run inside it), or None. With
+    ``--slots`` the lock is the name's slots: a slot an ancestor holds covers us."""
+    mode = _held_here.get(_here_key(backend, lock, opts.slots))
+    found = (os.getpid(), mode) if mode is not None else lock.enclosing(env, opts.slots)
     if found is None and opts.reentrant:
         ours = getattr(lock, "held_by_our_hold", None)
-        pid = ours(env, opts.token or env.get(ENV_TOKEN)) if ours is not None else None
+        token = opts.token or env.get(ENV_TOKEN)
+        pid = ours(env, token, opts.slots) if ours is not None else None
         found = None if pid is None else (pid, "x")
     if found is None:
         return None
@@ -180,35 +183,16 @@ def run_locked(
     try:
         pid = _enclosing(backend, lock, opts, env)
         if pid is not None and getattr(lock, "join_failed", False):
-            # Inside a hold that did not share its lock we would hold nothing: should it
-            # end, a newcomer would run beside us. Take the lock as anyone else would.
+            # Inside a hold that did not share its lock we would hold nothing: take it.
             if reporter is not None:
                 reporter.unshared_hold(lock.label, pid)
             pid = None
         if pid is not None:
             return _run_inside(lock, pid, command, opts, env, reporter, result, subreaper)
-        lock.stop_grace = opts.kill_after + STOP_MARGIN
-        result.waited = lock.acquire(
-            Take(
-                shared=opts.shared,
-                slots=opts.slots,
-                wait=opts.wait,
-                reporter=reporter,
-                progress=progress_interval(env) if reporter is not None else None,
-            )
-        )
+        progress = progress_interval(env) if reporter is not None else None
+        result.waited = _take(lock, opts, env, reporter, progress, command.text, _extra(opts))
         result.acquired = True
         result.lock_file = lock.lock_file
-        try:
-            lock.write_record(
-                holder_record(
-                    lock.label, command.text, shared=opts.shared, env=env, extra=_extra(opts)
-                )
-            )
-        except RecordNotWritten:
-            lock.release()
-            raise
-
         with SignalsHeld() as held:
             outcome = supervise(
                 _spec(command, command_env(lock, env, True), opts),
@@ -223,6 +207,30 @@ def run_locked(
         return result
     finally:
         lock.close()
+
+
+def _take(
+    lock: Lock,
+    opts: Options,
+    env: Mapping[str, str],
+    reporter: Reporter | None,
+    progress: float | None,
+    command: str,
+    extra: Mapping[str, Any] | None,
+) -> float:
+    """Acquire, then publish who holds it (or let go again): the seconds waited."""
+    lock.stop_grace = opts.kill_after + STOP_MARGIN
+    take = Take(
+        shared=opts.shared, slots=opts.slots, wait=opts.wait, reporter=reporter, progress=progress
+    )
+    waited = lock.acquire(take)
+    holder = holder_record(lock.label, command, shared=opts.shared, env=env, extra=extra)
+    try:
+        lock.write_record(holder)
+    except RecordNotWritten:
+        lock.release()
+        raise
+    return waited
 
 
 def _extra(opts: Options) -> dict[str, Any] | None:
@@ -329,7 +337,7 @@ class Held:
         self.lock: Lock | None = None
         self.waited = 0.0
         self.lost: LockLost | None = None
-        self._key: tuple[str, str, int] | None = None
+        self._key: tuple[str, str, bool, int] | None = None
         self._stop = False
 
     @property
@@ -339,28 +347,11 @@ class Held:
     def __enter__(self) -> Held:
         lock = self.backend.lock(self.raw)
         try:
-            key = _here_key(self.backend, lock)
+            key = _here_key(self.backend, lock, self.opts.slots)
             if key in _held_here:
                 raise NestingError(f"lock {lock.label} is already held by this thread")
-            lock.stop_grace = self.opts.kill_after + STOP_MARGIN
-            self.waited = lock.acquire(
-                Take(
-                    shared=self.opts.shared,
-                    slots=self.opts.slots,
-                    wait=self.opts.wait,
-                    reporter=self.reporter,
-                )
-            )
             extra = {**(_extra(self.opts) or {}), **(self.extra or {})}
-            try:
-                lock.write_record(
-                    holder_record(
-                        lock.label, self.command, shared=self.opts.shared, env=self.env, extra=extra
-                    )
-                )
-            except RecordNotWritten:
-                lock.release()
-                raise
+            self.waited = _take(lock, self.opts, self.env, self.reporter, None, self.command, extra)
         except BaseException:
             lock.close()
             raise

@@ -147,3 +147,62 @@ def test_slots_bad_input(lock_dir: Path) -> None:
     assert r.returncode == 2
     r = run_cli(["--slots", "2", "--shared", "pool", "true", str(lock_dir)])
     assert r.returncode == 2 and b"cannot be --shared" in r.stderr
+
+
+# -- nesting: a name's slots are a lock apart from its plain lock ------------------------------
+
+
+def test_slots_inside_the_plain_lock_are_not_reentrant(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """A nested `--slots 1 N` inside a plain `run N` took the plain lock for the slot and
+    ran beside the holder of the only slot."""
+    slot = procs.start(["--slots", "1", "pool", hold_until(marks, "slot"), str(lock_dir)])
+    wait_for(marks / "slot.held")
+    nested = f'sh "$LOCAL_MUTEX_CLI" --no-wait --slots 1 pool "touch \'{marks}/nested\'"'
+    r = run_cli(["pool", nested, str(lock_dir)])
+    assert r.returncode == 75, r.stderr
+    assert not (marks / "nested").exists()
+    (marks / "slot.go").touch()
+    assert slot.wait(30) == 0
+
+
+def test_slots_inside_the_same_slots_run_inside(lock_dir: Path, marks: Path) -> None:
+    """A nested `--slots 1 N` inside `--slots 1 N` waited for its own slot forever."""
+    nested = f'sh "$LOCAL_MUTEX_CLI" --slots 1 pool "touch \'{marks}/nested\'"'
+    r = run_cli(["--wait", "10", "--slots", "1", "pool", nested, str(lock_dir)], timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert (marks / "nested").exists()
+    assert b"running inside it" in r.stderr
+
+
+def test_a_reentrant_run_with_slots_joins_a_hold_of_the_slots_only(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """`run --reentrant --slots 1 N` inside a plain `hold N` joined that hold and took no
+    slot; inside `hold --slots 1 N` it runs inside the hold's slot."""
+    d = str(lock_dir)
+    token = run_cli(["hold", "pool", "--lock-dir", d]).stdout.decode().strip()
+    slot = procs.start(["--slots", "1", "pool", hold_until(marks, "slot"), d])
+    try:
+        wait_for(marks / "slot.held")
+        r = run_cli(
+            ["run", "--reentrant", "--no-wait", "--slots", "1", "--lock-dir", d, "pool", "true"],
+            env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+        )
+        assert r.returncode == 75, r.stderr
+    finally:
+        (marks / "slot.go").touch()
+        assert slot.wait(30) == 0
+        assert run_cli(["release", "pool", "--lock-dir", d, "--token", token]).returncode == 0
+    token = run_cli(["hold", "pool", "--slots", "1", "--lock-dir", d]).stdout.decode().strip()
+    try:
+        r = run_cli(
+            ["run", "--reentrant", "--no-wait", "--slots", "1", "--lock-dir", d, "pool", "true"],
+            env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+        )
+        assert r.returncode == 0, r.stderr
+        assert b"running inside it" in r.stderr
+    finally:
+        r = run_cli(["release", "pool", "--slots", "--lock-dir", d, "--token", token])
+        assert r.returncode == 0, r.stderr

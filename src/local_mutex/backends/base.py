@@ -33,9 +33,12 @@ if TYPE_CHECKING:
         # (TERM, grace, KILL). A lease or heartbeat deadline must leave at least this much.
         stop_grace: float
 
-        def enclosing(self, env: Mapping[str, str]) -> tuple[int, str] | None:
-            """(pid, "x" | "s") when an ancestor process already holds this very lock, so a
-            nested call runs inside it instead of waiting for itself; else None."""
+        def enclosing(
+            self, env: Mapping[str, str], slots: int | None = None
+        ) -> tuple[int, str] | None:
+            """(pid, "x" | "s") when an ancestor process already holds this very lock (with
+            ``slots``: one of the name's first ``slots`` slots), so a nested call runs inside
+            it instead of waiting for itself; else None."""
 
         def acquire(self, take: Take) -> float:
             """Take the lock, announcing the wait through ``take.reporter``; return the seconds

@@ -74,28 +74,62 @@ class FlockLock:
         dev, ino = self._inode()
         return f"{dev}:{ino}"
 
-    def enclosing(self, env: Mapping[str, str]) -> tuple[int, str] | None:
-        return nesting.enclosing_hold(env, self._key())
+    def enclosing(self, env: Mapping[str, str], slots: int | None = None) -> tuple[int, str] | None:
+        if slots is None:
+            return nesting.enclosing_hold(env, self._key())
+        for path in self._slot_paths(slots):
+            try:
+                st = os.stat(path, follow_symlinks=False)
+            except OSError:
+                continue
+            found = nesting.enclosing_hold(env, f"{st.st_dev}:{st.st_ino}")
+            if found is not None:
+                return found
+        return None
 
-    def held_by_our_hold(self, env: Mapping[str, str], token: str | None) -> int | None:
-        """The pid of a ``hold`` of this very job (or token) that has this lock busy; the
-        hold's descriptions of the lock are then ours too while we are open (``share``).
-        A hold that ends while we ask is asked again, and is then gone: None. Where it is
-        still there yet did not share (``join_failed``), running inside it would hold
-        nothing: the caller takes the lock as anyone else would."""
-        for _ in range(_JOIN_TRIES):
-            pid = self._our_hold(env, token)
-            if pid is None or self._join(pid, env, token):
+    def _slot_paths(self, slots: int) -> list[str]:
+        """The name's first ``slots`` slot files (``--slots``: a lock apart from the plain one)."""
+        from .slots import MAX_SLOTS, slot_path
+
+        return [slot_path(self.path, i) for i in range(min(slots, MAX_SLOTS))]
+
+    def held_by_our_hold(
+        self, env: Mapping[str, str], token: str | None, slots: int | None = None
+    ) -> int | None:
+        """The pid of a ``hold`` of this very job (or token) that has this lock busy (with
+        ``slots``: one of those slots); the hold's descriptions of the lock are then ours
+        too while we are open (``share``). A hold that ends while we ask is asked again,
+        and is then gone: None. Where it is still there yet did not share
+        (``join_failed``), running inside it would hold nothing: the caller takes the lock
+        as anyone else would."""
+        paths = [self.path] if slots is None else self._slot_paths(slots)
+        for path in paths:
+            for _ in range(_JOIN_TRIES):
+                pid = self._our_hold(path, env, token)
+                if pid is None or self._join(pid, path, env, token):
+                    break
+            if pid is not None:
                 return pid
-        return pid
+        return None
 
-    def _our_hold(self, env: Mapping[str, str], token: str | None) -> int | None:
+    def _our_hold(self, path: str, env: Mapping[str, str], token: str | None) -> int | None:
         from ...identity import owned
 
-        if kernel.try_lock(self.fd):
-            kernel.unlock(self.fd)
-            return None
-        rec = record.read_record(self.path)
+        if path == self.path:
+            fd = self.fd
+        else:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            except OSError:
+                return None
+        try:
+            if kernel.try_lock(fd):
+                kernel.unlock(fd)
+                return None
+        finally:
+            if fd != self.fd:
+                os.close(fd)
+        rec = record.read_record(path)
         if rec is None or not owned(rec, env, token) or not isinstance(rec.get("pid"), int):
             return None
         if not _proc.exists(rec["pid"]):
@@ -104,7 +138,7 @@ class FlockLock:
         self._hold_shared = rec.get("mode") == "shared"
         return int(rec["pid"])
 
-    def _join(self, pid: int, env: Mapping[str, str], token: str | None) -> bool:
+    def _join(self, pid: int, path: str, env: Mapping[str, str], token: str | None) -> bool:
         """Take a share of the hold's lock; False if it did not give one (where holds
         can share at all: elsewhere a run inside a hold holds nothing, as documented)."""
         from ...identity import job_identity
@@ -121,7 +155,7 @@ class FlockLock:
         # Only what really is the hold's lock on this very file: a description of the
         # file at the path that holds the lock already (taking it again is then a no-op).
         shared = self._hold_shared
-        if not any(names_inode(self.path, fd) and kernel.try_lock(fd, shared=shared) for fd in fds):
+        if not any(names_inode(path, fd) and kernel.try_lock(fd, shared=shared) for fd in fds):
             for fd in fds:
                 os.close(fd)
             conn.close()

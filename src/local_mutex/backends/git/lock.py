@@ -62,8 +62,8 @@ class GitLock:
             return RemoteState(None, None)
         return parse_message(oid, self.git.message(oid), self.ref)
 
-    def enclosing(self, env: Mapping[str, str]) -> tuple[int, str] | None:
-        return nesting.enclosing_hold(env, self.key)
+    def enclosing(self, env: Mapping[str, str], slots: int | None = None) -> tuple[int, str] | None:
+        return nesting.enclosing_hold(env, self.key)  # slots: refused before (``refuses``)
 
     # -- taking it -----------------------------------------------------------------------
 

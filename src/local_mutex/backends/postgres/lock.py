@@ -66,12 +66,19 @@ class PostgresLock:
 
     # -- nesting ------------------------------------------------------------------------------
 
-    def enclosing(self, env: Mapping[str, str]) -> tuple[int, str] | None:
+    def enclosing(self, env: Mapping[str, str], slots: int | None = None) -> tuple[int, str] | None:
+        if slots is not None:
+            return None  # a name's slots are locks apart from its plain one (not nested)
         return enclosing_entry(env, domain(self.url), self.key)
 
-    def held_by_our_hold(self, env: Mapping[str, str], token: str | None) -> int | None:
+    def held_by_our_hold(
+        self, env: Mapping[str, str], token: str | None, slots: int | None = None
+    ) -> int | None:
         """The pid of a ``hold`` of this very job (or token) that has this lock, if any."""
         from ...identity import owned
+
+        if slots is not None:
+            return None  # a hold of the plain lock is not one of the slots
 
         session = self._connect()
         try:
