@@ -348,6 +348,41 @@ def test_a_deleted_lock_file_is_put_back_and_still_excludes(
     assert back_after < 10, back_after
 
 
+def _holds_open(pid: int, path: Path) -> bool:
+    fds = Path(f"/proc/{pid}/fd")
+    try:
+        return any(os.readlink(fd) == str(path) for fd in fds.iterdir())
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc/PID/fd")
+def test_the_file_put_back_is_held_by_the_supervisor_too(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """The keeper put a locked file back at the path and held it alone: killed then, it
+    freed that file, and a newcomer ran while the supervisor was still stopping the
+    command (here one that ignores SIGTERM)."""
+    cmd = f"trap '' TERM; {hold_until(marks, 'a')}"
+    keeper = procs.start(["--kill-after", "30", "back", cmd, str(lock_dir)])
+    wait_for(marks / "a.held")
+    supervisor = pw.supervisor_child(keeper.pid)
+    assert supervisor is not None
+    path = lock_file(lock_dir, "back")
+    path.unlink()
+    wait_for(lambda: _locked_file_at(path), 10, f"a locked file back at {path}")
+    wait_for(lambda: _holds_open(supervisor, path), 10, "the supervisor holding it too")
+    os.kill(keeper.pid, signal.SIGKILL)
+    keeper.wait(10)
+    r = run_cli(["--no-wait", "back", f"touch '{marks}/newcomer.ran'", str(lock_dir)])
+    assert r.returncode == 75, r.stderr
+    assert not (marks / "newcomer.ran").exists()
+    (marks / "a.go").touch()
+    assert pw.wait_gone([supervisor], 20) == []
+    r = run_cli(["--no-wait", "back", "true", str(lock_dir)])
+    assert r.returncode == 0, r.stderr
+
+
 def test_a_lock_dir_removed_for_a_while_gets_the_locked_file_back_when_it_returns(
     procs: Procs, lock_dir: Path, marks: Path
 ) -> None:

@@ -191,7 +191,7 @@ def supervise(
         try:
             if lock is not None:
                 _tell_deadline(lock, life_w)
-            outcome, text, reaped = _wait(child, out_r, life_w, lock, reporter, relay)
+            outcome, text, reaped = _wait(child, out_r, life_w, lock, reporter, relay, keep_fds)
             ended = True
             outcome.signals += [sig for sig in relay.relayed if sig not in outcome.signals]
             if outcome.supervisor_died is not None or text.startswith("error"):
@@ -266,10 +266,12 @@ def _wait(
     lock: Lock | None,
     reporter: Reporter | None,
     relay: _Relay,
+    keep_fds: Sequence[int],
 ) -> tuple[Outcome, str, bool]:
     """Until the supervisor's last line (``done``), or its death: (outcome, that line, is
     the supervisor reaped -- only if it died)."""
     outcome = Outcome()
+    handed = set(keep_fds)  # the supervisor holds these descriptions of the lock too
     buffer = b""
     text = ""
     interval = lock.check_interval() if lock is not None else None
@@ -298,6 +300,14 @@ def _wait(
                     return outcome, text, False
         if interval is not None and lock is not None and time.monotonic() >= next_check:
             interval = _check(lock, reporter, child, outcome, interval)
+            fresh = (
+                []
+                if outcome.lost is not None
+                else [fd for fd in lock.keep_fds() if fd not in handed]
+            )
+            if fresh:
+                handed.update(fresh)
+                _hand_down(child, life, fresh, reporter)
             next_check = time.monotonic() + (interval or 0.0)
             _tell_deadline(lock, life)
     _, status = os.waitpid(child, 0)
@@ -321,6 +331,18 @@ def _check(
     if warning and reporter is not None:
         reporter.warning(warning)
     return lock.check_interval() or interval
+
+
+def _hand_down(child: int, life: int, fds: Sequence[int], reporter: Reporter | None) -> None:
+    """A description of the lock opened mid-run (a lock file put back): the supervisor
+    must hold it too, or our death would free it while the command still runs."""
+    from .handdown import give
+
+    if not give(child, life, fds) and reporter is not None:
+        reporter.warning(
+            "the supervisor did not take the lock file put back: until the command ends, "
+            f"the lock depends on pid {os.getpid()} alone"
+        )
 
 
 def _parse_done(outcome: Outcome, text: str) -> None:

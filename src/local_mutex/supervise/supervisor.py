@@ -89,6 +89,7 @@ class _Supervisor:
         self.lease_ran_out = False
         self.signals: list[int] = []
         self.last_request: dict[int, float] = {}
+        self.kept: list[int] = []  # descriptions of the lock handed down mid-run
         self.started = time.monotonic()
 
     # -- signal handlers (run in the main thread between bytecodes) --------------------------
@@ -223,7 +224,7 @@ def _watch_keeper(sup: _Supervisor, life: int) -> None:
     """Thread: watch the keeper. It holds the pipe's other end, so EOF means it died; and
     for a leased lock it writes ``deadline T`` after each renewal: if T passes with no newer
     one (a keeper that is frozen, not dead), the command is stopped all the same, before
-    the lease runs out."""
+    the lease runs out. ``fds NAME``: take the descriptions it hands down (``handdown``)."""
     import select
 
     deadline: float | None = None
@@ -246,6 +247,10 @@ def _watch_keeper(sup: _Supervisor, life: int) -> None:
         for line in lines:
             if line.startswith(b"deadline "):
                 deadline = float(line.split()[1])
+            elif line.startswith(b"fds "):  # a lock file the keeper put back: ours too
+                from .handdown import take
+
+                sup.kept += take(line[4:].decode(), sup.keeper)
     os.kill(os.getpid(), STOP_NOW)
 
 

@@ -287,7 +287,7 @@ class FlockLock:
             )
 
     def keep_fds(self) -> tuple[int, ...]:
-        return (self.fd,)
+        return tuple(self.descriptions())  # with the files put back at the path
 
     def check_interval(self) -> float | None:
         return WATCH_INTERVAL
