@@ -21,7 +21,16 @@ from typing import Any
 
 import pytest
 
-from helpers import CLI, clean_env, lock_file, lock_is_free, run_cli, wait_for
+from helpers import (
+    CLI,
+    Procs,
+    clean_env,
+    hold_until,
+    lock_file,
+    lock_is_free,
+    run_cli,
+    wait_for,
+)
 from helpers.otheruser import as_other_user
 
 Run = Callable[[Sequence[str], bytes], "subprocess.CompletedProcess[bytes]"]
@@ -458,3 +467,22 @@ def test_a_closed_standard_stream_becomes_dev_null_for_the_command(
             assert targets[fd] == os.devnull
     record = lock_file(lock_dir, "closed").read_bytes()
     assert b"to-std" not in record
+
+
+def test_a_waiter_whose_lock_dir_went_away_says_so(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """The lock dir renamed away while a waiter waited: it said "lock file … cannot be
+    opened: No such file or directory" instead of the lock dir's own message."""
+    sub = lock_dir / "sub"
+    sub.mkdir()
+    holder = procs.start(["away", hold_until(marks, "a"), str(sub)])
+    wait_for(marks / "a.held")
+    waiter = procs.start(["away", f"touch '{marks}/waiter.ran'", str(sub)])
+    procs.wait_stderr(waiter, "waiting for lock away")
+    sub.rename(lock_dir / "moved")
+    (marks / "a.go").touch()
+    assert holder.wait(30) == 0, procs.stderr(holder)
+    assert waiter.wait(30) == 2, procs.stderr(waiter)
+    assert f"lock dir '{sub}' does not exist or is not a directory" in procs.stderr(waiter)
+    assert not (marks / "waiter.ran").exists()
