@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -206,3 +207,28 @@ def test_a_reentrant_run_with_slots_joins_a_hold_of_the_slots_only(
     finally:
         r = run_cli(["release", "pool", "--slots", "--lock-dir", d, "--token", token])
         assert r.returncode == 0, r.stderr
+
+
+def test_a_stopped_head_of_the_queue_does_not_keep_free_slots_from_the_rest(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """The head of the queue is the only waiter that looks at the slots: stopped (Ctrl-Z,
+    SIGSTOP), it kept everyone behind it waiting while the slots were free."""
+    d = str(lock_dir)
+    holders = [procs.start(["--slots", "2", "pool", hold_until(marks, t), d]) for t in "ab"]
+    wait_for(marks / "a.held")
+    wait_for(marks / "b.held")
+    head = procs.start(["--slots", "2", "pool", f"touch '{marks}/head.ran'", d])
+    procs.wait_stderr(head, "waiting for lock pool")
+    os.kill(head.pid, signal.SIGSTOP)
+    try:
+        for tag, p in zip("ab", holders):
+            (marks / f"{tag}.go").touch()
+            assert p.wait(20) == 0
+        r = run_cli(["--slots", "2", "--wait", "10", "pool", f"touch '{marks}/behind.ran'", d])
+        assert r.returncode == 0, r.stderr
+        assert (marks / "behind.ran").exists()
+    finally:
+        os.kill(head.pid, signal.SIGCONT)
+    assert head.wait(20) == 0
+    assert (marks / "head.ran").exists()

@@ -3,7 +3,8 @@
 Files, next to the name's ordinary lock file ``local-mutex-<sha256>.lock``:
 ``local-mutex-<sha256>.gate.lock`` (the queue) and ``local-mutex-<sha256>.slot<i>.lock`` for
 i in 0..N-1 (one flock each). Waiters queue in the kernel on the gate; only the head of the
-queue holds the gate and looks for a free slot, so a crowd of waiters costs no CPU. Slots
+queue holds the gate and looks for a free slot, so a crowd of waiters costs no CPU (the rest
+look once a second, in case the head is stopped and leaves a free slot untaken). Slots
 are separate from the name's plain lock: ``run NAME`` and ``run --slots N NAME`` do not
 exclude each other. Callers that disagree on N share slots 0..min-1, so the larger N caps.
 """
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
 
 MAX_SLOTS = 1024
 _POLL_MIN, _POLL_MAX = 0.005, 0.1
+# A waiter behind the head of the queue looks at the slots itself this often: a head that
+# leaves a slot free that long is stopped (SIGSTOP, Ctrl-Z) or asks for a slot beyond ours.
+_BEHIND_LOOK = 1.0
 
 
 def _base(path: str) -> str:
@@ -108,17 +112,18 @@ def take_slot(
     deadline = None if wait is None else start + wait
     gate = open_lock_file(gate_path(lock_path), allow_other_owner=allow_other_owner)
     announced = False
+    slot: Slot | None = None
     try:
         with kernel.interruptible():
             if not kernel.try_lock(gate):
                 announced = _announce(reporter, label, lock_path, slots)
-                remaining = None if deadline is None else max(deadline - time.monotonic(), 0)
-                if remaining == 0 or not kernel.wait_lock(gate, timeout=remaining):
+                slot = _behind(gate, lock_path, slots, deadline, allow_other_owner)
+                if slot is None and not kernel.try_lock(gate):
                     raise _not_acquired(label, lock_path, slots, start)
             # Head of the queue: look for a free slot until one frees or time runs out.
             delay = _POLL_MIN
             while True:
-                slot = _try_slots(lock_path, slots, allow_other_owner)
+                slot = slot or _try_slots(lock_path, slots, allow_other_owner)
                 if slot is not None:
                     break
                 if not announced:
@@ -138,6 +143,26 @@ def take_slot(
         else:
             reporter.acquired(f"{label} (slot {slot.index})", waited)
     return slot, waited
+
+
+def _behind(
+    gate: int, lock_path: str, slots: int, deadline: float | None, allow_other_owner: bool
+) -> Slot | None:
+    """Queue behind the head, asleep in the kernel, until we are the head (None, the gate
+    ours), a slot stayed free while the head did not take it, or time ran out (None)."""
+    while True:
+        remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        if remaining == 0:
+            return None
+        if kernel.wait_lock(gate, timeout=_min(remaining, _BEHIND_LOOK)):
+            return None
+        slot = _try_slots(lock_path, slots, allow_other_owner)
+        if slot is not None:
+            return slot
+
+
+def _min(a: float | None, b: float) -> float:
+    return b if a is None else min(a, b)
 
 
 def _announce(reporter: Reporter | None, label: str, lock_path: str, slots: int) -> bool:
