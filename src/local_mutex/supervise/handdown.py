@@ -19,30 +19,36 @@ if TYPE_CHECKING:
 
 # Long enough for a busy machine; the keeper's checks wait meanwhile.
 _TIMEOUT = 2.0
+_LOOK = 0.05  # how often the keeper looks whether the supervisor ended meanwhile
 _MAX_FDS = 16
 
 
 def give(supervisor: int, life: int, fds: Sequence[int]) -> bool:
-    """Keeper side: True once the supervisor holds ``fds`` too."""
+    """Keeper side: True once the supervisor holds ``fds`` too, or has ended (then so has
+    the command: nothing is left to keep the lock for); False if it did not take them."""
     import socket
     import struct
     import time
 
     name = f"\0local-mutex-handdown-{os.getpid()}-{os.urandom(8).hex()}"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
-        listener.bind(name)
-        listener.listen(4)
         try:
+            listener.bind(name)  # abstract names are Linux's: elsewhere, the keeper's alone
+            listener.listen(4)
             os.write(life, f"fds {name[1:]}\n".encode())
         except OSError:
-            return False
+            return _ended(supervisor)
         deadline = time.monotonic() + _TIMEOUT
         while True:
-            listener.settimeout(max(deadline - time.monotonic(), 0.001))
+            if _ended(supervisor):
+                return True
+            if time.monotonic() > deadline:
+                return False  # a supervisor that is frozen or too busy, or a flood of others
+            listener.settimeout(_LOOK)
             try:
                 conn, _ = listener.accept()
             except OSError:
-                return False  # no answer in time: the supervisor is gone or frozen
+                continue
             with conn:
                 creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
                 if struct.unpack("3i", creds)[0] != supervisor:
@@ -53,6 +59,14 @@ def give(supervisor: int, life: int, fds: Sequence[int]) -> bool:
                     return conn.recv(1) == b"k"  # it holds them now
                 except OSError:
                     return False
+
+
+def _ended(child: int) -> bool:
+    """Has our child exited? (Not reaped: its waiter still gets its status.)"""
+    try:
+        return os.waitid(os.P_PID, child, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
 
 
 def take(name: str, keeper: int) -> list[int]:
