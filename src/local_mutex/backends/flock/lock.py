@@ -61,8 +61,6 @@ class FlockLock:
         # Inside a hold: its descriptions of the lock, and our connection to its holder.
         self.joined: tuple[socket.socket, list[int]] | None = None
         self.join_failed = False  # a hold's holder that could not share its lock with us
-        self._hold_digest: object = None  # of the hold we found: its record's token digest
-        self._hold_shared = False  # and whether it holds the lock shared
 
     # -- who we are ----------------------------------------------------------------------
 
@@ -105,14 +103,17 @@ class FlockLock:
         paths = [self.path] if slots is None else self._slot_paths(slots)
         for path in paths:
             for _ in range(_JOIN_TRIES):
-                pid = self._our_hold(path, env, token)
-                if pid is None or self._join(pid, path, env, token):
+                rec = self._our_hold(path, env, token)
+                if rec is None or self._join(rec, path, env, token):
                     break
-            if pid is not None:
-                return pid
+            if rec is not None:
+                return int(rec["pid"])
         return None
 
-    def _our_hold(self, path: str, env: Mapping[str, str], token: str | None) -> int | None:
+    def _our_hold(
+        self, path: str, env: Mapping[str, str], token: str | None
+    ) -> dict[str, Any] | None:
+        """The record of a live hold of ours that has the lock at ``path`` busy."""
         from ...identity import owned
 
         if path == self.path:
@@ -134,27 +135,27 @@ class FlockLock:
             return None
         if not _proc.exists(rec["pid"]):
             return None  # a record its holder left behind is not a hold
-        self._hold_digest = rec.get("token_sha256")
-        self._hold_shared = rec.get("mode") == "shared"
-        return int(rec["pid"])
+        return rec
 
-    def _join(self, pid: int, path: str, env: Mapping[str, str], token: str | None) -> bool:
+    def _join(
+        self, rec: Mapping[str, Any], path: str, env: Mapping[str, str], token: str | None
+    ) -> bool:
         """Take a share of the hold's lock; False if it did not give one (where holds
         can share at all: elsewhere a run inside a hold holds nothing, as documented)."""
         from ...identity import job_identity
         from . import share
 
-        digest = self._hold_digest
+        digest = rec.get("token_sha256")
         if not share.SUPPORTED or not isinstance(digest, str):
             return True
         self.join_failed = True  # until the holder's descriptions are ours
-        got = share.join(pid, digest, token, job_identity(env))
+        got = share.join(int(rec["pid"]), digest, token, job_identity(env))
         if got is None:
             return False
         conn, fds = got
         # Only what really is the hold's lock on this very file: a description of the
         # file at the path that holds the lock already (taking it again is then a no-op).
-        shared = self._hold_shared
+        shared = rec.get("mode") == "shared"
         if not any(names_inode(path, fd) and kernel.try_lock(fd, shared=shared) for fd in fds):
             for fd in fds:
                 os.close(fd)
