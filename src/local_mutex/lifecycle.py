@@ -154,6 +154,11 @@ def _enclosing(backend: Backend, lock: Lock, opts: Options, env: Mapping[str, st
         ours = getattr(lock, "held_by_our_hold", None)
         token = opts.token or env.get(ENV_TOKEN)
         pid = ours(env, token, opts.slots) if ours is not None else None
+        if pid is not None and getattr(lock, "join_failed", False):
+            raise NestingError(
+                f"hold {pid} of lock {lock.label} did not share its lock (another user's or "
+                "network namespace's, or not answering); inside it, nothing would hold it: not run"
+            )
         found = None if pid is None else (pid, "x")
     if found is None:
         return None
@@ -182,11 +187,6 @@ def run_locked(
     result = RunResult(lock.lock_file)
     try:
         pid = _enclosing(backend, lock, opts, env)
-        if pid is not None and getattr(lock, "join_failed", False):
-            # Inside a hold that did not share its lock we would hold nothing: take it.
-            if reporter is not None:
-                reporter.unshared_hold(lock.label, pid)
-            pid = None
         if pid is not None:
             return _run_inside(lock, pid, command, opts, env, reporter, result, subreaper)
         progress = progress_interval(env) if reporter is not None else None

@@ -342,11 +342,11 @@ def test_a_run_whose_hold_dies_before_it_shares_takes_the_lock_itself(
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
-def test_a_run_whose_hold_does_not_share_waits_for_it(
+def test_a_run_whose_hold_does_not_share_is_refused(
     lock_dir: Path, marks: Path, cleanup: list[str]
 ) -> None:
-    """A holder that never answers (stopped here): the run says so and waits for the hold
-    like any other caller, instead of running inside it with no lock of its own."""
+    """A holder that never answers (stopped here): inside it the run would hold nothing
+    of its own, and waiting for it would wait for its own hold. It is refused, saying why."""
     cleanup.append("mute")
     token = _hold("mute", lock_dir)
     holder_pid = _status("mute", lock_dir)["holders"][0]["pid"]
@@ -354,15 +354,42 @@ def test_a_run_whose_hold_does_not_share_waits_for_it(
     try:
         ran = f"touch '{marks}/ran'"
         r = run_cli(
-            ["run", "--reentrant", "--wait", "0.2", "--lock-dir", str(lock_dir), "mute", ran],
+            ["run", "--reentrant", "--lock-dir", str(lock_dir), "mute", ran],
             env={"LOCAL_MUTEX_HOLD_TOKEN": token},
             timeout=60,
         )
     finally:
         os.kill(holder_pid, signal.SIGCONT)
-    assert r.returncode == 75, r.stderr
+    assert r.returncode == 2, r.stderr
     assert not (marks / "ran").exists()
     assert f"hold {holder_pid} of lock mute did not share its lock" in r.stderr.decode()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+def test_a_hold_whose_file_was_put_back_many_times_still_shares_it(
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
+) -> None:
+    """The holder sent every description it had, one per file put back; past 16 the
+    one that names the file at the path no longer fitted, and the run could not join."""
+    cleanup.append("many")
+    token = _hold("many", lock_dir)
+    holder_pid = _status("many", lock_dir)["holders"][0]["pid"]
+    path = lock_file(lock_dir, "many")
+    for _ in range(18):
+        before = os.stat(path).st_ino
+        path.unlink()
+        wait_for(lambda b=before: path.exists() and os.stat(path).st_ino != b, what="a put-back")
+    run = procs.start(
+        ["run", "--reentrant", "--lock-dir", str(lock_dir), "many", hold_until(marks, "in")],
+        env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+    )
+    wait_for(marks / "in.held")
+    os.kill(holder_pid, signal.SIGKILL)
+    assert pw.wait_gone([holder_pid], 20) == []
+    r = run_cli(["--no-wait", "many", f"touch '{marks}/newcomer'", str(lock_dir)])
+    assert r.returncode == 75, r.stderr
+    (marks / "in.go").touch()
+    assert run.wait(30) == 0, procs.stderr(run)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
@@ -525,6 +552,47 @@ def test_the_holder_never_shares_its_lock_with_another_user(
         for fd in fds:
             os.close(fd)
         conn.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+def test_root_may_share_another_users_hold() -> None:
+    """A holder serves its own user and root, but root's run refused to ask a holder of
+    another uid: it ran inside that hold holding nothing (now it would be refused)."""
+    from local_mutex.backends.flock import share
+    from local_mutex.identity import token_hash
+
+    token = "t" * 32
+    serve = (
+        "import fcntl, os, select, sys\n"
+        "from local_mutex.backends.flock.share import Sharing\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "sharing = Sharing(sys.argv[2], None)\n"
+        "open(sys.argv[3], 'w').close()\n"
+        "while not os.path.exists(sys.argv[4]):\n"
+        "    if select.select([sharing], [], [], 0.05)[0]:\n"
+        "        sharing.serve([fd])\n"
+    )
+    with as_other_user() as nobody:
+        d = nobody.shared_dir("hold", 0o777)
+        lock, ready, done = d / "x.lock", d / "ready", d / "done"
+        holder = subprocess.Popen(
+            [*nobody.drop, nobody.python, "-c", serve, str(lock), token, str(ready), str(done)],
+            env=nobody.env(),
+            cwd="/",
+        )
+        try:
+            wait_for(ready)
+            got = share.join(holder.pid, token_hash(token), token, None)
+            assert got is not None
+            conn, fds = got
+            assert any(os.fstat(fd).st_ino == os.stat(lock).st_ino for fd in fds)
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+        finally:
+            done.touch()
+            assert holder.wait(30) == 0
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")

@@ -134,7 +134,7 @@ def _keep(held: Held, anchor: int | None, ttl: float | None, sharing: Sharing | 
             if watch is not None and watch in ready:
                 return
             if sharing is not None and sharing in ready and isinstance(held.lock, FlockLock):
-                sharing.serve(held.lock.descriptions())
+                sharing.serve(held.lock.at_path())
         else:
             time.sleep(3600.0 if pause is None else pause)
         if tick is not None:

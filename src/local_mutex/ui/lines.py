@@ -168,13 +168,6 @@ class Reporter:
         if not self.quiet:
             self.write(f"lock {name} is already held by enclosing pid {pid}; running inside it")
 
-    def unshared_hold(self, name: str, pid: int) -> None:
-        """The hold's holder did not share its lock (see backends.flock.share)."""
-        self.warning(
-            f"hold {pid} of lock {name} did not share its lock; "
-            "waiting for it like any other caller"
-        )
-
     def reentrant_done(self, name: str, held: float, status: int) -> None:
         if not self.quiet:
             self.write(

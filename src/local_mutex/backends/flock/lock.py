@@ -165,8 +165,12 @@ class FlockLock:
         return True
 
     def descriptions(self) -> list[int]:
-        """Our open descriptions of the held lock (for a hold to share)."""
+        """Our open descriptions of the held lock (with the files we put back)."""
         return [fd for fd in (self.fd, *self.spares) if fd >= 0]
+
+    def at_path(self) -> list[int]:
+        """The description of the file now at the path (for a hold to share)."""
+        return [fd for fd in self.descriptions() if names_inode(self.path, fd)]
 
     def hand_over(self) -> None:
         """Close our descriptions without unlocking them: runs inside our hold share them,

@@ -69,7 +69,8 @@ class Sharing:
                 if not _same_user(_peer(conn)[1]):
                     conn.close()
                     continue
-                if not self._may_join(_read_line(conn, time.monotonic() + _SERVE_TIMEOUT)):
+                asked = _read_line(conn, time.monotonic() + _SERVE_TIMEOUT)
+                if not fds or not self._may_join(asked):  # no file at the path: nothing to give
                     conn.sendall(b"no\n")
                     conn.close()
                     continue
@@ -129,8 +130,10 @@ def join(
         conn.settimeout(_TIMEOUT)
         _connect(conn, address(holder_pid, token_sha256))
         pid, uid = _peer(conn)
-        if pid != holder_pid or not _same_user(uid):
-            raise OSError("not the holder")  # never tell the token to anyone else
+        # Never tell the token to anyone but the holder's own process (root may ask
+        # another user's hold: that user could read nothing of root's anyway).
+        if pid != holder_pid or not (_same_user(uid) or os.geteuid() == 0):
+            raise OSError("not the holder")
         conn.sendall(request.encode("utf-8", "surrogateescape") + b"\n")
         # MSG_CMSG_CLOEXEC: the descriptions must never reach a command we spawn.
         msg, ancdata, _, _ = conn.recvmsg(16, socket.CMSG_SPACE(16 * 4), socket.MSG_CMSG_CLOEXEC)
