@@ -21,8 +21,28 @@ SCRUB = (
 )
 
 
+_scratch: list[str] = []
+
+
+def scratch_tmpdir() -> str:
+    """TMPDIR for the processes the tests start: what a process killed on purpose leaves
+    behind (a remote lock's scratch repository) goes there, and goes when the tests end.
+    World-writable and sticky, as /tmp, so another uid's processes can use it too."""
+    if not _scratch:
+        import atexit
+        import shutil
+        import tempfile
+
+        path = tempfile.mkdtemp(prefix="lm-tests-tmp-")
+        os.chmod(path, 0o1777)
+        atexit.register(shutil.rmtree, path, True)
+        _scratch.append(path)
+    return _scratch[0]
+
+
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in SCRUB}
+    env["TMPDIR"] = scratch_tmpdir()
     env.update(extra or {})
     return env
 

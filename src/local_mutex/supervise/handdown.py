@@ -4,9 +4,10 @@ Both hold the lock's open file descriptions so that neither death frees the lock
 command runs. A description the keeper opens mid-run -- a lock file it put back at the path
 after someone deleted ours -- would be the keeper's alone: killed then, it would free the
 file at the path while the supervisor still stops the command. So the keeper passes it on
-(SCM_RIGHTS): it listens on an abstract unix socket of a random name, tells the supervisor
-the name over the pipe the supervisor watches, and sends the descriptions to that process
-only (its pid, checked on the socket). Rare, so nothing here loads before it is needed.
+(SCM_RIGHTS): it listens on a unix socket in a fresh 0700 directory (no other user can
+connect to it, or even find it), tells the supervisor where over the pipe the supervisor
+watches, and sends the descriptions to that process only (its pid, checked on the socket).
+Rare, so nothing here loads before it is needed.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import socket
     from collections.abc import Sequence
 
 # Long enough for a busy machine; the keeper's checks wait meanwhile.
@@ -27,38 +29,75 @@ def give(supervisor: int, life: int, fds: Sequence[int]) -> bool:
     """Keeper side: True once the supervisor holds ``fds`` too, or has ended (then so has
     the command: nothing is left to keep the lock for); False if it did not take them."""
     import socket
+
+    try:
+        home = _private_dir()
+    except OSError:
+        return _ended(supervisor)
+    name = os.path.join(home, "s")
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+            try:
+                listener.bind(name)
+                listener.listen(4)
+                os.write(life, f"fds {name}\n".encode())
+            except OSError:
+                return _ended(supervisor)
+            return _serve(listener, supervisor, fds)
+    finally:
+        _remove(name, home)
+
+
+def _remove(name: str, home: str) -> None:
+    try:
+        os.unlink(name)
+    except OSError:
+        pass
+    try:
+        os.rmdir(home)
+    except OSError:
+        pass
+
+
+def _private_dir() -> str:
+    """A new directory only we can enter, with a path short enough for a socket."""
+    for root in (os.environ.get("TMPDIR", ""), "/tmp"):
+        if root and os.path.isabs(root) and len(root) < 60:
+            path = os.path.join(root, f"local-mutex-{os.getpid()}-{os.urandom(6).hex()}")
+            try:
+                os.mkdir(path, 0o700)
+                return path
+            except OSError:
+                continue
+    raise OSError("no directory for the hand-down socket")
+
+
+def _serve(listener: socket.socket, supervisor: int, fds: Sequence[int]) -> bool:
+    import socket
     import struct
     import time
 
-    name = f"\0local-mutex-handdown-{os.getpid()}-{os.urandom(8).hex()}"
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+    deadline = time.monotonic() + _TIMEOUT
+    while True:
+        if _ended(supervisor):
+            return True
+        if time.monotonic() > deadline:
+            return False  # a supervisor that is frozen or too busy to answer
+        listener.settimeout(_LOOK)
         try:
-            listener.bind(name)  # abstract names are Linux's: elsewhere, the keeper's alone
-            listener.listen(4)
-            os.write(life, f"fds {name[1:]}\n".encode())
+            conn, _ = listener.accept()
         except OSError:
-            return _ended(supervisor)
-        deadline = time.monotonic() + _TIMEOUT
-        while True:
-            if _ended(supervisor):
-                return True
-            if time.monotonic() > deadline:
-                return False  # a supervisor that is frozen or too busy, or a flood of others
-            listener.settimeout(_LOOK)
+            continue
+        with conn:
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+            if struct.unpack("3i", creds)[0] != supervisor:
+                continue  # not our supervisor (our own user, or root): it gets nothing
+            conn.settimeout(max(deadline - time.monotonic(), 0.001))
             try:
-                conn, _ = listener.accept()
+                socket.send_fds(conn, [b"f"], list(fds))
+                return conn.recv(1) == b"k"  # it holds them now
             except OSError:
-                continue
-            with conn:
-                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-                if struct.unpack("3i", creds)[0] != supervisor:
-                    continue  # not our supervisor: it gets nothing
-                conn.settimeout(max(deadline - time.monotonic(), 0.001))
-                try:
-                    socket.send_fds(conn, [b"f"], list(fds))
-                    return conn.recv(1) == b"k"  # it holds them now
-                except OSError:
-                    return False
+                return False
 
 
 def _ended(child: int) -> bool:
@@ -78,7 +117,7 @@ def take(name: str, keeper: int) -> list[int]:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(_TIMEOUT)
         try:
-            conn.connect("\0" + name)
+            conn.connect(name)
             creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
             if struct.unpack("3i", creds)[0] != keeper:
                 return []
