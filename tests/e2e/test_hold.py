@@ -366,6 +366,34 @@ def test_a_run_whose_hold_does_not_share_is_refused(
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+def test_a_file_the_holder_puts_back_is_shared_with_the_runs_inside(
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
+) -> None:
+    """The lock file deleted while a run was inside the hold: the holder put a file back
+    that only it held, so releasing the hold freed it while the run's command still ran."""
+    cleanup.append("again")
+    token = _hold("again", lock_dir)
+    run = procs.start(
+        ["run", "--reentrant", "--lock-dir", str(lock_dir), "again", hold_until(marks, "in")],
+        env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+    )
+    wait_for(marks / "in.held")
+    path = lock_file(lock_dir, "again")
+    before = os.stat(path).st_ino
+    path.unlink()
+    wait_for(lambda: path.exists() and os.stat(path).st_ino != before, what="a put-back")
+    assert (
+        run_cli(["release", "again", "--lock-dir", str(lock_dir), "--token", token]).returncode == 0
+    )
+    r = run_cli(["--no-wait", "again", f"touch '{marks}/newcomer'", str(lock_dir)])
+    assert r.returncode == 75, r.stderr
+    (marks / "in.go").touch()
+    assert run.wait(30) == 0, procs.stderr(run)
+    r = run_cli(["--no-wait", "again", f"touch '{marks}/newcomer'", str(lock_dir)])
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
 def test_a_hold_whose_file_was_put_back_many_times_still_shares_it(
     procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
 ) -> None:

@@ -119,6 +119,7 @@ def _keep(held: Held, anchor: int | None, ttl: float | None, sharing: Sharing | 
         except (AttributeError, OSError):
             watch = None
     tick = held.lock.check_interval() if held.lock is not None else None
+    given = set(held.lock.keep_fds()) if held.lock is not None else set()  # held by runs inside
     while True:
         remaining = None if deadline is None else deadline - time.monotonic()
         if remaining is not None and remaining <= 0:
@@ -129,16 +130,29 @@ def _keep(held: Held, anchor: int | None, ttl: float | None, sharing: Sharing | 
                 return
             pause = _min(pause, 1.0) or 1.0
         waitables: list[Any] = [w for w in (watch, sharing) if w is not None]
+        ready: list[Any] = []
         if waitables:
             ready = select.select(waitables, [], [], pause)[0]
             if watch is not None and watch in ready:
                 return
-            if sharing is not None and sharing in ready and isinstance(held.lock, FlockLock):
-                sharing.serve(held.lock.at_path())
         else:
             time.sleep(3600.0 if pause is None else pause)
-        if tick is not None:
-            held.check()
+        # A release (SIGTERM) waits until what runs inside hold is settled: the holder's
+        # end must neither unlock nor drop a description a run was just given.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            if tick is not None:
+                held.check()
+            if sharing is not None and isinstance(held.lock, FlockLock):
+                current = held.lock.at_path()
+                fresh = [fd for fd in current if fd not in given]
+                if fresh and sharing.inside:  # a file put back: the runs inside hold it too
+                    sharing.share_more(fresh)
+                given.update(current)
+                if sharing in ready:
+                    sharing.serve(current)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _min(a: float | None, b: float | None) -> float | None:

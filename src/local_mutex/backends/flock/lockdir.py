@@ -120,9 +120,9 @@ def _refusal(path: str, exc: OSError) -> Exception:
         return UnsafeLockFile(f"lock file {path!r} is a symlink; refusing to follow it")
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return InvalidLockDir(f"cannot create lock file {path!r}: {exc.strerror}")
-    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+    where = os.path.dirname(path)
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR) and not os.path.isdir(where):
         # The directory went away after it was checked (a tmp cleaner, a rename).
-        where = os.path.dirname(path)
         return InvalidLockDir(f"lock dir {where!r} does not exist or is not a directory")
     return UnsafeLockFile(f"lock file {path!r} cannot be opened: {exc.strerror}")
 

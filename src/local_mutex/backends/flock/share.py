@@ -84,6 +84,16 @@ class Sharing:
                     self.inside.remove(conn)
                 conn.close()
 
+    def share_more(self, fds: Sequence[int]) -> None:
+        """Descriptions opened since the runs inside joined (a lock file put back at the
+        path): sent on their connections. A run never reads them; queued on its socket they
+        keep the lock all the same, until the run closes the connection as it ends."""
+        for conn in self.inside:
+            try:
+                socket.send_fds(conn, [b"+\n"], list(fds))
+            except OSError:
+                pass  # that run is gone: anyone_inside() drops it
+
     def _may_join(self, request: str) -> bool:
         kind, _, value = request.partition(" ")
         if kind == "token":
