@@ -75,6 +75,24 @@ def is_ancestor(pid: int, max_depth: int = 4096) -> bool:
     return False
 
 
+def has_open(pid: int, dev: int, ino: int) -> bool:
+    """Does ``pid`` have this very file open (Linux: its /proc fd links; else no)?"""
+    if not USE_PROC:
+        return False
+    try:
+        names = os.listdir(f"{PROC}/{pid}/fd")
+    except OSError:
+        return False
+    for name in names:
+        try:
+            st = os.stat(f"{PROC}/{pid}/fd/{name}")
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (dev, ino):
+            return True
+    return False
+
+
 def comm(pid: int) -> str | None:
     if not USE_PROC:
         return os.path.basename(_ps(pid, "comm=")) or None

@@ -11,7 +11,7 @@ this one run of the command, while the process that took the lock may go on to t
 
 from __future__ import annotations
 
-from ._proc import is_ancestor
+from ._proc import has_open, is_ancestor
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -31,16 +31,24 @@ def extend(env: Mapping[str, str], new_entry: str) -> str:
     return f"{current};{new_entry}" if current else new_entry
 
 
-def enclosing_hold(env: Mapping[str, str], key: str) -> tuple[int, str] | None:
-    """(pid, mode) of the enclosing holder of the lock ``key``, verified; else None."""
+def enclosing_hold(
+    env: Mapping[str, str], key: str, file: tuple[int, int] | None = None
+) -> tuple[int, str] | None:
+    """(pid, mode) of the enclosing holder of the lock ``key``, verified; else None.
+    ``file`` (a lock file's device and inode): an enclosing holder that has that file open
+    counts too -- the file it put back at the path after ours was deleted has a new key."""
+    moved: tuple[int, str] | None = None
     for item in env.get(ENV_HELD, "").split(";"):
         pid_text, _, rest = item.partition(":")
         item_key, _, mode = rest.rpartition(":")
-        if item_key != key or mode not in ("s", "x") or not pid_text.isdigit():
+        if mode not in ("s", "x") or not pid_text.isdigit():
             continue
-        if is_ancestor(int(pid_text)):
+        if item_key == key and is_ancestor(int(pid_text)):
             return int(pid_text), mode
-    return None
+        found_open = file is not None and moved is None and has_open(int(pid_text), *file)
+        if found_open and is_ancestor(int(pid_text)):
+            moved = int(pid_text), mode
+    return moved
 
 
 def handed_down(held: str, keeper: int, supervisor: int) -> str:

@@ -383,6 +383,29 @@ def test_the_file_put_back_is_held_by_the_supervisor_too(
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc/PID/fd")
+def test_a_nested_call_after_a_put_back_runs_inside(lock_dir: Path, marks: Path) -> None:
+    """LOCAL_MUTEX_HELD names the file the run locked; after a put-back the path names
+    another, and a nested call waited for its own enclosing run."""
+    path = lock_file(lock_dir, "nest")
+    cmd = (
+        f"touch '{marks}/started'; while [ ! -e '{marks}/back' ]; do sleep 0.02; done; "
+        f'"$LOCAL_MUTEX_CLI" --wait 5 nest "touch \'{marks}/inner\'"'
+    )
+    with subprocess.Popen(
+        [*CLI, "nest", cmd, str(lock_dir)], env=clean_env(), stderr=subprocess.PIPE
+    ) as p:
+        wait_for(marks / "started")
+        before = os.stat(path).st_ino
+        path.unlink()
+        wait_for(lambda: path.exists() and os.stat(path).st_ino != before, what="a put-back")
+        (marks / "back").touch()
+        _, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    assert (marks / "inner").exists()
+    assert b"running inside it" in err
+
+
 def test_a_lock_dir_removed_for_a_while_gets_the_locked_file_back_when_it_returns(
     procs: Procs, lock_dir: Path, marks: Path
 ) -> None:

@@ -74,13 +74,14 @@ class FlockLock:
 
     def enclosing(self, env: Mapping[str, str], slots: int | None = None) -> tuple[int, str] | None:
         if slots is None:
-            return nesting.enclosing_hold(env, self._key())
+            return nesting.enclosing_hold(env, self._key(), self._inode())
         for path in self._slot_paths(slots):
             try:
                 st = os.stat(path, follow_symlinks=False)
             except OSError:
                 continue
-            found = nesting.enclosing_hold(env, f"{st.st_dev}:{st.st_ino}")
+            file = st.st_dev, st.st_ino
+            found = nesting.enclosing_hold(env, f"{st.st_dev}:{st.st_ino}", file)
             if found is not None:
                 return found
         return None
