@@ -383,6 +383,34 @@ def test_the_file_put_back_is_held_by_the_supervisor_too(
     assert r.returncode == 0, r.stderr
 
 
+def _lock_files_open(pid: int, lock_dir: Path) -> int:
+    fds = Path(f"/proc/{pid}/fd")
+    return sum(1 for fd in fds.iterdir() if os.readlink(fd).startswith(str(lock_dir)))
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc/PID/fd")
+def test_files_put_back_again_and_again_are_not_kept_open(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """Each file put back stayed open in the keeper (and, handed down, in the supervisor)
+    after it was deleted in turn: a tmp cleaner in a loop ran them out of descriptors."""
+    keeper = procs.start(["again", hold_until(marks, "a"), str(lock_dir)])
+    wait_for(marks / "a.held")
+    supervisor = pw.supervisor_child(keeper.pid)
+    assert supervisor is not None
+    path = lock_file(lock_dir, "again")
+    for _ in range(6):
+        before = os.stat(path).st_ino
+        path.unlink()
+        wait_for(lambda b=before: path.exists() and os.stat(path).st_ino != b, what="a put-back")
+        wait_for(lambda: _holds_open(supervisor, path), 10, "the supervisor holding it")
+    # The file first locked (the command has it too) and the one at the path: no more.
+    assert _lock_files_open(keeper.pid, lock_dir) <= 2
+    assert _lock_files_open(supervisor, lock_dir) <= 2
+    (marks / "a.go").touch()
+    assert keeper.wait(20) == 0, procs.stderr(keeper)
+
+
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc/PID/fd")
 def test_a_nested_call_after_a_put_back_runs_inside(lock_dir: Path, marks: Path) -> None:
     """LOCAL_MUTEX_HELD names the file the run locked; after a put-back the path names

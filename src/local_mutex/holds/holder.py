@@ -119,7 +119,8 @@ def _keep(held: Held, anchor: int | None, ttl: float | None, sharing: Sharing | 
         except (AttributeError, OSError):
             watch = None
     tick = held.lock.check_interval() if held.lock is not None else None
-    given = set(held.lock.keep_fds()) if held.lock is not None else set()  # held by runs inside
+    # Which files (device, inode) the runs inside hold: descriptor numbers may be reused.
+    given = {_identity(fd) for fd in held.lock.keep_fds()} if held.lock is not None else set()
     while True:
         remaining = None if deadline is None else deadline - time.monotonic()
         if remaining is not None and remaining <= 0:
@@ -145,14 +146,19 @@ def _keep(held: Held, anchor: int | None, ttl: float | None, sharing: Sharing | 
                 held.check()
             if sharing is not None and isinstance(held.lock, FlockLock):
                 current = held.lock.at_path()
-                fresh = [fd for fd in current if fd not in given]
+                fresh = [fd for fd in current if _identity(fd) not in given]
                 if fresh and sharing.inside:  # a file put back: the runs inside hold it too
                     sharing.share_more(fresh)
-                given.update(current)
+                given = {_identity(fd) for fd in current}  # a closed file's inode comes back
                 if sharing in ready:
                     sharing.serve(current)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
 
 
 def _min(a: float | None, b: float | None) -> float | None:

@@ -271,7 +271,7 @@ def _wait(
     """Until the supervisor's last line (``done``), or its death: (outcome, that line, is
     the supervisor reaped -- only if it died)."""
     outcome = Outcome()
-    handed = set(keep_fds)  # the supervisor holds these descriptions of the lock too
+    handed = {_identity(fd) for fd in keep_fds}  # the supervisor holds these files too
     buffer = b""
     text = ""
     interval = lock.check_interval() if lock is not None else None
@@ -300,14 +300,12 @@ def _wait(
                     return outcome, text, False
         if interval is not None and lock is not None and time.monotonic() >= next_check:
             interval = _check(lock, reporter, child, outcome, interval)
-            fresh = (
-                []
-                if outcome.lost is not None
-                else [fd for fd in lock.keep_fds() if fd not in handed]
-            )
-            if fresh:
-                handed.update(fresh)
-                _hand_down(child, life, fresh, reporter)
+            if outcome.lost is None:
+                kept = {_identity(fd): fd for fd in lock.keep_fds()}
+                fresh = [fd for file, fd in kept.items() if file not in handed]
+                if fresh:
+                    _hand_down(child, life, fresh, reporter)
+                handed = set(kept)  # files still open: a closed one's inode may come back
             next_check = time.monotonic() + (interval or 0.0)
             _tell_deadline(lock, life)
     _, status = os.waitpid(child, 0)
@@ -331,6 +329,12 @@ def _check(
     if warning and reporter is not None:
         reporter.warning(warning)
     return lock.check_interval() or interval
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    """Which file a descriptor is (its number may be reused once a stale one is closed)."""
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
 
 
 def _hand_down(child: int, life: int, fds: Sequence[int], reporter: Reporter | None) -> None:

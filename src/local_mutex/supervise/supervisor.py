@@ -250,7 +250,11 @@ def _watch_keeper(sup: _Supervisor, life: int) -> None:
             elif line.startswith(b"fds "):  # a lock file the keeper put back: ours too
                 from .handdown import take
 
-                sup.kept += take(line[4:].decode(), sup.keeper)
+                fds = take(line[4:].decode(), sup.keeper)
+                if fds:  # the file now at the path: those handed down before are stale
+                    for stale in sup.kept:
+                        os.close(stale)
+                    sup.kept = fds
     os.kill(os.getpid(), STOP_NOW)
 
 

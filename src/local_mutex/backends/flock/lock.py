@@ -321,7 +321,9 @@ class FlockLock:
             os.close(fd)  # never write into a file that may be someone else's (which
             return None  # a newcomer refuses as well): look again next tick
         if kernel.try_lock(fd, shared=self.shared):
-            self.spares.append(fd)
+            for stale in self.spares:  # files we put back before, gone from the path again
+                os.close(stale)
+            self.spares = [fd]
             if self.record is not None:
                 try:
                     record.write_record(fd, self.record, self.path)
