@@ -177,9 +177,8 @@ class FlockLock:
         """Close our descriptions without unlocking them: runs inside our hold share them,
         and the lock is held until the last of those ends. The record goes: the hold is
         over (a run must not take it for a hold to join), and ``status`` names the runs."""
-        for fd in self.descriptions():
-            if self.record is not None:
-                record.clear_record(fd)
+        for fd in self.descriptions() if self.record is not None else ():
+            record.clear_record(fd)
         self.held = False
         self.close()
 
