@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -293,3 +294,44 @@ def test_run_never_hands_the_lock_file_to_the_command_as_a_standard_stream(
     assert out.stderr.splitlines()[-1] == "1"  # its write to stdout failed: EBADF
     assert (marks / "fd1").read_text() == "closed"  # for the command, as for its caller
     assert b"GARBAGE" not in lock_file(lock_dir, "api").read_bytes()
+
+
+def test_a_wait_with_a_ceiling_keeps_the_callers_own_alarm(lock_dir: Path, marks: Path) -> None:
+    """The wait ceiling is a SIGALRM timer; it replaced an embedding program's own
+    (``signal.alarm``), which then never fired. The caller's timer comes back after."""
+    import signal
+    import time
+
+    from local_mutex.backends.flock import kernel
+
+    path = lock_dir / "busy.lock"
+    path.touch()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time\n"
+            "fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "open(sys.argv[2], 'w').close()\n"
+            "while not os.path.exists(sys.argv[3]): time.sleep(0.02)\n",
+            str(path),
+            str(marks / "held"),
+            str(marks / "go"),
+        ]
+    )
+    fired: list[float] = []
+    previous = signal.signal(signal.SIGALRM, lambda signum, frame: fired.append(time.monotonic()))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        wait_for(marks / "held")
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        assert kernel.wait_lock(fd, timeout=0.5) is False
+        done = time.monotonic()
+        wait_for(lambda: bool(fired), 5, "the caller's own alarm")
+        assert fired[0] - done < 1.0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        os.close(fd)
+        (marks / "go").touch()
+        assert holder.wait(20) == 0

@@ -80,6 +80,8 @@ class _AlarmIn:
         self.seconds = seconds
         self.armed = False
         self.previous: object = None
+        self.theirs = (0.0, 0.0)  # a timer our caller had set: (delay, interval)
+        self.start = 0.0
 
     def _fire(self, signum: int, frame: FrameType | None) -> None:
         if self.armed:
@@ -88,9 +90,14 @@ class _AlarmIn:
     def __enter__(self) -> None:
         self.armed = True
         self.previous = signal.signal(signal.SIGALRM, self._fire)
-        signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        self.start = time.monotonic()
+        self.theirs = signal.setitimer(signal.ITIMER_REAL, self.seconds)
 
     def __exit__(self, *exc: object) -> None:
         self.armed = False  # a SIGALRM still in flight must not raise past this point
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, self.previous)  # type: ignore[arg-type]
+        delay, interval = self.theirs
+        if delay > 0:  # an embedding program's own timer: late at worst, never lost
+            left = delay - (time.monotonic() - self.start)
+            signal.setitimer(signal.ITIMER_REAL, max(left, 0.001), interval)
