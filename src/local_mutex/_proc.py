@@ -8,6 +8,10 @@ from __future__ import annotations
 import os
 import sys
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
 PROC = "/proc"
 _CMD_LIMIT = 4096
 # LOCAL_MUTEX_NO_PROC=1 takes the paths a system without /proc takes (macOS), so that they
@@ -75,22 +79,25 @@ def is_ancestor(pid: int, max_depth: int = 4096) -> bool:
     return False
 
 
-def has_open(pid: int, dev: int, ino: int) -> bool:
-    """Does ``pid`` have this very file open (Linux: its /proc fd links; else no)?"""
+def open_files(pid: int) -> Iterator[tuple[str, os.stat_result]]:
+    """(descriptor number, what it names) for each of ``pid``'s open descriptors that can
+    be looked at (/proc; nothing where there is none)."""
     if not USE_PROC:
-        return False
+        return
     try:
         names = os.listdir(f"{PROC}/{pid}/fd")
     except OSError:
-        return False
+        return
     for name in names:
         try:
-            st = os.stat(f"{PROC}/{pid}/fd/{name}")
+            yield name, os.stat(f"{PROC}/{pid}/fd/{name}")
         except OSError:
             continue
-        if (st.st_dev, st.st_ino) == (dev, ino):
-            return True
-    return False
+
+
+def has_open(pid: int, dev: int, ino: int) -> bool:
+    """Does ``pid`` have this very file open (Linux; elsewhere: no)?"""
+    return any((st.st_dev, st.st_ino) == (dev, ino) for _, st in open_files(pid))
 
 
 def comm(pid: int) -> str | None:

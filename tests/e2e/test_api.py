@@ -14,6 +14,7 @@ from helpers import (
     CLI,
     Procs,
     clean_env,
+    hold_file,
     hold_until,
     lock_file,
     pyenv_python,
@@ -306,19 +307,7 @@ def test_a_wait_with_a_ceiling_keeps_the_callers_own_alarm(lock_dir: Path, marks
 
     path = lock_dir / "busy.lock"
     path.touch()
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import fcntl, os, sys, time\n"
-            "fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX)\n"
-            "open(sys.argv[2], 'w').close()\n"
-            "while not os.path.exists(sys.argv[3]): time.sleep(0.02)\n",
-            str(path),
-            str(marks / "held"),
-            str(marks / "go"),
-        ]
-    )
+    holder = hold_file(path, marks / "held", marks / "go")
     fired: list[float] = []
     previous = signal.signal(signal.SIGALRM, lambda signum, frame: fired.append(time.monotonic()))
     fd = os.open(path, os.O_RDONLY)

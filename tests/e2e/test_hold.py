@@ -15,7 +15,17 @@ from typing import Any
 
 import pytest
 
-from helpers import CLI, Procs, clean_env, hold_until, lock_file, run_cli, wait_for
+from helpers import (
+    CLI,
+    Procs,
+    clean_env,
+    delete_until_put_back,
+    hold_file,
+    hold_until,
+    lock_file,
+    run_cli,
+    wait_for,
+)
 from helpers import procwatch as pw
 from helpers.otheruser import as_other_user
 
@@ -40,6 +50,20 @@ def _hold(name: str, lock_dir: Path, *extra: str, env: dict[str, str] | None = N
     token = r.stdout.decode().strip()
     assert len(token) == 32
     return token
+
+
+def _inside(
+    name: str, procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
+) -> tuple[str, subprocess.Popen[bytes]]:
+    """A hold of NAME and a `run --reentrant` inside it that holds until ``in.go``."""
+    cleanup.append(name)
+    token = _hold(name, lock_dir)
+    run = procs.start(
+        ["run", "--reentrant", "--lock-dir", str(lock_dir), name, hold_until(marks, "in")],
+        env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+    )
+    wait_for(marks / "in.held")
+    return token, run
 
 
 def _free(name: str, lock_dir: Path) -> bool:
@@ -371,17 +395,9 @@ def test_a_file_the_holder_puts_back_is_shared_with_the_runs_inside(
 ) -> None:
     """The lock file deleted while a run was inside the hold: the holder put a file back
     that only it held, so releasing the hold freed it while the run's command still ran."""
-    cleanup.append("again")
-    token = _hold("again", lock_dir)
-    run = procs.start(
-        ["run", "--reentrant", "--lock-dir", str(lock_dir), "again", hold_until(marks, "in")],
-        env={"LOCAL_MUTEX_HOLD_TOKEN": token},
-    )
-    wait_for(marks / "in.held")
+    token, run = _inside("again", procs, lock_dir, marks, cleanup)
     path = lock_file(lock_dir, "again")
-    before = os.stat(path).st_ino
-    path.unlink()
-    wait_for(lambda: path.exists() and os.stat(path).st_ino != before, what="a put-back")
+    delete_until_put_back(path)
     assert (
         run_cli(["release", "again", "--lock-dir", str(lock_dir), "--token", token]).returncode == 0
     )
@@ -404,9 +420,7 @@ def test_a_hold_whose_file_was_put_back_many_times_still_shares_it(
     holder_pid = _status("many", lock_dir)["holders"][0]["pid"]
     path = lock_file(lock_dir, "many")
     for _ in range(18):
-        before = os.stat(path).st_ino
-        path.unlink()
-        wait_for(lambda b=before: path.exists() and os.stat(path).st_ino != b, what="a put-back")
+        delete_until_put_back(path)
     run = procs.start(
         ["run", "--reentrant", "--lock-dir", str(lock_dir), "many", hold_until(marks, "in")],
         env={"LOCAL_MUTEX_HOLD_TOKEN": token},
@@ -629,32 +643,14 @@ def test_a_hold_that_ended_with_a_run_inside_leaves_no_record_to_join(
 ) -> None:
     """The ended hold's record stayed in the lock file: a later `run --reentrant` with its
     token took it for the hold and ran "inside" whoever held the lock next."""
-    cleanup.append("stale")
-    token = _hold("stale", lock_dir)
-    run = procs.start(
-        ["run", "--reentrant", "--lock-dir", str(lock_dir), "stale", hold_until(marks, "in")],
-        env={"LOCAL_MUTEX_HOLD_TOKEN": token},
-    )
-    wait_for(marks / "in.held")
+    token, run = _inside("stale", procs, lock_dir, marks, cleanup)
     assert (
         run_cli(["release", "stale", "--lock-dir", str(lock_dir), "--token", token]).returncode == 0
     )
     (marks / "in.go").touch()
     assert run.wait(30) == 0, procs.stderr(run)
     # The next holder writes no record of its own (flock(1), another program).
-    other = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import fcntl, os, sys, time\n"
-            "fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX)\n"
-            "open(sys.argv[2], 'w').close()\n"
-            "while not os.path.exists(sys.argv[3]): time.sleep(0.02)\n",
-            str(lock_file(lock_dir, "stale")),
-            str(marks / "other.held"),
-            str(marks / "other.go"),
-        ]
-    )
+    other = hold_file(lock_file(lock_dir, "stale"), marks / "other.held", marks / "other.go")
     try:
         wait_for(marks / "other.held")
         r = run_cli(

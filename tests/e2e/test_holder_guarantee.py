@@ -21,7 +21,17 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CLI, Procs, clean_env, hold_until, lock_file, lock_is_free, run_cli, wait_for
+from helpers import (
+    CLI,
+    Procs,
+    clean_env,
+    delete_until_put_back,
+    hold_until,
+    lock_file,
+    lock_is_free,
+    run_cli,
+    wait_for,
+)
 from helpers import procwatch as pw
 from helpers.witnessed import Witnessed, witnessed
 
@@ -400,9 +410,7 @@ def test_files_put_back_again_and_again_are_not_kept_open(
     assert supervisor is not None
     path = lock_file(lock_dir, "again")
     for _ in range(6):
-        before = os.stat(path).st_ino
-        path.unlink()
-        wait_for(lambda b=before: path.exists() and os.stat(path).st_ino != b, what="a put-back")
+        delete_until_put_back(path)
         wait_for(lambda: _holds_open(supervisor, path), 10, "the supervisor holding it")
     # The file first locked (the command has it too) and the one at the path: no more.
     assert _lock_files_open(keeper.pid, lock_dir) <= 2
@@ -424,9 +432,7 @@ def test_a_nested_call_after_a_put_back_runs_inside(lock_dir: Path, marks: Path)
         [*CLI, "nest", cmd, str(lock_dir)], env=clean_env(), stderr=subprocess.PIPE
     ) as p:
         wait_for(marks / "started")
-        before = os.stat(path).st_ino
-        path.unlink()
-        wait_for(lambda: path.exists() and os.stat(path).st_ino != before, what="a put-back")
+        delete_until_put_back(path)
         (marks / "back").touch()
         _, err = p.communicate(timeout=30)
     assert p.returncode == 0, err

@@ -47,6 +47,31 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def delete_until_put_back(path: Path) -> None:
+    """Delete a held lock file (a tmp cleaner) and wait until its holder put one back."""
+    before = os.stat(path).st_ino
+    path.unlink()
+    wait_for(lambda: path.exists() and os.stat(path).st_ino != before, what=f"{path} put back")
+
+
+def hold_file(path: Path, held: Path, go: Path) -> subprocess.Popen[bytes]:
+    """Another program (no record of its own) holding ``path``'s flock: it touches
+    ``held`` once it does, and lets go when ``go`` exists."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time\n"
+            "fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "open(sys.argv[2], 'w').close()\n"
+            "while not os.path.exists(sys.argv[3]): time.sleep(0.02)\n",
+            str(path),
+            str(held),
+            str(go),
+        ]
+    )
+
+
 def start_each(args: Sequence[str], items: bytes) -> subprocess.Popen[bytes]:
     """``local-mutex each ARGS`` with ITEMS on its stdin (closed after them), its stderr
     piped for the test to read."""

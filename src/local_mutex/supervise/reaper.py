@@ -103,19 +103,13 @@ def group_holding(fds: Sequence[int]) -> int | None:
 
 
 def _shares(pid: int, wanted: set[tuple[int, int]]) -> bool:
-    base = f"{_proc.PROC}/{pid}"
-    try:
-        names = os.listdir(f"{base}/fd")
-    except OSError:
-        return False
-    for name in names:
+    for name, st in _proc.open_files(pid):
+        if (st.st_dev, st.st_ino) not in wanted:
+            continue
+        if stat.S_ISSOCK(st.st_mode):
+            return True
         try:
-            st = os.stat(f"{base}/fd/{name}")
-            if (st.st_dev, st.st_ino) not in wanted:
-                continue
-            if stat.S_ISSOCK(st.st_mode):
-                return True
-            with open(f"{base}/fdinfo/{name}", encoding="ascii", errors="replace") as f:
+            with open(f"{_proc.PROC}/{pid}/fdinfo/{name}", encoding="ascii", errors="replace") as f:
                 if any(line.startswith("lock:") for line in f):
                     return True
         except OSError:
