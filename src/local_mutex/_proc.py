@@ -6,11 +6,12 @@ Linux answers from /proc; elsewhere ``ps`` answers the few questions the callers
 from __future__ import annotations
 
 import os
+import stat
 import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Container, Iterator
 
 PROC = "/proc"
 _CMD_LIMIT = 4096
@@ -95,9 +96,22 @@ def open_files(pid: int) -> Iterator[tuple[str, os.stat_result]]:
             continue
 
 
-def has_open(pid: int, dev: int, ino: int) -> bool:
-    """Does ``pid`` have this very file open (Linux; elsewhere: no)?"""
-    return any((st.st_dev, st.st_ino) == (dev, ino) for _, st in open_files(pid))
+def holds_lock(pid: int, files: Container[tuple[int, int]], *, sockets: bool = False) -> bool:
+    """Does ``pid`` hold a lock through a descriptor of one of ``files`` (device, inode)
+    -- a flock granted on it, not merely the file open (Linux; elsewhere: no)? With
+    ``sockets``, a socket among them counts as held (a database session)."""
+    for name, st in open_files(pid):
+        if (st.st_dev, st.st_ino) not in files:
+            continue
+        if sockets and stat.S_ISSOCK(st.st_mode):
+            return True
+        try:
+            with open(f"{PROC}/{pid}/fdinfo/{name}", encoding="ascii", errors="replace") as f:
+                if any(line.startswith("lock:") for line in f):
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def comm(pid: int) -> str | None:

@@ -11,7 +11,7 @@ this one run of the command, while the process that took the lock may go on to t
 
 from __future__ import annotations
 
-from ._proc import has_open, is_ancestor
+from ._proc import holds_lock, is_ancestor
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -35,8 +35,9 @@ def enclosing_hold(
     env: Mapping[str, str], key: str, file: tuple[int, int] | None = None
 ) -> tuple[int, str] | None:
     """(pid, mode) of the enclosing holder of the lock ``key``, verified; else None.
-    ``file`` (a lock file's device and inode): an enclosing holder that has that file open
-    counts too -- the file it put back at the path after ours was deleted has a new key."""
+    ``file`` (a lock file's device and inode): an enclosing holder that holds the lock on
+    that file counts too -- the file it put back at the path after ours was deleted has a
+    new key. (Holds it: a descriptor merely open on the file, inherited, does not count.)"""
     moved: tuple[int, str] | None = None
     for item in env.get(ENV_HELD, "").split(";"):
         pid_text, _, rest = item.partition(":")
@@ -45,8 +46,8 @@ def enclosing_hold(
             continue
         if item_key == key and is_ancestor(int(pid_text)):
             return int(pid_text), mode
-        found_open = file is not None and moved is None and has_open(int(pid_text), *file)
-        if found_open and is_ancestor(int(pid_text)):
+        put_back = file is not None and moved is None and holds_lock(int(pid_text), {file})
+        if put_back and is_ancestor(int(pid_text)):
             moved = int(pid_text), mode
     return moved
 

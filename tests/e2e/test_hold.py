@@ -741,3 +741,52 @@ def test_a_peer_that_says_nothing_does_not_stall_the_holder(
         stop.set()
         thread.join()
         drip.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+def test_a_crowd_of_silent_connections_does_not_hold_up_a_release(
+    lock_dir: Path, cleanup: list[str]
+) -> None:
+    """The holder keeps a release (SIGTERM) back while it serves runs; it served a crowd of
+    connections that never ask anything 0.2 s each, and the release took its whole 10 s
+    grace and a SIGKILL. It serves a quarter second per tick now."""
+    import socket
+    import threading
+
+    from local_mutex.backends.flock import share
+    from local_mutex.backends.flock.record import read_record
+
+    cleanup.append("crowd")
+    token = _hold("crowd", lock_dir)
+    rec = read_record(str(lock_file(lock_dir, "crowd")))
+    assert rec is not None
+    name = share.address(rec["pid"], rec["token_sha256"])
+    stop = threading.Event()
+    crowd: list[socket.socket] = []
+
+    def knocking() -> None:
+        while not stop.is_set():
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.setblocking(False)
+            try:
+                s.connect(name)
+                crowd.append(s)
+            except OSError:
+                s.close()
+                time.sleep(0.005)
+
+    thread = threading.Thread(target=knocking)
+    thread.start()
+    try:
+        wait_for(lambda: len(crowd) >= 64, what="the holder's queue full")
+        started = time.monotonic()
+        r = run_cli(["release", "crowd", "--lock-dir", str(lock_dir), "--token", token])
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        thread.join()
+        for s in crowd:
+            s.close()
+    assert r.returncode == 0, r.stderr
+    assert took < 5, f"release took {took:.1f}s"
+    assert _free("crowd", lock_dir)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
-from helpers import Procs, hold_until, lock_file, run_cli, start_each, wait_for
+from helpers import CLI, Procs, clean_env, hold_until, lock_file, run_cli, start_each, wait_for
 from helpers import procwatch as pw
 
 
@@ -147,3 +149,29 @@ def test_a_leftover_of_an_earlier_each_item_is_not_inside_the_next_items_lock(
     assert p.wait(20) == 0, p.stderr.read()
     assert (marks / "rc").read_text().strip() == "75"
     assert not (marks / "ran").exists()
+
+
+def test_a_descriptor_merely_open_on_the_lock_file_is_not_a_holder(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """An enclosing run that has a lock file open (inherited, unlocked: ``exec 9<FILE``)
+    does not hold it: a nested call of that lock inside it waits like anyone else."""
+    holder = procs.start(["x", hold_until(marks, "a"), str(lock_dir)])
+    wait_for(marks / "a.held")
+    path = lock_file(lock_dir, "x")
+    nested = f'"$LOCAL_MUTEX_CLI" --no-wait x "touch \'{marks}/inside\'"'
+    peek = os.open(path, os.O_RDONLY)  # the caller's, inherited by y's keeper and supervisor
+    try:
+        r = subprocess.run(
+            [*CLI, "y", nested, str(lock_dir)],
+            env=clean_env(),
+            capture_output=True,
+            timeout=60,
+            pass_fds=(peek,),
+        )
+    finally:
+        os.close(peek)
+    assert r.returncode == 75, r.stderr
+    assert not (marks / "inside").exists()
+    (marks / "a.go").touch()
+    assert holder.wait(20) == 0

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 import sys
 import time
 
@@ -97,24 +96,9 @@ def group_holding(fds: Sequence[int]) -> int | None:
                 continue
         except (ValueError, IndexError):
             continue
-        if _shares(pid, wanted):
+        if _proc.holds_lock(pid, wanted, sockets=True):
             return pid
     return None
-
-
-def _shares(pid: int, wanted: set[tuple[int, int]]) -> bool:
-    for name, st in _proc.open_files(pid):
-        if (st.st_dev, st.st_ino) not in wanted:
-            continue
-        if stat.S_ISSOCK(st.st_mode):
-            return True
-        try:
-            with open(f"{_proc.PROC}/{pid}/fdinfo/{name}", encoding="ascii", errors="replace") as f:
-                if any(line.startswith("lock:") for line in f):
-                    return True
-        except OSError:
-            continue
-    return False
 
 
 def group_alive(pgid: int) -> bool:

@@ -32,6 +32,9 @@ SUPPORTED = sys.platform.startswith("linux")
 _REQUEST_LIMIT = 4096
 _TIMEOUT = 2.0  # for a run: how long the holder may take to answer
 _SERVE_TIMEOUT = 0.2  # for the holder: a peer that connects and says nothing stalls it no longer
+# All the holder gives runs per tick: the rest wait for the next one. A release (SIGTERM,
+# held back while the holder serves) then never waits on a crowd of silent connections.
+_SERVE_BUDGET = 0.25
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -57,10 +60,12 @@ class Sharing:
         return self.listener.fileno()
 
     def serve(self, fds: Sequence[int]) -> None:
-        """Answer every run that knocked: the lock's descriptions, or a refusal. Another
-        user's connection is closed unread; our own user's gets a fraction of a second
-        in all to ask (our user could end the hold anyway)."""
-        while True:
+        """Answer the runs that knocked (for a quarter second at most; the rest next tick):
+        the lock's descriptions, or a refusal. Another user's connection is closed unread;
+        our own user's gets a fraction of a second to ask (our user could end the hold
+        anyway)."""
+        budget = time.monotonic() + _SERVE_BUDGET
+        while time.monotonic() < budget:
             try:
                 conn, _ = self.listener.accept()
             except OSError:  # nobody else waiting (or out of descriptors): next tick
@@ -69,7 +74,7 @@ class Sharing:
                 if not _same_user(_peer(conn)[1]):
                     conn.close()
                     continue
-                asked = _read_line(conn, time.monotonic() + _SERVE_TIMEOUT)
+                asked = _read_line(conn, min(time.monotonic() + _SERVE_TIMEOUT, budget))
                 if not fds or not self._may_join(asked):  # no file at the path: nothing to give
                     conn.sendall(b"no\n")
                     conn.close()
