@@ -11,6 +11,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import socket
     from collections.abc import Container, Iterator
 
 PROC = "/proc"
@@ -112,6 +113,17 @@ def holds_lock(pid: int, files: Container[tuple[int, int]], *, sockets: bool = F
         except OSError:
             continue
     return False
+
+
+def peer(conn: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end of a unix socket (Linux's SO_PEERCRED;
+    for a listening socket, the process that listens)."""
+    import socket
+    import struct
+
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    pid, uid, _ = struct.unpack("3i", creds)  # struct ucred: pid, uid, gid
+    return pid, uid
 
 
 def comm(pid: int) -> str | None:

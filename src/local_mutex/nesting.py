@@ -38,18 +38,21 @@ def enclosing_hold(
     ``file`` (a lock file's device and inode): an enclosing holder that holds the lock on
     that file counts too -- the file it put back at the path after ours was deleted has a
     new key. (Holds it: a descriptor merely open on the file, inherited, does not count.)"""
-    moved: tuple[int, str] | None = None
+    entries = []
     for item in env.get(ENV_HELD, "").split(";"):
         pid_text, _, rest = item.partition(":")
         item_key, _, mode = rest.rpartition(":")
-        if mode not in ("s", "x") or not pid_text.isdigit():
-            continue
-        if item_key == key and is_ancestor(int(pid_text)):
-            return int(pid_text), mode
-        put_back = file is not None and moved is None and holds_lock(int(pid_text), {file})
-        if put_back and is_ancestor(int(pid_text)):
-            moved = int(pid_text), mode
-    return moved
+        if mode in ("s", "x") and pid_text.isdigit():
+            entries.append((int(pid_text), item_key, mode))
+    for pid, item_key, mode in entries:
+        if item_key == key and is_ancestor(pid):
+            return pid, mode
+    if file is None:
+        return None
+    for pid, _, mode in entries:  # only when no key matched: it reads /proc
+        if holds_lock(pid, {file}) and is_ancestor(pid):
+            return pid, mode
+    return None
 
 
 def handed_down(held: str, keeper: int, supervisor: int) -> str:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 
+from .._proc import peer
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import socket
@@ -74,7 +76,6 @@ def _private_dir() -> str:
 
 def _serve(listener: socket.socket, supervisor: int, fds: Sequence[int]) -> bool:
     import socket
-    import struct
     import time
 
     deadline = time.monotonic() + _TIMEOUT
@@ -89,8 +90,7 @@ def _serve(listener: socket.socket, supervisor: int, fds: Sequence[int]) -> bool
         except OSError:
             continue
         with conn:
-            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-            if struct.unpack("3i", creds)[0] != supervisor:
+            if peer(conn)[0] != supervisor:
                 continue  # not our supervisor (our own user, or root): it gets nothing
             conn.settimeout(max(deadline - time.monotonic(), 0.001))
             try:
@@ -112,14 +112,12 @@ def take(name: str, keeper: int) -> list[int]:
     """Supervisor side: the descriptions the keeper (pid ``keeper``) hands down, kept open
     until we exit (never inherited by anything we spawn)."""
     import socket
-    import struct
 
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(_TIMEOUT)
         try:
             conn.connect(name)
-            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-            if struct.unpack("3i", creds)[0] != keeper:
+            if peer(conn)[0] != keeper:
                 return []
             _, fds, _, _ = socket.recv_fds(conn, 1, _MAX_FDS, socket.MSG_CMSG_CLOEXEC)
             conn.sendall(b"k")

@@ -22,6 +22,7 @@ import struct
 import sys
 import time
 
+from ..._proc import peer
 from ...identity import token_hash
 
 TYPE_CHECKING = False
@@ -35,7 +36,6 @@ _SERVE_TIMEOUT = 0.2  # for the holder: a peer that connects and says nothing st
 # All the holder gives runs per tick: the rest wait for the next one. A release (SIGTERM,
 # held back while the holder serves) then never waits on a crowd of silent connections.
 _SERVE_BUDGET = 0.25
-_CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 def address(holder_pid: int, token_sha256: str) -> str:
@@ -71,7 +71,7 @@ class Sharing:
             except OSError:  # nobody else waiting (or out of descriptors): next tick
                 return
             try:
-                if not _same_user(_peer(conn)[1]):
+                if not _same_user(peer(conn)[1]):
                     conn.close()
                     continue
                 asked = _read_line(conn, min(time.monotonic() + _SERVE_TIMEOUT, budget))
@@ -144,7 +144,7 @@ def join(
     try:
         conn.settimeout(_TIMEOUT)
         _connect(conn, address(holder_pid, token_sha256))
-        pid, uid = _peer(conn)
+        pid, uid = peer(conn)
         # Never tell the token to anyone but the holder's own process (root may ask
         # another user's hold: that user could read nothing of root's anyway).
         if pid != holder_pid or not (_same_user(uid) or os.geteuid() == 0):
@@ -179,12 +179,6 @@ def _connect(conn: socket.socket, name: str) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.01)
-
-
-def _peer(conn: socket.socket) -> tuple[int, int]:
-    """(pid, uid) of the other end: for a listening socket, of the process that listens."""
-    pid, uid, _ = _CRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
-    return pid, uid
 
 
 def _same_user(uid: int) -> bool:
