@@ -38,9 +38,9 @@ DEFAULT_PROGRESS = 30.0
 # Beyond the TERM -> KILL grace: what stopping a command may take (a lease must outlast it).
 STOP_MARGIN = 2.0
 
-# Locks held by ``Held`` in this process: (backend kind, lock file, thread) -> "x" or "s".
-# A ``run`` of the same lock inside the block runs within it instead of waiting for itself.
-_held_here: dict[tuple[str, str, bool, int], str] = {}
+# Locks ``Held`` in this process: (backend kind, lock file, thread) -> (mode, lock). A ``run``
+# of one inside the block runs within it; the held lock names itself to its command's calls.
+_held_here: dict[tuple[str, str, bool, int], tuple[str, Lock]] = {}
 
 
 class RunResult:
@@ -148,8 +148,8 @@ def _here_key(backend: Backend, lock: Lock, slots: int | None) -> tuple[str, str
 def _enclosing(backend: Backend, lock: Lock, opts: Options, env: Mapping[str, str]) -> int | None:
     """The pid of an enclosing holder of this very lock (we run inside it), or None. With
     ``--slots`` the lock is the name's slots: a slot an ancestor holds covers us."""
-    mode = _held_here.get(_here_key(backend, lock, opts.slots))
-    found = (os.getpid(), mode) if mode is not None else lock.enclosing(env, opts.slots)
+    here = _held_here.get(_here_key(backend, lock, opts.slots))
+    found = (os.getpid(), here[0]) if here is not None else lock.enclosing(env, opts.slots)
     if found is None and opts.reentrant:
         ours = getattr(lock, "held_by_our_hold", None)
         token = opts.token or env.get(ENV_TOKEN)
@@ -188,9 +188,11 @@ def run_locked(
     try:
         pid = _enclosing(backend, lock, opts, env)
         if pid is not None:
-            return _run_inside(lock, pid, command, opts, env, reporter, result, subreaper)
+            here = _held_here.get(_here_key(backend, lock, opts.slots), ("", None))[1]
+            inside = command_env(lock, env, False) if here is None else command_env(here, env, True)
+            return _run_inside(lock, pid, command, opts, inside, reporter, result, subreaper)
         progress = progress_interval(env) if reporter is not None else None
-        result.waited = _take(lock, opts, env, reporter, progress, command.text, _extra(opts))
+        result.waited = _take(lock, opts, env, reporter, progress, command.text, None)
         result.acquired = True
         result.lock_file = lock.lock_file
         with SignalsHeld() as held:
@@ -224,6 +226,8 @@ def _take(
         shared=opts.shared, slots=opts.slots, wait=opts.wait, reporter=reporter, progress=progress
     )
     waited = lock.acquire(take)
+    if opts.message:
+        extra = {"message": opts.message, **(extra or {})}
     holder = holder_record(lock.label, command, shared=opts.shared, env=env, extra=extra)
     try:
         lock.write_record(holder)
@@ -231,10 +235,6 @@ def _take(
         lock.release()
         raise
     return waited
-
-
-def _extra(opts: Options) -> dict[str, Any] | None:
-    return {"message": opts.message} if opts.message else None
 
 
 def _spec(command: Command, env: Mapping[str, str], opts: Options) -> Spec:
@@ -252,14 +252,13 @@ def _run_inside(
     pid: int,
     command: Command,
     opts: Options,
-    env: Mapping[str, str],
+    child_env: Mapping[str, str],
     reporter: Reporter | None,
     result: RunResult,
     subreaper: bool,
 ) -> RunResult:
     """An enclosing holder has this lock: run the command within its hold. The lock stays
     open until the command is over: it may share the hold's (``backends.flock.share``)."""
-    child_env = command_env(lock, env, False)
     if reporter is not None:
         reporter.reentrant(lock.label, pid)
     result.reentrant = True
@@ -350,12 +349,13 @@ class Held:
             key = _here_key(self.backend, lock, self.opts.slots)
             if key in _held_here:
                 raise NestingError(f"lock {lock.label} is already held by this thread")
-            extra = {**(_extra(self.opts) or {}), **(self.extra or {})}
-            self.waited = _take(lock, self.opts, self.env, self.reporter, None, self.command, extra)
+            self.waited = _take(
+                lock, self.opts, self.env, self.reporter, None, self.command, self.extra
+            )
         except BaseException:
             lock.close()
             raise
-        _held_here[key] = "s" if self.opts.shared else "x"
+        _held_here[key] = ("s" if self.opts.shared else "x", lock)
         self.lock, self._key = lock, key
         if self.watch and lock.check_interval() is not None:
             _thread.start_new_thread(self._watch, ())

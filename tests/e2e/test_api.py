@@ -324,3 +324,27 @@ def test_a_wait_with_a_ceiling_keeps_the_callers_own_alarm(lock_dir: Path, marks
         os.close(fd)
         (marks / "go").touch()
         assert holder.wait(20) == 0
+
+
+NESTED_IN_API_HOLD = """
+import sys
+import local_mutex
+lock_dir, shared = sys.argv[1], sys.argv[2] == "shared"
+nested = '"$LOCAL_MUTEX_CLI" --no-wait {} api true ' + lock_dir
+with local_mutex.hold("api", lock_dir=lock_dir, shared=shared):
+    for mode in ("--shared", ""):
+        r = local_mutex.run("api", command=nested.format(mode), lock_dir=lock_dir, shared=shared)
+        print(mode or "exclusive", r.status)
+"""
+
+
+@pytest.mark.parametrize("mode", ["exclusive", "shared"])
+def test_a_nested_cli_call_inside_a_run_inside_a_hold_runs_within_it(
+    lock_dir: Path, mode: str
+) -> None:
+    """``with hold(n): run(n, command='"$LOCAL_MUTEX_CLI" n ...')``: the run runs within the
+    hold, and so must the command's own call, in the hold's mode. It waited for the hold
+    (here: --no-wait failed with 75); an exclusive call inside a shared hold is refused (2)."""
+    out = _script(NESTED_IN_API_HOLD, lock_dir, Path(mode))
+    exclusive = "0" if mode == "exclusive" else "2"
+    assert out.stdout.splitlines() == ["--shared 0", f"exclusive {exclusive}"], out.stderr
