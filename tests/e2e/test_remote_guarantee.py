@@ -352,3 +352,47 @@ def test_a_frozen_keeper_cannot_let_the_command_outrun_its_lease(
         pw.signal_quietly(pw.group_members(group))
     assert cli.wait(60) == 69, procs.stderr(cli)
     assert "lost the lease" in procs.stderr(cli)
+
+
+def test_a_scratch_repository_a_sigkill_left_behind_goes_with_the_next_remote_call(
+    server: Server, marks: Path, tmp_path: Path
+) -> None:
+    """A remote lock talks through a private repository in TMPDIR; SIGKILL leaves it
+    there. The next call of the same user removes it (its process is gone); a live
+    holder's stays."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = clean_env({"TMPDIR": str(tmp)})
+    remote = ["--remote", server.url, "--lease", "30", "--kill-after", "1"]
+    victim = subprocess.Popen(
+        [*CLI, "run", *remote, "swept", f"touch '{marks}/held'; exec sleep 1000"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    live = subprocess.Popen(
+        [*CLI, "run", *remote, "other", f"touch '{marks}/live'; exec sleep 1000"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_for(marks / "held", 30)
+        wait_for(marks / "live", 30)
+        assert len(list(tmp.glob("local-mutex-git-*"))) == 2
+        os.killpg(victim.pid, signal.SIGKILL)
+        victim.wait(10)
+        assert len(list(tmp.glob("local-mutex-git-*"))) == 2  # left behind
+        status = subprocess.run(
+            [*CLI, "status", *remote[:2], "third"], env=env, capture_output=True, timeout=60
+        )
+        assert status.returncode == 0, status.stderr
+        left = [p.name for p in tmp.glob("local-mutex-git-*")]
+        assert len(left) == 1 and f"-{live.pid}-" in left[0], left
+    finally:
+        for p in (victim, live):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()

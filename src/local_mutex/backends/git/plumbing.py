@@ -7,10 +7,12 @@ from __future__ import annotations
 import base64
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from urllib.parse import urlsplit
 
+from ..._proc import exists
 from ...errors import Unavailable
 
 TYPE_CHECKING = False
@@ -33,6 +35,42 @@ _LOST_RACE = (
 )
 
 
+_SCRATCH = "local-mutex-git-"
+
+
+def _scratch_dir() -> str:
+    """A directory for the private repository, named after this process (pid namespace,
+    pid), so that once a SIGKILL left it behind the next one of our user removes it."""
+    try:
+        namespace = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        namespace = "0"  # unknown (no /proc): never removed by another process
+    else:
+        _sweep(tempfile.gettempdir(), namespace)
+    return tempfile.mkdtemp(prefix=f"{_SCRATCH}{namespace}-{os.getpid()}-")
+
+
+def _sweep(parent: str, namespace: str) -> None:
+    """Remove our user's scratch directories whose process, in our pid namespace, is gone.
+    (A pid number means nothing in another namespace: a container may share /tmp.)"""
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.name.startswith(_SCRATCH):
+            continue
+        parts = entry.name[len(_SCRATCH) :].split("-")
+        if len(parts) != 3 or parts[0] != namespace or not parts[1].isdigit():
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not exists(int(parts[1])):
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
 class Git:
     """One remote, talked to through a private temporary bare repository."""
 
@@ -43,7 +81,7 @@ class Git:
             raise Unavailable("the remote URL is empty")
         self.url = url
         self.timeout = GIT_TIMEOUT
-        self.dir = tempfile.mkdtemp(prefix="local-mutex-git-")
+        self.dir = _scratch_dir()
         base = dict(os.environ if env is None else env)
         self.env = {
             **base,
