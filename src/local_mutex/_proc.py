@@ -49,9 +49,11 @@ def thread_count() -> int | None:
 
 def exists(pid: int) -> bool:
     """Is there a process ``pid`` (of any user; a zombie counts)?"""
+    if pid <= 0:  # 0 and negatives name process groups (a number read from a record)
+        return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
         pass

@@ -39,10 +39,18 @@ def one_line(text: str, limit: int = _MAX_COMMAND) -> str:
 def printable(text: str) -> str:
     """``text`` with control characters escaped (``\\n``, ``\\x1b``): a record field, a
     path or an argument can hold anything, and one line must stay one line -- a raw
-    newline could even start a ``::error::`` workflow command of its own."""
-    if all(" " <= c != "\x7f" for c in text):
+    newline could even start a ``::error::`` workflow command of its own. C1 controls
+    (a terminal may read ``\x9b`` as an escape) and surrogates that stand for no byte of
+    a name (a record's JSON may hold ``\\ud800``; they cannot be written) are escaped too."""
+    if all(" " <= c < "\x7f" for c in text):
         return text
-    return "".join(c if " " <= c != "\x7f" else repr(c)[1:-1] for c in text)
+    return "".join(c if _shown(c) else repr(c)[1:-1] for c in text)
+
+
+def _shown(c: str) -> bool:
+    if c < " " or "\x7f" <= c <= "\x9f":
+        return False
+    return not "\ud800" <= c <= "\udfff" or "\udc80" <= c <= "\udcff"  # a name's raw bytes
 
 
 def describe_holder(holder: Mapping[str, Any], now: float | None = None) -> str:
@@ -53,7 +61,9 @@ def describe_holder(holder: Mapping[str, Any], now: float | None = None) -> str:
         return one_line(str(holder[key]), 400)
 
     pid = holder.get("pid")
-    parts = [f"pid {pid}" if pid is not None else (field("user") if holder.get("user") else "?")]
+    parts = [
+        f"pid {field('pid')}" if pid is not None else (field("user") if holder.get("user") else "?")
+    ]
     details = []
     if holder.get("command"):
         details.append(repr(one_line(str(holder["command"]))))

@@ -20,11 +20,15 @@ closed_by_caller: set[int] = set()
 
 def out(text: str) -> None:
     """An answer on stdout, byte for byte (names may be any bytes); each of its lines
-    stays one line."""
-    text = "\n".join(printable(line) for line in text.split("\n"))
+    stays one line, and none starts a workflow command (``::``: a lock's name can)."""
+    text = "\n".join(_inert(printable(line)) for line in text.split("\n"))
     stream = sys.stdout.buffer
     stream.write((text + "\n").encode("utf-8", "surrogateescape"))
     stream.flush()
+
+
+def _inert(line: str) -> str:
+    return line.replace("::", "\\x3a:", 1) if line.lstrip().startswith("::") else line
 
 
 def out_json(value: Any) -> None:
@@ -33,7 +37,7 @@ def out_json(value: Any) -> None:
 
 def describe_status(st: dict[str, Any], asked: str | None) -> str:
     """The human form of one status object (the same data as ``--json``)."""
-    label = st.get("name") or asked or "(unnamed)"
+    label = printable(str(st.get("name") or asked or "(unnamed)"))
     if st.get("slot") is not None:
         label += f" [slot {st['slot']}]"
     lines = []
@@ -52,7 +56,7 @@ def describe_status(st: dict[str, Any], asked: str | None) -> str:
             lines.append(f"{label}: held ({mode})")
     else:
         lines.append(f"{label}: cannot tell")
-    lines.append(f"  lock file: {st['lock_file']}")
+    lines.append(f"  lock file: {printable(st['lock_file'])}")
     if st["method"] == "probe":
         lines.append("  (probed without /proc/locks: holder details and waiters unknown)")
     for index, slot in enumerate(slots):
@@ -63,12 +67,15 @@ def describe_status(st: dict[str, Any], asked: str | None) -> str:
         lines.append(f"  waiting: {len(waiters)}")
         for w in waiters:
             since = f", started {w['started']}" if w.get("started") else ""
-            host = f" on {w['host']}" if w.get("host") else ""
+            host = f" on {printable(str(w['host']))}" if w.get("host") else ""
             lines.append(
                 f"    {w['position']}. pid {w['pid']}{host} {w['mode']}{since}: "
-                f"{w.get('command') or '?'}"
+                f"{printable(str(w.get('command') or '?'))}"
             )
     return "\n".join(lines)
+
+
+FIELDS = ("time", "event", "actor", "message")
 
 
 def describe_history(rows: list[dict[str, Any]], name: str, where: str) -> str:
@@ -76,6 +83,7 @@ def describe_history(rows: list[dict[str, Any]], name: str, where: str) -> str:
         return f"{name}: no history on {where}"
     lines = []
     for row in rows:
-        host = f" on {row['host']}" if row.get("host") else ""
-        lines.append(f"{row['time']}  {row['event']:<8} {row['actor']}{host}: {row['message']}")
+        time, event, actor, message = (printable(str(row[k])) for k in FIELDS)
+        host = f" on {printable(str(row['host']))}" if row.get("host") else ""
+        lines.append(f"{time}  {event:<8} {actor}{host}: {message}")
     return "\n".join(lines)

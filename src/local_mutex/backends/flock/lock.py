@@ -265,10 +265,8 @@ class FlockLock:
         return self.busy_holder(), queue_position(self.path)
 
     def busy_holder(self) -> dict[str, Any] | None:
-        """Who holds the lock right now, from its record or, failing that, the kernel."""
-        rec = record.read_record(self.path)
-        if rec is not None:
-            return rec
+        """Who holds the lock right now: the kernel's holder, with its record only if it
+        wrote it (a record a SIGKILLed holder left means nothing)."""
         from .state import kernel_holders  # only paid for when the lock is busy
 
         holders = kernel_holders(self.path)

@@ -88,8 +88,7 @@ def _from_kernel(
         pids = [(e.pid, e.exclusive) for e in granted]
     holders = [_holder_from(pid, excl, rec, now) for pid, excl in pids]
     if name is None and rec is not None and any(h.source == "record" for h in holders):
-        recorded = rec.get("name")
-        name = recorded if isinstance(recorded, str) else None
+        name = recorded_name(rec, path)
     waiters: list[Waiter] = []
     seen: set[int] = set()
     for e in queued:
@@ -113,6 +112,20 @@ def _from_kernel(
     return st
 
 
+def recorded_name(rec: Mapping[str, Any], path: str) -> str | None:
+    """The name a record gives, if it is the name of this file (or of its slots): anyone
+    who can write a lock file in the dir writes its record, and ``list`` shows the name."""
+    named = rec.get("name")
+    if not isinstance(named, str):
+        return None
+    try:
+        stem = lock_filename(named)[: -len(LOCK_SUFFIX)]
+    except UnicodeError:  # a surrogate that stands for no byte
+        return None
+    base = os.path.basename(path)
+    return named if base == stem + LOCK_SUFFIX or base.startswith(stem + ".slot") else None
+
+
 def _slot_of(rec: Mapping[str, Any] | None) -> int | None:
     slot = rec.get("slot") if rec is not None else None
     return slot if isinstance(slot, int) and not isinstance(slot, bool) else None
@@ -132,10 +145,9 @@ def _probe(path: str, name: str | None) -> LockStatus:
         except BlockingIOError:
             rec = record.read_record_fd(fd)
             holders = []
-            if rec is not None and isinstance(rec.get("pid"), int):
+            if rec is not None and isinstance(rec.get("pid"), int) and _proc.exists(rec["pid"]):
                 holders.append(_holder_from(rec["pid"], True, rec, time.time()))
-                recorded = rec.get("name")
-                name = name or (recorded if isinstance(recorded, str) else None)
+                name = name or recorded_name(rec, path)
             st = LockStatus(path, name, "held", "probe", None, holders)
             st.slot = _slot_of(rec)
             return st
@@ -174,11 +186,19 @@ def _missing(path: str, name: str | None) -> LockStatus:
         return LockStatus(path, name, "free", "probe")
 
     def recorded(through: str) -> str | None:
+        try:  # another lock's own file, whatever its record claims, was never at ``path``
+            if _is_lock_name(os.path.basename(os.readlink(through))):
+                return None
+        except OSError:
+            return None
         rec = record.read_record(through, through_proc=True)
         named = rec.get("name") if rec is not None else None
         if not isinstance(named, str):
             return None
-        return os.path.join(os.path.dirname(path), lock_filename(named))
+        try:
+            return os.path.join(os.path.dirname(path), lock_filename(named))
+        except UnicodeError:  # a surrogate that stands for no byte
+            return None
 
     found = held_elsewhere(path, locks, recorded)
     if found is None:
