@@ -69,7 +69,10 @@ def parent_of(pid: int) -> int | None:
 
 
 def is_ancestor(pid: int, max_depth: int = 4096) -> bool:
-    """Is ``pid`` our parent, or its parent, and so on?"""
+    """Is ``pid`` our parent, or its parent, and so on? Never pid 1 (or 0): everyone's
+    ancestor, and no holder ever is it (a command's entry names its supervisor, a child)."""
+    if pid <= 1:
+        return False
     current = os.getppid()
     for _ in range(max_depth):
         if current == pid:

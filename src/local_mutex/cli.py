@@ -16,6 +16,11 @@ if TYPE_CHECKING:
     from .commands.argv import Parsed
 
 COMPLETE_VAR = "_LOCAL_MUTEX_COMPLETE"
+# What click's shell completion sets it to; any other value (empty, stray) is no request
+# for completions, and the command runs as usual rather than silently not at all.
+_COMPLETIONS = {
+    f"{shell}_{what}" for shell in ("bash", "zsh", "fish") for what in ("source", "complete")
+}
 # See run_and_exit.
 _GC_THRESHOLD = 25_000
 
@@ -45,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0].startswith("-"):
         args = verb_first(args)
-    if COMPLETE_VAR in os.environ or not args or wants_help(args):
+    if os.environ.get(COMPLETE_VAR) in _COMPLETIONS or not args or wants_help(args):
         from ._site import ensure
 
         ensure()

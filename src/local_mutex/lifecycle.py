@@ -34,7 +34,7 @@ ENV_PYTHON = "LOCAL_MUTEX_PYTHON"
 # What LOCAL_MUTEX_CLI points at: nested calls run the same CLI with the same interpreter.
 SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "local-mutex.sh")
 ENV_PROGRESS = "LOCAL_MUTEX_PROGRESS_SECONDS"
-DEFAULT_PROGRESS = 30.0
+DEFAULT_PROGRESS = 30.0  # seconds, and at least 0.5: each line reads /proc/locks
 # Beyond the TERM -> KILL grace: what stopping a command may take (a lease must outlast it).
 STOP_MARGIN = 2.0
 
@@ -129,7 +129,7 @@ def progress_interval(env: Mapping[str, str]) -> float:
         value = float(env.get(ENV_PROGRESS, "") or DEFAULT_PROGRESS)
     except ValueError:
         return DEFAULT_PROGRESS
-    return value if 0 < value < 1e9 else DEFAULT_PROGRESS
+    return max(value, 0.5) if 0 < value < 1e9 else DEFAULT_PROGRESS
 
 
 def command_env(lock: Lock, env: Mapping[str, str], held: bool) -> dict[str, str]:

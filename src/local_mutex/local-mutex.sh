@@ -7,12 +7,13 @@
 # command's environment stays exactly as the caller had it), and what needs installed
 # packages (click for --help, psycopg) loads site itself.
 case $0 in
-    */*) here=${0%/*} ;;
-    *) here=$(command -v -- "$0") && here=${here%/*} || here=. ;;
+    */*) self=$0 ;;
+    *) self=$(command -v -- "$0") || self=$0 ;;
 esac
+# The package's parent is found from this file's real path: a symlink to it works too.
 exec "${LOCAL_MUTEX_PYTHON:-python3}" -I -S -c '
-import sys
-sys.path.insert(0, sys.argv.pop(1))
+import os, sys
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(sys.argv.pop(1)))))
 from local_mutex.cli import main, run_and_exit
 run_and_exit(main)
-' "$here/.." "$@"
+' "$self" "$@"

@@ -410,6 +410,17 @@ def test_completion_script_for_bash() -> None:
     assert "complete " in r.stdout and "local-mutex" in r.stdout
 
 
+@pytest.mark.parametrize("value", ["", "1", "yes", "tcsh_complete"])
+def test_a_stray_completion_variable_does_not_stop_the_command(value: str, tmp_path: Path) -> None:
+    """Only what click's completion scripts set asks for completions; the command ran not
+    at all (exit 0 or 1, silently) when the variable was left empty or set by accident."""
+    r = run_cli(
+        ["--lock-dir", str(tmp_path), "n", f"touch '{tmp_path}/ran'"],
+        env={"_LOCAL_MUTEX_COMPLETE": value},
+    )
+    assert r.returncode == 0 and (tmp_path / "ran").exists(), r.stderr
+
+
 def test_completion_offers_verbs_and_options() -> None:
     assert "plain,status" in _complete("local-mutex st", 1).splitlines()
     assert "plain,--lock-dir" in _complete("local-mutex run --lock", 2).splitlines()

@@ -111,6 +111,22 @@ def test_waiting_line_names_the_holder(procs: Procs, lock_dir: Path, marks: Path
     assert "acquired lock busy" in procs.stderr(waiter)
 
 
+def test_a_tiny_progress_interval_is_raised_to_half_a_second(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """Each line reads /proc/locks: 0.00001 s printed thousands of lines a second."""
+    holder = procs.start(["tiny", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    r = run_cli(
+        ["--wait", "1.2", "tiny", "true", str(lock_dir)],
+        env={"LOCAL_MUTEX_PROGRESS_SECONDS": "0.00001"},
+    )
+    assert r.returncode == 75
+    assert 1 <= r.stderr.count(b"still waiting for lock tiny") <= 3, r.stderr[-2000:]
+    (marks / "h.go").touch()
+    assert holder.wait(20) == 0
+
+
 def test_progress_line_repeats_while_waiting(procs: Procs, lock_dir: Path, marks: Path) -> None:
     holder = procs.start(["slow", hold_until(marks), str(lock_dir)])
     wait_for(marks / "h.held")

@@ -25,6 +25,23 @@ def test_cli_shim_runs_with_sh_and_directly(lock_dir: Path) -> None:
         assert lock_file(lock_dir, name).exists()
 
 
+def test_cli_shim_runs_through_a_symlink(lock_dir: Path, tmp_path: Path) -> None:
+    """A user's ``ln -s "$LOCAL_MUTEX_CLI" ~/bin/lm``: the package is found from the
+    shim's real path (it was looked for next to the link: ModuleNotFoundError)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    r = run_cli(
+        [
+            "outer",
+            f'ln -s "$LOCAL_MUTEX_CLI" {bin_dir}/lm && sh {bin_dir}/lm a "echo via-sh" && '
+            f'cd {bin_dir} && PATH={bin_dir}:$PATH lm b "echo on-path"',
+            str(lock_dir),
+        ]
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == b"via-sh\non-path\n"
+
+
 def test_shim_passes_exit_status_and_arg_errors(lock_dir: Path) -> None:
     r = run_cli(["outer", 'sh "$LOCAL_MUTEX_CLI" a "exit 9"', str(lock_dir)])
     assert r.returncode == 9
@@ -85,6 +102,25 @@ def test_a_non_descendant_with_the_inherited_environment_still_waits(
         ["--no-wait", "n", f"touch '{marks}/ran'", str(lock_dir)], env={"LOCAL_MUTEX_HELD": held}
     )
     assert r.returncode == 75
+    assert not (marks / "ran").exists()
+    (marks / "h.go").touch()
+    assert holder.wait(20) == 0
+
+
+def test_an_entry_naming_pid_1_is_nobodys_enclosing_hold(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """pid 1 is every process's ancestor: an entry naming it (planted, or copied from a
+    container's environment) ran a caller inside a lock another process held."""
+    holder = procs.start(["n", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    st = os.stat(lock_file(lock_dir, "n"))
+    for entry in (f"1:{st.st_dev}:{st.st_ino}:x", f"0:{st.st_dev}:{st.st_ino}:x"):
+        r = run_cli(
+            ["--no-wait", "n", f"touch '{marks}/ran'", str(lock_dir)],
+            env={"LOCAL_MUTEX_HELD": entry},
+        )
+        assert r.returncode == 75, r.stderr
     assert not (marks / "ran").exists()
     (marks / "h.go").touch()
     assert holder.wait(20) == 0
