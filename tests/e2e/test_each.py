@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import collections
+import io
 import os
 import signal
 import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from helpers import CLI, Procs, clean_env, hold_until, lock_file, run_cli, start_each, wait_for
 from helpers import procwatch as pw
+from local_mutex.commands.each import read_items
+from local_mutex.names import display
+
+# Over Linux's 128 KiB cap on one environment string, and macOS's 1 MiB for all of them:
+# as $LOCAL_MUTEX_ITEM, an item this long makes execve fail with E2BIG.
+TOO_BIG = 3_000_000
 
 
 def test_two_hundred_items_each_once_under_its_own_lock(lock_dir: Path, tmp_path: Path) -> None:
@@ -166,10 +175,13 @@ def test_each_bad_input(lock_dir: Path, marks: Path) -> None:
         (["each", "--lock-dir", str(lock_dir), "x-{}", " "], "command is only whitespace"),
         (["each", "--skip-locked", "--lock-dir", str(lock_dir), "x-{}", cmd], "--skip-locked"),
         (["each", "--lock-dir", "rel", "x-{}", cmd], "must be an absolute path"),
+        (["each", "--lock-dir", str(lock_dir), "", cmd], "template '' names no lock"),
+        (["each", "--lock-dir", str(lock_dir), "  ", cmd], "names no lock: it is only whitespace"),
     ]:
         r = run_cli(args, input=b"a\n")
         assert r.returncode == 2, (args, r.stderr)
         assert needle in r.stderr.decode()
+    assert not (marks / "ran").exists() and not any(lock_dir.iterdir())
     r = run_cli(["each", "--lock-dir", str(lock_dir), "x-{}", cmd], input=b"ok\nbad\tname\n")
     assert r.returncode == 2 and b"control characters (byte 0x09)" in r.stderr
     assert collections.Counter(p.name for p in lock_dir.iterdir()) == {
@@ -257,3 +269,115 @@ def test_a_supervisor_death_in_one_item_spares_what_earlier_items_left_behind(
         assert "stopping the command before releasing" in p.stderr.read().decode()
     finally:
         pw.signal_quietly([left, b_top])
+
+
+@pytest.mark.parametrize("template", ["", " "])
+def test_a_template_that_names_no_lock_is_refused_even_with_no_items(
+    lock_dir: Path, template: str
+) -> None:
+    """Refused up front, as any bad template: not accepted and found out per item (or
+    never, when stdin is empty)."""
+    r = run_cli(["each", "--lock-dir", str(lock_dir), template, "true"], input=b"")
+    assert r.returncode == 2, r.stderr
+    err = r.stderr.decode()
+    assert f"template {template!r} names no lock" in err and "items ran" not in err
+
+
+def test_a_command_that_cannot_start_fails_each_item_named(lock_dir: Path) -> None:
+    prog = ["--", "/nonexistent/prog"]
+    r = run_cli(["each", "-k", "--lock-dir", str(lock_dir), "k{}", *prog], input=b"a\nb\n")
+    assert r.returncode == 2, r.stderr  # --keep-going: the number of items that failed
+    err = r.stderr.decode().splitlines()
+    assert [x for x in err if "cannot start the command" in x] == [
+        f"local-mutex: item {item!r}: cannot start the command: No such file or directory"
+        for item in ("a", "b")
+    ]
+    assert "each: 2 items ran, 2 failed (first: 'a', exit 125) in" in err[-1]
+    r = run_cli(["each", "--lock-dir", str(lock_dir), "k{}", *prog], input=b"a\nb\n")
+    assert r.returncode == 125, r.stderr
+    text = r.stderr.decode()
+    assert "item 'a': cannot start the command" in text and "item 'b'" not in text
+    assert "1 item ran, 1 failed (first: 'a', exit 125), stopped early" in text
+
+
+def test_an_item_too_big_for_the_environment_fails_alone(lock_dir: Path, tmp_path: Path) -> None:
+    """E2BIG is the item's own failure: with --keep-going the next item (same lock) still
+    runs; without, the batch stops there. The item is named, but cut short."""
+    out = tmp_path / "out"
+    cmd = f'echo "$LOCAL_MUTEX_ITEM" >> "{out}"'
+    items = b"x" * TOO_BIG + b"\nsmall\n"
+    r = run_cli(["each", "-k", "--lock-dir", str(lock_dir), "k", cmd], input=items)
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert out.read_text() == "small\n"
+    err = r.stderr.decode()
+    assert len(err) < 2000, "a huge item was quoted whole"
+    line = next(x for x in err.splitlines() if "cannot start the command" in x)
+    assert line.startswith("local-mutex: item 'xxx") and f"({TOO_BIG} bytes)" in line
+    assert "Argument list too long" in line
+    assert "2 items ran, 1 failed (first: 'xxx" in err and "exit 125) in" in err
+    out.unlink()
+    r = run_cli(["each", "--lock-dir", str(lock_dir), "k", cmd], input=items)
+    assert r.returncode == 125, r.stderr[-2000:]
+    assert not out.exists()
+    assert "1 item ran, 1 failed" in r.stderr.decode()
+
+
+class Chunked(io.RawIOBase):
+    """A binary stream that hands out DATA cut at the given offsets, as a pipe would."""
+
+    def __init__(self, data: bytes, cuts: list[int]) -> None:
+        bounds = [0, *sorted(set(cuts)), len(data)]
+        self.chunks = [data[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+
+    def read1(self, size: int = -1) -> bytes:
+        if not self.chunks:
+            return b""
+        chunk = self.chunks.pop(0)
+        if 0 <= size < len(chunk):
+            chunk, rest = chunk[:size], chunk[size:]
+            self.chunks.insert(0, rest)
+        return chunk
+
+
+def split_items(data: bytes, *, null: bool) -> list[str]:
+    """The README's rule: lines (a line's trailing CR dropped) or NUL-separated items,
+    empty ones skipped."""
+    sep = b"\0" if null else b"\n"
+    raws = data.split(sep)
+    if not null:
+        raws = [raw[:-1] if raw.endswith(b"\r") else raw for raw in raws]
+    return [display(raw) for raw in raws if raw]
+
+
+@given(
+    data=st.lists(st.sampled_from([b"a", b"bc", b"\n", b"\0", b"\r", b"\xff", b"\xc3\xa9"])).map(
+        b"".join
+    ),
+    cuts=st.lists(st.integers(0, 64)),
+    null=st.booleans(),
+)
+def test_items_do_not_depend_on_how_stdin_is_chunked(
+    data: bytes, cuts: list[int], null: bool
+) -> None:
+    assert list(read_items(Chunked(data, cuts), null=null)) == split_items(data, null=null)
+
+
+def test_an_item_is_yielded_once_its_separator_arrives() -> None:
+    """Items run as they come: the first is out before the stream has more to give."""
+
+    class Stalls(Chunked):
+        def read1(self, size: int = -1) -> bytes:
+            assert self.chunks, "read past the first item before yielding it"
+            return super().read1(size)
+
+    items = read_items(Stalls(b"first\nsec", [2]), null=False)
+    assert next(items) == "first"
+
+
+@pytest.mark.parametrize("null", [False, True])
+def test_items_of_several_megabytes(null: bool) -> None:
+    sep = b"\0" if null else b"\n"
+    data = b"x" * 5_000_000 + sep + b"next" + sep + b"y" * 3_000_001
+    items = list(read_items(io.BytesIO(data), null=null))
+    assert [len(x) for x in items] == [5_000_000, 4, 3_000_001]
+    assert items == split_items(data, null=null)

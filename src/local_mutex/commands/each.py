@@ -12,11 +12,11 @@ import time
 
 from ..errors import (
     EXIT_NOT_ACQUIRED,
-    EXIT_USAGE,
     Interrupted,
     InvalidTemplate,
     LocalMutexError,
     NotAcquired,
+    SpawnError,
     ValidationError,
 )
 from ..lifecycle import run_locked
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 ENV_ITEM = "LOCAL_MUTEX_ITEM"
 MAX_EXIT = 125
+SHOWN = 80  # characters of an item a log line quotes: an item may be megabytes long
 
 
 def parse_template(template: str) -> list[str | None]:
@@ -72,24 +73,46 @@ def parse_template(template: str) -> list[str | None]:
     return parts
 
 
+def template_parts(template: str) -> list[str | None]:
+    """``parse_template``, and refuse a template whose lock name is bad whatever the item
+    (empty, only whitespace) up front, not once per item -- or never, when there are none."""
+    parts = parse_template(template)
+    if not template or template.isspace():
+        raise InvalidTemplate(
+            f"template {template!r} names no lock: it is "
+            f"{'empty' if not template else 'only whitespace'}; "
+            "give a lock name with {} for the item, e.g. 'cache-{}'"
+        )
+    return parts
+
+
 def expand(parts: list[str | None], item: str) -> str:
     return "".join(item if part is None else part for part in parts)
 
 
 def read_items(stream: object, *, null: bool) -> Iterator[str]:
-    """Items from a binary stream: lines (or NUL-separated), empty ones skipped."""
-    buffer = b""
+    """Items from a binary stream: lines (or NUL-separated), empty ones skipped.
+
+    Each item is yielded as soon as its separator arrives. Only the new chunk is searched
+    for separators: an item longer than a chunk is gathered in pieces, joined once.
+    """
     sep = b"\0" if null else b"\n"
     read = getattr(stream, "read1", None) or stream.read  # type: ignore[attr-defined]
+    pending: list[bytes] = []  # the item being read, no separator in it yet
     while True:
         chunk = read(65536)
         if not chunk:
             break
-        buffer += chunk
-        *items, buffer = buffer.split(sep)
+        if sep not in chunk:
+            pending.append(chunk)
+            continue
+        first, *items, last = chunk.split(sep)
+        pending.append(first)
+        yield from _item(b"".join(pending), null)
         for raw in items:
             yield from _item(raw, null)
-    yield from _item(buffer, null)
+        pending = [last]
+    yield from _item(b"".join(pending), null)
 
 
 def _item(raw: bytes, null: bool) -> Iterator[str]:
@@ -97,6 +120,13 @@ def _item(raw: bytes, null: bool) -> Iterator[str]:
         raw = raw[:-1]
     if raw:
         yield display(raw)
+
+
+def named(item: str) -> str:
+    """The item as a log line quotes it: its repr, cut short when long."""
+    if len(item) <= SHOWN:
+        return repr(item)
+    return f"{item[:SHOWN]!r}... ({len(name_bytes(item))} bytes)"
 
 
 class EachResult:
@@ -125,7 +155,7 @@ def run_each(
     subreaper: bool = False,
 ) -> EachResult:
     """Run ``command`` once per item under the lock named by ``template``."""
-    parts = parse_template(template)
+    parts = template_parts(template)
     base_env = dict(env)
     result = EachResult()
     opts.stdin_devnull = True  # items come from our stdin
@@ -146,15 +176,16 @@ def run_each(
             if skip_locked:
                 result.skipped.append(item)
                 if reporter is not None:
-                    reporter.info(f"skipped item {item!r}: {exc}")
+                    reporter.info(f"skipped item {named(item)}: {exc}")
                 continue
             status, stop_signal = EXIT_NOT_ACQUIRED, 0
             if reporter is not None:
-                reporter.error(f"item {item!r}: {exc}")
-        except ValidationError as exc:
-            status, stop_signal = EXIT_USAGE, 0
+                reporter.error(f"item {named(item)}: {exc}")
+        except (ValidationError, SpawnError) as exc:
+            # A spawn failure can be the item's own: $LOCAL_MUTEX_ITEM too big (E2BIG).
+            status, stop_signal = exc.exit_code, 0
             if reporter is not None:
-                reporter.error(f"item {item!r}: {exc}")
+                reporter.error(f"item {named(item)}: {exc}")
         except Interrupted as exc:
             result.status, result.stopped = exc.exit_code, True
             return result
@@ -177,7 +208,7 @@ def summary(result: EachResult, seconds: float) -> str:
     text = f"each: {result.ran} item{'s' if result.ran != 1 else ''} ran"
     if result.failed:
         item, status = result.first_failure or ("?", 0)
-        text += f", {len(result.failed)} failed (first: {item!r}, exit {status})"
+        text += f", {len(result.failed)} failed (first: {named(item)}, exit {status})"
     if result.skipped:
         text += f", {len(result.skipped)} skipped because locked"
     if result.stopped:
@@ -193,7 +224,7 @@ def each(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
         wait = parsed.wait()
         if parsed.flag("skip_locked") and wait is None:
             raise UsageError("--skip-locked needs --wait SECONDS or --no-wait")
-        parse_template(parsed.positionals[0])
+        template_parts(parsed.positionals[0])
         command, opts = command_of(parsed), options_of(parsed)
     except LocalMutexError as exc:
         return reporter.failure(exc)
