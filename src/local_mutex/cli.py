@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .commands.clicktree import show
 
         return show(args)
-    if args == ["--version"]:
+    if "--version" in args and all(a.startswith("-") for a in args):  # `-q --version` too
         from ._version import __version__
         from .ui.output import out
 

@@ -379,6 +379,12 @@ def test_top_level_help_shows_the_run_form_first() -> None:
     assert _ok(run_cli(["-h"])).stdout == r.stdout
 
 
+@pytest.mark.parametrize("args", [["--version"], ["-q", "--version"], ["--version", "-q"]])
+def test_version_with_other_flags(args: list[str]) -> None:
+    r = _ok(run_cli(args))
+    assert r.stdout.startswith(b"local-mutex, version ")
+
+
 def _complete(words: str, cword: int, shell: str = "bash") -> str:
     r = subprocess.run(
         [*CLI],

@@ -337,8 +337,14 @@ def _plant_hard_link(path: Path, tmp_path: Path) -> None:
     os.link(tmp_path / "victim", path)
 
 
+def _plant_directory(path: Path, tmp_path: Path) -> None:
+    path.mkdir()
+
+
 @pytest.mark.parametrize(
-    "plant", [_plant_fifo, _plant_symlink, _plant_hard_link], ids=["fifo", "symlink", "hard-link"]
+    "plant",
+    [_plant_fifo, _plant_symlink, _plant_hard_link, _plant_directory],
+    ids=["fifo", "symlink", "hard-link", "directory"],
 )
 def test_status_refuses_what_run_refuses_with_the_same_message(
     lock_dir: Path, tmp_path: Path, marks: Path, plant: Callable[[Path, Path], None]

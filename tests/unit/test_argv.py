@@ -253,6 +253,43 @@ def test_hint_quotes_awkward_names() -> None:
     assert "'it'\\''s'" in msg
 
 
+def test_hint_repeats_the_options_given() -> None:
+    """Pasting the suggestion must lock in the same domain, with the same ceilings."""
+    msg = refused(RUN, ["--timeout", "60", "--lock-dir", "/tmp", "-q", "demo", "make", "deploy"])
+    assert "(local-mutex --timeout 60 --lock-dir /tmp -q demo 'make deploy')" in msg
+    assert "(local-mutex --timeout 60 --lock-dir /tmp -q demo -- make deploy)" in msg
+    msg = refused(EACH, ["-k", "--shared", "t-{}", "make", "x"])
+    assert "(local-mutex each -k --shared 't-{}' 'make x')" in msg
+
+
+@pytest.mark.parametrize("name", ["status", "list", "-x", "--q"])
+def test_hint_puts_a_name_that_reads_as_a_verb_or_an_option_after_double_dash(name: str) -> None:
+    """``local-mutex run status make deploy`` was told ``local-mutex status 'make deploy'``,
+    which asks for the status of a lock and runs nothing."""
+    msg = refused(RUN, ["--", name, "make", "deploy"])
+    assert f"(local-mutex -- {name} 'make deploy')" in msg
+    assert f"(local-mutex -- {name} -- make deploy)" in msg
+    for suggested in (["--", name, "make deploy"], ["--", name, "--", "make", "deploy"]):
+        parsed = parse(RUN, suggested)
+        assert parsed.positionals[0] == name
+
+
+def test_a_lock_dir_given_twice_as_the_same_directory_agrees() -> None:
+    parsed = parse(RUN, ["--lock-dir", "/tmp/d", "n", "c", "/tmp/d/"])
+    assert parsed.text("lock_dir") == "/tmp/d/"
+    assert "disagree" in refused(RUN, ["--lock-dir", "/tmp/d", "n", "c", "/tmp/e"])
+
+
+@pytest.mark.parametrize("args", [["-qh"], ["-hq"], ["status", "-qh", "n"], ["each", "-kh"]])
+def test_help_in_a_cluster_of_short_flags_is_help(args: list[str]) -> None:
+    assert wants_help(args)
+
+
+@pytest.mark.parametrize("args", [["-qx"], ["--", "-h"], ["n", "echo -h"]])
+def test_what_is_not_a_help_request(args: list[str]) -> None:
+    assert not wants_help(args)
+
+
 def test_unknown_option_before_the_command_has_no_hint() -> None:
     msg = refused(RUN, ["--bogus", "n", "c"])
     assert msg == "no such option: '--bogus' (see local-mutex run --help)"
@@ -406,7 +443,7 @@ def test_positionals_table_covers_every_verb() -> None:
         (["n", "--", "prog", "--help"], False),
         (["--", "-h"], False),
         (["n", "c"], False),
-        (["-hq"], False),
+        (["-hq"], True),  # a cluster of short flags, as click reads it
         (["--helpful"], False),
         ([], False),
     ],

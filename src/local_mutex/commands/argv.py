@@ -40,7 +40,7 @@ class Parsed:
     """A parsed command line: positionals, the program's argv after ``--`` (or None),
     option values by ``dest`` (defaults filled in) and which options were given."""
 
-    __slots__ = ("argv", "given", "positionals", "values", "verb")
+    __slots__ = ("argv", "given", "positionals", "typed", "values", "verb")
 
     def __init__(self, verb: str) -> None:
         self.verb = verb
@@ -48,6 +48,7 @@ class Parsed:
         self.argv: list[str] | None = None
         self.values: dict[str, object] = {o.dest: o.default for o in options_for(verb)}
         self.given: set[str] = set()
+        self.typed: list[str] = []  # the options as typed, for a usage hint to repeat
 
     def flag(self, dest: str) -> bool:
         return bool(self.values.get(dest))
@@ -117,7 +118,12 @@ def _option_words(args: Sequence[str]) -> Iterator[tuple[int, str, bool]]:
 
 def wants_help(args: Sequence[str]) -> bool:
     """``-h``/``--help`` as an option, not as the value of one."""
-    return any(arg in ("-h", "--help") for _, arg, is_option in _option_words(args) if is_option)
+    shorts = {f[1] for o in OPTIONS for f in o.flags if len(f) == 2} | {"h"}
+    return any(
+        arg in ("-h", "--help") or (arg[1] != "-" and "h" in arg and set(arg[1:]) <= shorts)
+        for _, arg, is_option in _option_words(args)
+        if is_option
+    )
 
 
 def verb_first(args: Sequence[str]) -> list[str]:
@@ -162,6 +168,7 @@ def parse(verb: str, args: Sequence[str]) -> Parsed:
             if eq:
                 raise UsageError(f"{flag} takes no value")
             parsed.values[option.dest] = True
+            parsed.typed.append(arg)
         else:
             if not eq:
                 if i >= len(args):
@@ -169,6 +176,7 @@ def parse(verb: str, args: Sequence[str]) -> Parsed:
                 inline = args[i]
                 i += 1
             parsed.values[option.dest] = _convert(option, flag, inline)
+            parsed.typed += [flag, inline]
         parsed.given.add(option.dest)
     _check_shape(verb, parsed)
     return parsed
@@ -182,6 +190,7 @@ def _short_cluster(arg: str, known: dict[str, Option], parsed: Parsed, verb: str
             raise _unknown(verb, arg, parsed)
         parsed.values[option.dest] = True
         parsed.given.add(option.dest)
+    parsed.typed.append(arg)
     return i
 
 
@@ -196,9 +205,19 @@ def _unknown(verb: str, arg: str, parsed: Parsed) -> UsageError:
 def _quote_hint(verb: str, parsed: Parsed, problem: str, *more: str) -> str:
     from ..names import shell_quote
 
-    # Each word quoted as it was one argument, so the suggestion runs what was typed.
+    # Each word quoted as it was one argument, so the suggestion runs what was typed: with
+    # the options given, and the name after `--` where it could read as an option or verb.
     words = " ".join(shell_quote(w) for w in [*parsed.positionals[1:], *more])
-    head = f"local-mutex {'each ' if verb == EACH else ''}{shell_quote(parsed.positionals[0])}"
+    name = parsed.positionals[0]
+    head = " ".join(
+        [
+            "local-mutex",
+            *(["each"] if verb == EACH else []),
+            *(shell_quote(w) for w in parsed.typed),
+            *(["--"] if name.startswith("-") or name in VERBS else []),
+            shell_quote(name),
+        ]
+    )
     return (
         f"{problem}; the command must be one quoted argument ({head} {shell_quote(words)}) "
         f"or follow -- ({head} -- {words})"
@@ -233,7 +252,7 @@ def _check_shape(verb: str, parsed: Parsed) -> None:
                     _quote_hint(verb, parsed, f"lock dir {lock_dir!r} must be an absolute path")
                 )
             given = parsed.text("lock_dir")
-            if given and given != lock_dir:
+            if given and os.path.normpath(given) != os.path.normpath(lock_dir):
                 raise UsageError("LOCK_DIR and --lock-dir disagree; give one of them")
             parsed.values["lock_dir"] = lock_dir
         if verb == RUN and count > 3:

@@ -118,6 +118,8 @@ def _open_existing(path: str) -> int | None:
 def _refusal(path: str, exc: OSError) -> Exception:
     if exc.errno == errno.ELOOP:
         return UnsafeLockFile(f"lock file {path!r} is a symlink; refusing to follow it")
+    if exc.errno == errno.EISDIR:  # as status says it (refusal_for)
+        return UnsafeLockFile(f"lock file {path!r} is not a regular file; refusing to use it")
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return InvalidLockDir(f"cannot create lock file {path!r}: {exc.strerror}")
     where = os.path.dirname(path)
