@@ -236,7 +236,7 @@ def _check(inputs: ActionInputs, step: _Step, backend: Backend) -> int:
     ]
     step.outputs.update(
         {
-            "locked": "true" if st.busy else "false",
+            "locked": "true" if st.busy(inputs.slots) else "false",
             "holder": dumps(holders[0]) if holders else "",
         }
     )

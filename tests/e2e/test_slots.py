@@ -86,7 +86,7 @@ def test_a_waiting_third_sleeps_and_then_runs_without_proc(
     )
     procs.wait_stderr(third, "all 2 slots of pool are busy")
     procs.wait_stderr(fourth, "waiting for lock pool")
-    r = run_cli(["status", "pool", "--lock-dir", str(lock_dir), "--json"], env=NO_PROC)
+    r = run_cli(["status", "--slots", "pool", "--lock-dir", str(lock_dir), "--json"], env=NO_PROC)
     st = json.loads(r.stdout)
     assert r.returncode == 1 and st["method"] == "probe" and st["slots_in_use"] == 2
     assert {s["holders"][0]["pid"] for s in st["slots"]} == {a.pid, b.pid}
@@ -232,3 +232,23 @@ def test_a_stopped_head_of_the_queue_does_not_keep_free_slots_from_the_rest(
         os.kill(head.pid, signal.SIGCONT)
     assert head.wait(20) == 0
     assert (marks / "head.ran").exists()
+
+
+@pytest.mark.parametrize("env", [{}, NO_PROC], ids=["proc", "no-proc"])
+def test_status_answers_for_the_plain_lock_and_with_slots_for_the_slots(
+    procs: Procs, lock_dir: Path, marks: Path, env: dict[str, str]
+) -> None:
+    """One --slots 1 run holds the only slot: the plain lock is free (a plain run runs at
+    once), so plain ``status`` says 0; ``status --slots`` says 1. It said 1 either way."""
+    where = ["--lock-dir", str(lock_dir)]
+    a = procs.start(["--slots", "1", "demo", hold_until(marks, "a"), str(lock_dir)])
+    wait_for(marks / "a.held")
+    plain = run_cli(["status", *where, "demo"], env=env)
+    slotted = run_cli(["status", *where, "--slots", "demo"], env=env)
+    assert plain.returncode == 0 and b"demo: free; 1 of 1 slots in use" in plain.stdout
+    assert slotted.returncode == 1, slotted.stdout
+    assert run_cli(["--no-wait", *where, "demo", "true"]).returncode == 0
+    (marks / "a.go").touch()
+    assert a.wait(20) == 0
+    assert run_cli(["status", *where, "--slots", "demo"], env=env).returncode == 0
+    assert run_cli(["status", *where, "--slots", "never-slotted"], env=env).returncode == 0

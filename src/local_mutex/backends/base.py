@@ -237,10 +237,12 @@ class LockStatus(_Fields):
     def held(self) -> bool:
         return self.state == "held"
 
-    @property
-    def busy(self) -> bool:
-        """Held, or every slot of a counting semaphore is."""
-        return self.held or (bool(self.slots) and all(s.held for s in self.slots))
+    def busy(self, slots: int | None = None) -> bool:
+        """Would a caller wait: the lock is held, or (``slots``: a ``--slots N`` caller)
+        every one of the name's first N slots is. The two are separate locks."""
+        if slots is None:
+            return self.held
+        return 0 < slots <= len(self.slots) and all(s.held for s in self.slots[:slots])
 
     def as_dict(self) -> dict[str, Any]:
         out = super().as_dict()

@@ -25,7 +25,7 @@ def _cannot_tell(exc: BaseException) -> BaseException:
 
 
 def status(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
-    """Exit 0 free, 1 held (or every slot busy), 3 cannot tell, 2 bad input."""
+    """Exit 0 free, 1 held (with ``--slots``: every slot), 3 cannot tell, 2 bad input."""
     env = os.environ if env is None else env
     reporter = reporter_for(parsed, env)
     name = parsed.positionals[0]
@@ -40,6 +40,8 @@ def status(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
         )
     except Failed as exc:
         return exc.code
+    # --slots asks about the name's counting semaphore, a lock apart from the plain one.
+    slots = len(st.slots) if parsed.flag("slotted") else None
     data = st.as_dict()
     if parsed.flag("json"):
         out_json(data)
@@ -47,7 +49,7 @@ def status(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
         out(describe_status(data, name))
     if st.state not in ("free", "held"):
         return CannotTell.exit_code
-    return EXIT_HELD if st.busy else EXIT_FREE
+    return EXIT_HELD if st.busy(slots) else EXIT_FREE
 
 
 def list_(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:

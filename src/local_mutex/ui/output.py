@@ -43,7 +43,7 @@ def describe_status(st: dict[str, Any], asked: str | None) -> str:
     lines = []
     slots = st.get("slots") or []
     if st["state"] == "free" and slots:
-        lines.append(f"{label}: {st.get('slots_in_use', 0)} of {len(slots)} slots in use")
+        lines.append(f"{label}: free; {st.get('slots_in_use', 0)} of {len(slots)} slots in use")
     elif st["state"] == "free":
         lines.append(f"{label}: free")
     elif st["state"] == "held":
