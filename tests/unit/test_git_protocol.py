@@ -12,6 +12,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from local_mutex.backends import check_address, is_git_address
+from local_mutex.backends.git.plumbing import refused_for_good, why
 from local_mutex.backends.git.protocol import (
     MAX_BODY,
     BadBody,
@@ -22,7 +24,7 @@ from local_mutex.backends.git.protocol import (
     format_message,
     parse_message,
 )
-from local_mutex.errors import ValidationError
+from local_mutex.errors import BadAddress, InvalidName, ValidationError
 
 OID = "0123456789abcdef0123456789abcdef01234567"
 REF = "refs/heads/lock__the-name"
@@ -401,3 +403,151 @@ def test_branch_for() -> None:
         assert "branch" in str(info.value)
     with pytest.raises(ValidationError, match="not a valid git branch name"):
         branch_for("a\nb", "lock__")
+
+
+def test_branch_for_refuses_a_name_that_is_not_utf8() -> None:
+    # What ``names.display`` makes of the byte 0xFF (a name from argv or the API).
+    name = b"deploy-\xff".decode("utf-8", "surrogateescape")
+    with pytest.raises(InvalidName, match=r"'deploy-\\xff' cannot be a git branch name.*UTF-8"):
+        branch_for(name, "lock__")
+    assert branch_for("déploiement", "lock__") == "refs/heads/lock__déploiement"
+
+
+# --- which addresses are git remotes --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "self",
+        "https://github.com/acme/locks.git",
+        "http://127.0.0.1:8080/locks.git",
+        "ssh://git@github.com/acme/locks.git",
+        "git://127.0.0.1:9418/locks.git",
+        "file:///srv/locks.git",
+        "git@github.com:acme/locks.git",
+        "host:locks.git",
+        "[::1]:locks.git",
+        "git@[::1]:locks.git",
+    ],
+)
+def test_documented_git_addresses(address: str) -> None:
+    assert is_git_address(address)
+    check_address(address)
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "/tmp",
+        "./locks.git",
+        "locks.git",
+        "garbage",
+        "postgresq://h/x",
+        "htps://github.com/acme/locks.git",
+        "file://",
+        "https://",
+        "ext::sh -c evil",
+        ":path",
+        "host:",
+        "a/b:c",
+        "my host:path",
+    ],
+)
+def test_other_addresses_are_refused(address: str) -> None:
+    assert not is_git_address(address)
+    with pytest.raises(BadAddress) as info:
+        check_address(address)
+    assert "is not a lock address" in str(info.value) and "file:///path" in str(info.value)
+    assert info.value.exit_code == 2
+
+
+def test_postgres_addresses_are_not_git() -> None:
+    check_address("postgresql://ci@db/locks")
+    check_address("postgres://ci@db/locks")
+
+
+# --- git's stderr, as one line --------------------------------------------------------------
+
+ADVICE = (
+    "fatal: Could not read from remote repository.\n\n"
+    "Please make sure you have the correct access rights\nand the repository exists.\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("stderr", "cause"),
+    [
+        (
+            "ssh: Could not resolve hostname nonexistent.invalid: Name or service not known\n"
+            + ADVICE,
+            "ssh: Could not resolve hostname nonexistent.invalid: Name or service not known",
+        ),
+        (
+            "fatal: '/tmp' does not appear to be a git repository\n" + ADVICE,
+            "fatal: '/tmp' does not appear to be a git repository",
+        ),
+        (
+            "fatal: unable to connect to 127.0.0.1:\n"
+            "127.0.0.1[0: 127.0.0.1]: errno=Connection refused\n",
+            "fatal: unable to connect to 127.0.0.1: "
+            "127.0.0.1[0: 127.0.0.1]: errno=Connection refused",
+        ),
+        (
+            "remote: Repository not found.\n"
+            "fatal: repository 'https://github.com/a/b.git/' not found\n",
+            "remote: Repository not found.; "
+            "fatal: repository 'https://github.com/a/b.git/' not found",
+        ),
+        (
+            "remote: error: cannot lock ref 'refs/heads/x': Unable to create "
+            "'/srv/r/refs/heads/x.lock': File exists.        \nremote: \n"
+            "remote: Another git process seems to be running in this repository, e.g.        \n"
+            "remote: an editor opened by 'git commit'. Please make sure all processes        \n"
+            "error: failed to push some refs to 'git://h/r'\n",
+            "remote: error: cannot lock ref 'refs/heads/x': Unable to create "
+            "'/srv/r/refs/heads/x.lock': File exists.",
+        ),
+        ("hint: only a hint\n", ""),
+        ("", ""),
+    ],
+)
+def test_why_keeps_the_cause_not_the_advice(stderr: str, cause: str) -> None:
+    assert why(stderr) == cause
+
+
+@pytest.mark.parametrize(
+    ("stderr", "for_good"),
+    [
+        (
+            "remote: error: cannot lock ref 'refs/heads/lock__a/b': 'refs/heads/lock__a' "
+            "exists; cannot create 'refs/heads/lock__a/b'        \n",
+            "'refs/heads/lock__a' exists; cannot create",
+        ),
+        (
+            "remote: error: cannot lock ref 'refs/heads/lock__aaa': Unable to create "
+            "'/srv/r/./refs/heads/lock__aaa.lock': File name too long        \n",
+            "File name too long",
+        ),
+        (
+            "remote: error: cannot lock ref 'refs/heads/x': Unable to create "
+            "'/srv/r/refs/heads/x.lock': Permission denied\n",
+            "Permission denied",
+        ),
+        # A race, or what may be one: no verdict.
+        (
+            "remote: error: cannot lock ref 'refs/heads/x': Unable to create "
+            "'/srv/r/refs/heads/x.lock': File exists.\n",
+            None,
+        ),
+        ("remote: error: cannot lock ref 'refs/heads/x': reference already exists\n", None),
+        ("remote: error: cannot lock ref 'refs/heads/x': is at 0123 but expected 4567\n", None),
+        ("", None),
+    ],
+)
+def test_refused_for_good(stderr: str, for_good: str | None) -> None:
+    found = refused_for_good(stderr)
+    if for_good is None:
+        assert found is None
+    else:
+        assert found is not None and for_good in found and found.startswith("cannot lock ref")

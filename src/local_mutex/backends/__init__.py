@@ -1,9 +1,9 @@
 """Lock backends, and the one place that picks one from a lock's address.
 
 An address is a lock directory (this machine's kernel) or a ``--remote`` URL: the scheme
-picks the backend (``postgresql://``/``postgres://``: PostgreSQL; ``self`` or any other
-git URL: a git remote). Nothing here imports a backend until it is chosen, so the plain
-local path never loads git or database code.
+picks the backend (``postgresql://``/``postgres://``: PostgreSQL; ``self`` or a git URL of a
+documented form: a git remote; anything else is refused). Nothing here imports a backend
+until it is chosen, so the plain local path never loads git or database code.
 """
 
 from __future__ import annotations
@@ -20,6 +20,11 @@ if TYPE_CHECKING:
     from .base import Backend
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+GIT_SCHEMES = ("https://", "http://", "ssh://", "git://", "file://")
+ADDRESSES = (
+    "a git remote (https://…, http://…, ssh://…, git://…, file:///path, user@host:path, "
+    "or self) or a PostgreSQL database (postgresql://…, postgres://…)"
+)
 
 
 class Take:
@@ -64,6 +69,36 @@ def remote_address(explicit: str | None, env: Mapping[str, str]) -> str | None:
     return value.strip() or None
 
 
+def is_git_address(remote: str) -> bool:
+    """A git URL of a documented form: a known scheme with something after it, ``self``,
+    or scp-like ``[user@]host:path`` (a ':' before any '/', as git itself reads it)."""
+    if remote == "self":
+        return True
+    if remote.startswith(GIT_SCHEMES):
+        return bool(remote.partition("://")[2].strip("/"))
+    # ``[user@]host:path``; an IPv6 host is bracketed: ``[::1]:path``, ``user@[::1]:path``
+    split = "]:" if remote.startswith("[") or "@[" in remote else ":"
+    host, colon, path = remote.partition(split)
+    return bool(
+        colon
+        and host
+        and path
+        and "/" not in host
+        and not path.startswith(("//", ":"))  # a mistyped scheme; ``helper::address``
+        and not any(c.isspace() for c in host)
+    )
+
+
+def check_address(remote: str) -> None:
+    """BadAddress unless ``remote`` is an address some backend is documented to take."""
+    if remote.startswith(POSTGRES_SCHEMES) or is_git_address(remote):
+        return
+    from ..errors import BadAddress
+
+    hint = " (a local path? give it as file:///path)" if remote.startswith((".", "/")) else ""
+    raise BadAddress(f"--remote {remote!r} is not a lock address{hint}: give {ADDRESSES}")
+
+
 def open_backend(
     remote: str | None,
     *,
@@ -83,6 +118,7 @@ def open_backend(
         from .flock.backend import FlockBackend
 
         return FlockBackend(lock_dir, env=env, allow_other_owner=allow_other_owner, reading=reading)
+    check_address(remote)
     if remote.startswith(POSTGRES_SCHEMES):
         from .postgres.backend import PostgresBackend  # type: ignore[import-not-found, unused-ignore]
 

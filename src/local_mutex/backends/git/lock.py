@@ -45,7 +45,7 @@ class GitLock:
         self.label = display(raw)
         self.ref = branch_for(self.label, backend.prefix, backend.env)
         self.lock_file = f"{backend.address} {self.ref}"
-        self.key = "g-" + digest(self.lock_file.encode())[:32]
+        self.key = "g-" + digest(self.lock_file.encode("utf-8", "surrogateescape"))[:32]
         self.stop_grace = 7.0
         self.token = os.urandom(16).hex()
         self.ours: RemoteState | None = None
@@ -159,19 +159,33 @@ class GitLock:
     ) -> RemoteState:
         last_oid = current.oid
         poll = self.backend.poll
+        unexplained = 0  # pushes in a row that failed while the branch stayed as it was
         while True:
             if not current.locked:
                 ours = self.try_take(current, message=message, lease=lease, extra=extra)
                 if ours is not None:
                     return ours
-                current = self.read()  # lost the race: look again at once
-                last_oid = current.oid
-                continue
+                seen = self.read()
+                if seen.oid != current.oid:  # lost the race: look again at once
+                    current, last_oid, unexplained = seen, seen.oid, 0
+                    continue
+                # The branch did not move, so no one beat us to it: a concurrent push
+                # still under way, or a refusal that lasts. Wait as for a holder, and
+                # do not try for ever.
+                current, last_oid, unexplained = seen, seen.oid, unexplained + 1
+                if unexplained >= _ATTEMPTS:
+                    raise Unavailable(
+                        f"remote lock {self.label} not taken; {self._not_taken(unexplained)}"
+                    )
             elapsed = time.monotonic() - start
             if wait is not None and elapsed >= wait:
                 raise NotAcquired(
                     f"remote lock {self.label} not acquired after {elapsed:.1f}s; "
-                    f"held by {describe(current)}",
+                    + (
+                        f"held by {describe(current)}"
+                        if current.locked
+                        else self._not_taken(unexplained)
+                    ),
                     current.as_dict(),
                     elapsed,
                 )
@@ -183,6 +197,13 @@ class GitLock:
             if self.git.head(self.ref) != last_oid:
                 current = self.read()
                 last_oid = current.oid
+
+    def _not_taken(self, tries: int) -> str:
+        pushes = "a push" if tries == 1 else f"{tries} pushes"
+        return (
+            f"it is free, but {pushes} to {self.backend.address} did not take it: "
+            f"{self.git.refusal or 'git gave no reason'}"
+        )
 
     # -- while held ----------------------------------------------------------------------
 

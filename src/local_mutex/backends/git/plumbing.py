@@ -34,6 +34,65 @@ _LOST_RACE = (
     "atomic transaction failed",
 )
 
+# What the server says after "cannot lock ref '<ref>':" when the ref can never be written
+# as asked, however often we try: a branch in the way of a folder of branches (or the other
+# way round), a name too long for its file system, a repository it cannot write to.
+_NOT_A_RACE = (
+    "exists; cannot create",
+    "cannot process '",
+    "blocking reference",
+    "File name too long",
+    "Permission denied",
+    "Read-only file system",
+    "No space left on device",
+)
+_DF_HINT = (
+    " (on a git remote, a lock name cannot also be the folder of another: 'a' and 'a/b' "
+    "cannot both exist)"
+)
+# git's generic lines, which say nothing about the cause.
+_BOILERPLATE = (
+    "hint:",
+    "fatal: Could not read from remote repository",
+    "error: failed to push some refs",
+)
+
+
+def why(stderr: str, limit: int = 3) -> str:
+    """git's stderr as one line: the lines that say the cause, not the advice that follows
+    them after a blank line ("Please make sure you have the correct access rights ...").
+    A line that ends in ':' goes on with the next (``unable to connect to h:\\n<errno>``)."""
+    parts: list[str] = []
+    for raw in stderr.splitlines():
+        line = " ".join(raw.split())
+        said = line.removeprefix("remote:").strip()  # the server's own stderr, relayed
+        if not said:
+            if parts:
+                break
+            continue
+        if said.startswith(_BOILERPLATE):
+            continue
+        if parts and parts[-1].endswith(":"):
+            parts[-1] = f"{parts[-1]} {line}"
+        elif len(parts) < limit:
+            parts.append(line)
+    return "; ".join(parts)
+
+
+def refused_for_good(stderr: str) -> str | None:
+    """The server's reason when it could not lock the ref for a cause that is no race."""
+    for raw in stderr.splitlines():
+        line = " ".join(raw.split())
+        at = line.find("cannot lock ref '")
+        if at < 0:
+            continue
+        reason = line[at:]
+        if any(sign in reason for sign in _NOT_A_RACE):
+            return reason + (_DF_HINT if "exists; cannot create" in reason else "")
+        if "Unable to create '" in reason and "File exists" not in reason:
+            return reason  # another errno than a concurrent update's lock file
+    return None
+
 
 _SCRATCH = "local-mutex-git-"
 
@@ -93,6 +152,7 @@ class Git:
             self._add_token(token)
         self.run("init", "--bare", "--quiet", self.dir)
         self._empty_tree: str | None = None
+        self.refusal = ""  # git's words when the last push did not go through
 
     def _add_token(self, token: str) -> None:
         # Environment-only config (git >= 2.31): the header is invisible to `ps`.
@@ -139,9 +199,7 @@ class Git:
         return proc
 
     def _why(self, proc: subprocess.CompletedProcess[bytes]) -> str:
-        text = proc.stderr.decode("utf-8", "replace").strip().splitlines()
-        useful = [line for line in text if line and not line.startswith("hint:")]
-        return useful[-1] if useful else f"exit {proc.returncode}"
+        return why(proc.stderr.decode("utf-8", "replace")) or f"exit {proc.returncode}"
 
     # -- reading --
 
@@ -161,10 +219,10 @@ class Git:
             args.append(f"--depth={depth}")
         proc = self.run(*args, "--", self.url, ref, check=False)
         if proc.returncode != 0:
-            why = self._why(proc)
-            if "couldn't find remote ref" in why:
+            reason = self._why(proc)
+            if "couldn't find remote ref" in reason:
                 return None
-            raise Unavailable(f"cannot read {ref} from {self.url}: {why}")
+            raise Unavailable(f"cannot read {ref} from {self.url}: {reason}")
         # FETCH_HEAD names what was fetched: reading it saves a git process per look.
         with open(os.path.join(self.dir, "FETCH_HEAD"), encoding="utf-8") as f:
             return f.read().split("\t", 1)[0].strip()
@@ -214,7 +272,8 @@ class Git:
 
     def push(self, ref: str, new: str | None, expected: str | None) -> bool:
         """Compare-and-swap ``ref`` from ``expected`` (None: must not exist) to ``new`` (None:
-        delete). False when someone else moved it first; Unavailable for anything else."""
+        delete). False when it looks like someone else moved it first (``refusal`` keeps
+        git's words); Unavailable for anything else."""
         lease = f"--force-with-lease={ref}:{expected or ''}"
         spec = f"{new}:{ref}" if new else f":{ref}"
         proc = self.run("push", "--porcelain", "--atomic", lease, "--", self.url, spec, check=False)
@@ -223,13 +282,18 @@ class Git:
         status = [line for line in out.splitlines() if line[:1] in "*+-=! " and "\t" in line]
         if proc.returncode == 0 and status and status[0][0] != "!":
             return True
+        self.refusal = why(err) or "; ".join(line.split("\t", 2)[-1] for line in status)
+        cause = refused_for_good(err)
+        if cause is not None:
+            raise Unavailable(f"push to {self.url} failed: {cause}")
         if any(
             line.startswith("!") and any(sign in line for sign in _LOST_RACE) for line in status
         ):
             return False
         if any(f"cannot lock ref '{ref}'" in line for line in err.splitlines()):
             return False
-        detail = "; ".join(line.split("\t", 2)[-1] for line in status) or " / ".join(
-            line.strip() for line in (out + err).splitlines() if line.strip()
-        )
+        detail = "; ".join(line.split("\t", 2)[-1] for line in status) or self.refusal
+        detail = detail or f"exit {proc.returncode}"
+        if status and self.refusal and self.refusal not in detail:
+            detail = f"{detail}: {self.refusal}"
         raise Unavailable(f"push to {self.url} failed: {detail}")

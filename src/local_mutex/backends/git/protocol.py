@@ -17,7 +17,7 @@ import subprocess
 import time
 
 from ..._json import dumps, loads
-from ...errors import ValidationError
+from ...errors import InvalidName, ValidationError
 from ...identity import utc_stamp
 
 TYPE_CHECKING = False
@@ -55,6 +55,14 @@ def branch_for(name: str, prefix: str, env: Mapping[str, str] | None = None) -> 
         return ref
     if not name or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
         raise ValidationError(f"lock name {name!r} is not a valid git branch name")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are not UTF-8, kept as surrogates (``display``)
+        shown = name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise InvalidName(
+            f"lock name '{shown}' cannot be a git branch name: it is not valid UTF-8, and "
+            "remote locks need names that every git server and client reads the same way"
+        ) from None
     proc = subprocess.run(
         ["git", "check-ref-format", ref],
         capture_output=True,

@@ -1,0 +1,194 @@
+"""A git remote given what it cannot take: a branch in the way, a name too long or not UTF-8,
+a push the server keeps refusing, an address that is not one. Each ends in one clear line
+and an exit status -- never a spin, a traceback or git's boilerplate."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers import run_cli
+from helpers.gitserver import git_daemon
+
+pytestmark = pytest.mark.timeout(120)
+
+# Before the fix these runs pushed in a tight loop for ever: a run must end well within this.
+ENDS_WITHIN = 30.0
+
+
+class Remote:
+    def __init__(self, url: str, repo: Path) -> None:
+        self.url, self.repo = url, repo
+
+
+@pytest.fixture
+def remote(tmp_path: Path) -> Iterator[Remote]:
+    with git_daemon(tmp_path / "server") as url:
+        yield Remote(url, tmp_path / "server" / "locks.git")
+
+
+def _one_error_line(stderr: bytes) -> str:
+    """The error line (after the 'waiting for lock' line a remote lock prints first)."""
+    lines = [ln for ln in stderr.decode().splitlines() if "waiting for lock" not in ln]
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in lines[0]
+    return lines[0]
+
+
+def _spy_on_git(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """An environment whose `git` logs each of its subcommands, then runs the real git."""
+    real = shutil.which("git")
+    assert real is not None
+    spy = tmp_path / "spy"
+    spy.mkdir()
+    log = tmp_path / "git-calls"
+    (spy / "git").write_text(f'#!/bin/sh\necho "$1" >> "{log}"\nexec "{real}" "$@"\n')
+    (spy / "git").chmod(0o755)
+    return {"PATH": f"{spy}{os.pathsep}{os.environ['PATH']}"}, log
+
+
+def _pushes(log: Path) -> int:
+    return log.read_text().splitlines().count("push") if log.exists() else 0
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        ["run", "--no-wait"],
+        ["run", "--wait", "2"],
+        ["run"],  # wait for ever
+        ["hold", "--no-wait"],
+    ],
+)
+def test_a_branch_in_the_way_is_a_clear_error_not_a_spin(
+    remote: Remote, tmp_path: Path, how: list[str]
+) -> None:
+    assert run_cli(["-q", "--remote", remote.url, "deploy", "true"]).returncode == 0
+    env, log = _spy_on_git(tmp_path)
+    ran = tmp_path / "ran"
+    args = [*how, "--remote", remote.url, "deploy/prod"]
+    started = time.monotonic()
+    r = run_cli(args + ([f"touch {ran}"] if how[0] == "run" else []), env=env, timeout=ENDS_WITHIN)
+    assert r.returncode == 69, r.stderr
+    assert time.monotonic() - started < ENDS_WITHIN
+    line = _one_error_line(r.stderr)
+    assert "'refs/heads/lock__deploy' exists; cannot create 'refs/heads/lock__deploy/prod'" in line
+    assert "cannot also be the folder of another" in line
+    assert not ran.exists() and r.stdout == b""
+    assert _pushes(log) == 1  # git's reason is certain: no second try
+
+
+def test_a_folder_in_the_way_is_a_clear_error(remote: Remote) -> None:
+    assert run_cli(["-q", "--remote", remote.url, "env/prod", "true"]).returncode == 0
+    r = run_cli(["--remote", remote.url, "--no-wait", "env", "true"], timeout=ENDS_WITHIN)
+    assert r.returncode == 69, r.stderr
+    assert "'refs/heads/lock__env/prod' exists; cannot create" in _one_error_line(r.stderr)
+
+
+def test_a_name_too_long_for_the_servers_file_system_is_a_clear_error(remote: Remote) -> None:
+    name = "n" * 300
+    r = run_cli(["--remote", remote.url, "--wait", "5", name, "true"], timeout=ENDS_WITHIN)
+    assert r.returncode == 69, r.stderr
+    assert "File name too long" in _one_error_line(r.stderr)
+
+
+def test_a_push_the_server_keeps_refusing_honours_wait_and_poll(
+    remote: Remote, tmp_path: Path
+) -> None:
+    # A ref lock file a crashed git left on the server: every push of the branch fails with
+    # "File exists", as a concurrent push would, but the branch never moves.
+    (remote.repo / "refs" / "heads" / "lock__stuck.lock").write_text("")
+    env, log = _spy_on_git(tmp_path)
+    r = run_cli(
+        ["run", "--remote", remote.url, "--no-wait", "stuck", "echo ran"],
+        env=env,
+        timeout=ENDS_WITHIN,
+    )
+    assert r.returncode == 75 and r.stdout == b"", r.stderr
+    line = _one_error_line(r.stderr)
+    assert "not acquired" in line and "it is free, but a push" in line and "File exists" in line
+    assert _pushes(log) == 1
+    # Waiting: a push per poll at most, and it gives up with git's reason.
+    log.unlink()
+    started = time.monotonic()
+    r = run_cli(
+        ["run", "--remote", remote.url, "--poll", "0.5", "stuck", "echo ran"],
+        env=env,
+        timeout=ENDS_WITHIN,
+    )
+    took = time.monotonic() - started
+    assert r.returncode == 69 and r.stdout == b"", r.stderr
+    line = _one_error_line(r.stderr)
+    assert "it is free, but 5 pushes" in line and "File exists" in line
+    assert _pushes(log) == 5
+    assert took >= 4 * 0.5 * 0.8  # four polls between five pushes, jitter included
+
+
+def test_a_wait_ceiling_ends_a_refused_push_as_not_acquired(remote: Remote) -> None:
+    (remote.repo / "refs" / "heads" / "lock__stuck.lock").write_text("")
+    started = time.monotonic()
+    r = run_cli(
+        ["run", "--remote", remote.url, "--wait", "1", "--poll", "5", "stuck", "echo ran"],
+        timeout=ENDS_WITHIN,
+    )
+    assert r.returncode == 75 and r.stdout == b"", r.stderr
+    assert time.monotonic() - started < ENDS_WITHIN
+    assert "not acquired after" in _one_error_line(r.stderr)
+
+
+@pytest.mark.parametrize("verb", ["status", "run", "hold", "release", "history"])
+def test_a_name_that_is_not_utf8_is_refused(remote: Remote, verb: str) -> None:
+    args: list[str | bytes] = [verb, "--remote", remote.url, "--", b"deploy-\xff"]
+    if verb == "run":
+        args.append("echo ran")
+    r = run_cli(args)
+    assert r.returncode == 2, r.stderr
+    line = r.stderr.decode("utf-8", "replace").strip()
+    assert "Traceback" not in line and "\n" not in line
+    assert "'deploy-\\xff' cannot be a git branch name: it is not valid UTF-8" in line
+    assert r.stdout == b""
+
+
+def test_git_errors_show_their_cause_not_the_advice(tmp_path: Path) -> None:
+    r = run_cli(["--remote", f"file://{tmp_path}/none.git", "x", "true"])
+    assert r.returncode == 69
+    line = _one_error_line(r.stderr)
+    assert line.endswith(f"fatal: '{tmp_path}/none.git' does not appear to be a git repository")
+    # An ssh that cannot resolve its host (a stand-in: no network needed).
+    fake_ssh = (
+        "sh -c 'echo \"ssh: Could not resolve hostname nowhere.invalid: "
+        "Name or service not known\" >&2; exit 255'"
+    )
+    for address in ("ssh://git@nowhere.invalid/x.git", "git@nowhere.invalid:x.git"):
+        r = run_cli(["--remote", address, "x", "true"], env={"GIT_SSH_COMMAND": fake_ssh})
+        assert r.returncode == 69, r.stderr
+        line = _one_error_line(r.stderr)
+        assert line.endswith(
+            "ssh: Could not resolve hostname nowhere.invalid: Name or service not known"
+        ), line
+        assert "repository exists" not in line
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["/tmp", "garbage", "postgresq://h/x", "./locks.git", "htps://github.com/a/b.git", "file://"],
+)
+@pytest.mark.parametrize("verb", ["run", "status", "list"])
+def test_an_address_that_is_not_one_is_refused(address: str, verb: str, tmp_path: Path) -> None:
+    operands = {"run": ["x", "touch ran"], "status": ["x"]}.get(verb, [])
+    args = [verb, "--remote", address, *operands]
+    r = run_cli(args, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    line = r.stderr.decode().strip()
+    assert f"--remote '{address}' is not a lock address" in line and "\n" not in line
+    for form in ("https://", "ssh://", "file:///path", "user@host:path", "self", "postgresql://"):
+        assert form in line
+    assert not (tmp_path / "ran").exists()
+    # The same from the environment.
+    r = run_cli(args[:1] + args[3:], env={"LOCAL_MUTEX_REMOTE": address}, cwd=tmp_path)
+    assert r.returncode == 2 and b"is not a lock address" in r.stderr
