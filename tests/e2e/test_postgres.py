@@ -37,7 +37,7 @@ from local_mutex.backends.postgres.address import (  # noqa: E402
     without_password,
 )
 from local_mutex.backends.postgres.backend import PostgresBackend  # noqa: E402
-from local_mutex.backends.postgres.keys import name_key, slot_key  # noqa: E402
+from local_mutex.backends.postgres.keys import gate_key, name_key, slot_key  # noqa: E402
 from local_mutex.backends.postgres.session import refuse_server  # noqa: E402
 from local_mutex.errors import (  # noqa: E402
     BadAddress,
@@ -302,7 +302,7 @@ def test_slots_admit_n_holders(
     try:
         wait_for(lambda: len(backend.status(b"pool").slots) == 2, 10, "two slots")
         st = backend.status(b"pool")
-        assert st.busy and [s.slot for s in st.slots] == [0, 1]
+        assert st.busy(2) and [s.slot for s in st.slots] == [0, 1]
         assert third.event("acquired") is None
         stops[0].touch()
         assert third.expect("acquired")["slot"] == first.expect("acquired")["slot"]
@@ -913,6 +913,40 @@ def test_cli_terminated_session_stops_the_command_with_69(pg: PgServer, tmp_path
     err = (tmp_path / "cli0.err").read_text()
     assert "lost lock doomed" in err
     assert not _alive(int(pidfile.read_text()))
+
+
+def test_cli_slots_name_the_slot_holders_and_count_every_waiter(
+    pg: PgServer, tmp_path: Path
+) -> None:
+    """With every slot busy, the session at the head of the queue holds the gate while it
+    looks for a slot: it is a waiter, not the holder. Refusals name the slots' holders,
+    status counts all the waiters and shows their command lines."""
+    go = tmp_path / "go"
+    cmd = f"while [ ! -e {go} ]; do sleep 0.02; done"
+    args = ("run", "--remote", pg.url, "--slots", "2", "pool-cli", cmd)
+    holders = [_spawn(pg, tmp_path, *args) for _ in range(2)]
+    slots = [slot_key(b"pool-cli", i) for i in range(2)]
+    wait_for(lambda: all(_held(pg, k) for k in slots), 20, "both slots taken")
+    waiters = [_spawn(pg, tmp_path, *args) for _ in range(3)]
+    gate = gate_key(b"pool-cli")
+    try:
+        wait_for(lambda: len(_advisory(pg, gate)) == 3, 20, "three waiters at the gate")
+        st = _cli(pg, "status", "--remote", pg.url, "pool-cli")
+        assert "waiting: 3" in st.stdout, st.stdout
+        assert ": ?" not in st.stdout and "pool-cli" in st.stdout.split("waiting: 3")[1]
+        shown = json.loads(_cli(pg, "status", "--remote", pg.url, "pool-cli", "--json").stdout)
+        assert sorted(w["pid"] for w in shown["waiters"]) == sorted(w.pid for w in waiters)
+        assert all(w["command"] for w in shown["waiters"])
+        for how in (("--no-wait",), ("--wait", "0.5")):
+            no = _cli(pg, "run", "--remote", pg.url, "--slots", "2", *how, "pool-cli", "true")
+            assert no.returncode == 75, no.stderr
+            assert "all 2 slots of pool-cli are busy" in no.stderr, no.stderr
+            named = {int(w.split()[0]) for w in no.stderr.split("pid ")[1:]}
+            assert named == {h.pid for h in holders}, no.stderr  # never a waiter
+    finally:
+        go.touch()
+        codes = [p.wait(30) for p in holders + waiters]
+    assert codes == [0] * 5
 
 
 def test_cli_hold_status_list_release(pg: PgServer, tmp_path: Path) -> None:

@@ -24,6 +24,8 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 NOBODY = 65534
@@ -289,6 +291,30 @@ class PgServer:
         if remove:
             shutil.rmtree(self.root, ignore_errors=True)
 
+    @contextmanager
+    def frozen(self) -> Iterator[None]:
+        """The server hangs: SIGSTOP the postmaster and every process it forked (backends
+        call setsid, so a signal to the process group misses them); SIGCONT them all on the
+        way out, whatever happened. The kernel still accepts connections and ACKs data."""
+        assert self.proc is not None, "the server is not running"
+        stopped: list[int] = []
+        try:
+            _signal(self.proc.pid, signal.SIGSTOP, stopped)
+            deadline = time.monotonic() + 10
+            while _state(self.proc.pid) not in ("T", None) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            for _ in range(2):  # twice: a child forked just before the stop
+                for child in _children_of(self.proc.pid):
+                    if child not in stopped:
+                        _signal(child, signal.SIGSTOP, stopped)
+            yield
+        finally:
+            for pid in reversed(stopped):
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+
     def psql(self, sql: str) -> str:
         """Run SQL over the socket with the copied psql-free path: psycopg, as superuser."""
         import psycopg
@@ -298,3 +324,35 @@ class PgServer:
             if cur.description is None:
                 return ""
             return "\n".join("|".join(str(v) for v in row) for row in cur.fetchall())
+
+
+def _signal(pid: int, signum: int, done: list[int]) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        return
+    done.append(pid)
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].decode().split()
+    except OSError:
+        return None
+
+
+def _state(pid: int) -> str | None:
+    fields = _stat(pid)
+    return fields[0] if fields else None
+
+
+def _children_of(pid: int) -> list[int]:
+    """Processes whose parent is ``pid``, found through /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat(int(entry))
+            if fields and fields[1] == str(pid):
+                found.append(int(entry))
+    return found

@@ -5,6 +5,7 @@ ends with the session that took it -- the same shape as ``flock(2)``, across mac
 lock domain is one server and one database. Modules: ``keys`` (name -> bigint key),
 ``address`` (URL, secrets, driver, drop bound), ``session`` (one connection: settings,
 heartbeat, end of session), ``record`` (who holds, carried in the session's query text),
-``observe`` (holders and waiters from ``pg_locks``), ``waiting`` (progress, stop signals),
+``observe`` (holders and waiters from ``pg_locks``), ``waiting`` (progress, stop signals,
+refusals), ``slots`` (counting semaphores),
 ``lock`` (one name), ``backend`` (the domain: status, list, release of holds).
 """

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from ..base import HoldInfo
 
 _END_WAIT = 5.0
+_READ_SECONDS = 10.0  # status and list give up on a server that does not answer (exit 3)
 
 
 class PostgresBackend:
@@ -75,7 +76,7 @@ class PostgresBackend:
         psycopg = load_driver()
         session = self._session()
         try:
-            return observe.fetch_rows(session, keys)
+            return observe.fetch_rows(session, keys, timeout=_READ_SECONDS)
         except psycopg.Error as exc:
             raise Unavailable(
                 f"cannot read pg_locks on {self.address}: {driver_message(str(exc))}"
@@ -209,11 +210,12 @@ def _status(name: bytes, rows: Sequence[observe.Row]) -> LockStatus:
         slot.slot = i
         st.slots.append(slot)
     if count:
-        queued = observe.status_of(label, gate, [r for r in rows if r.key == gate])
-        # Waiting at the gate of the slots: after the plain lock's own waiters.
-        for w in queued.waiters:
-            w.position += len(st.waiters)
-        st.waiters.extend(queued.waiters)
+        # Waiting for a slot, after the plain lock's own waiters: the session at the head
+        # of the queue (it holds the gate while it looks for a free slot), then the gate's
+        # queue.
+        at_gate = [r for r in rows if r.key == gate]
+        for row in [r for r in at_gate if r.granted] + [r for r in at_gate if not r.granted]:
+            st.waiters.append(observe.waiter_of(row, len(st.waiters) + 1))
     return st
 
 

@@ -20,21 +20,30 @@ import time
 from ... import nesting
 from ...errors import LockLost, NotAcquired, RecordNotWritten, Unavailable
 from . import observe, record
-from .address import ENV_DROP, ENV_PASSWORD, DropBound, domain, password_of, without_password
-from .keys import describe_key, gate_key, name_key, slot_key
+from .address import (
+    ENV_DROP,
+    ENV_PASSWORD,
+    DropBound,
+    domain,
+    password_of,
+    without_password,
+)
+from .keys import describe_key, name_key
 from .nesting import enclosing_entry, held_entry
 from .session import Session, driver_message
-from .waiting import Interruptible, queue_progress
+from .slots import take_slot
+from .waiting import Interruptible, left, queue_detail, queue_progress, refusal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
     from typing import Any
 
     from ...ui.lines import Reporter
     from .. import Take
 
-_POLL_MIN, _POLL_MAX = 0.005, 0.1
+_GRACE = 1.0  # past --wait: the server's lock_timeout answers first when it can
+_PEEK = 0.1  # how long a check waits for a heartbeat's answer before it looks again
 _LOCK_SQL = {
     (False, False): "pg_advisory_lock",
     (True, False): "pg_advisory_lock_shared",
@@ -58,7 +67,10 @@ class PostgresLock:
         self.slots: int | None = None
         self._comment = ""
         self._next_beat = 0.0
+        self._beat_sent: float | None = None
         self._warned = False
+        self._wait_since, self._command = 0.0, ""
+        self._budget = 512
         # Set by the lifecycle before acquire: what stopping the command may take. The
         # heartbeat's deadline plus this must stay inside the server's drop bound.
         self.stop_grace = 7.0
@@ -103,11 +115,12 @@ class PostgresLock:
 
     # -- taking -------------------------------------------------------------------------------
 
-    def _connect(self) -> Session:
+    def _connect(self, deadline: float | None = None) -> Session:
         app = record.application_name(os.getpid(), self._host)
-        return Session(self.url, self.env, app_name=app, drop=self.drop)
+        return Session(self.url, self.env, app_name=app, drop=self.drop, deadline=deadline)
 
     def _statement(self, call: str, key: int, slot: int | None, shared: bool) -> str:
+        """A lock call carrying the waiter's record (``status`` lists waiters from it)."""
         rec = {
             "name": self.name,
             "pid": os.getpid(),
@@ -115,27 +128,41 @@ class PostgresLock:
             "mode": "shared" if shared else "exclusive",
             "slot": slot,
             "slots": self.slots,
+            "wait_since": self._wait_since,
+            "command": self._command,
         }
-        return f"{record.comment(rec, 512)} SELECT {call}({key})"
+        return f"{record.comment(rec, self._budget)} SELECT {call}({key})"
 
     def acquire(self, take: Take) -> float:
+        """Wait in the server's queue; with a ceiling (``--wait``), give up by then even if
+        the server stops answering: 69 if it could not be reached, else 75."""
         shared, slots, wait = take.shared, take.slots, take.wait
         reporter, progress = take.reporter, take.progress
         start = time.monotonic()
+        self._wait_since, self._command = time.time(), record.waiter_command(self.url)
+        limit = None if wait is None else start + max(wait, 0.0) + _GRACE
         with Interruptible() as stop:
-            session = self._connect()
+            session = self._connect(limit)
+            self._budget = max(session.query_budget - 200, 256)
             try:
                 self.slots = slots
                 if slots is not None:
-                    self._take_slot(session, slots, wait, reporter, start, stop)
+                    take_slot(self, session, slots, wait, reporter, start, stop, limit)
                 else:
                     self._take(
-                        session, self.key, shared, wait, reporter, start, stop, progress=progress
+                        session, self.key, shared, wait, reporter, start, stop, limit, progress
                     )
-            except BaseException:
+            except BaseException as exc:
                 if stop.interrupted_during_query:
                     session.cancel()
                 session.close()  # nothing half-taken: the session's end frees anything
+                if isinstance(exc, Unavailable) and session.stuck and limit is not None:
+                    waited = time.monotonic() - start
+                    raise NotAcquired(
+                        f"lock {self.label} not acquired after waiting {waited:.1f}s: {exc}",
+                        None,
+                        waited,
+                    ) from None
                 raise
         self.session, self.shared = session, shared
         waited = time.monotonic() - start
@@ -150,83 +177,57 @@ class PostgresLock:
         reporter: Reporter | None,
         start: float,
         stop: Interruptible,
-        *,
-        progress: float | None,
-    ) -> None:
-        if session.fetch(self._statement(_LOCK_SQL[(shared, True)], key, None, shared))[0]:
+        limit: float | None,
+        progress: float | None = None,
+        busy: Callable[[], str] | None = None,
+    ) -> bool:
+        """Take ``key``, queueing in the server: True if it had to wait. ``busy`` (the gate
+        of slots) says why instead of the key's holder, who is only the next waiter."""
+        sql = self._statement(_LOCK_SQL[(shared, True)], key, None, shared)
+        if session.fetch(sql, timeout=left(limit))[0]:
             self.held_key = key
-            return
-        rows = observe.fetch_rows(session, [key])
-        holder = observe.first_holder(rows, key)
+            return False
+        holder, ahead = (None, 0) if busy is not None else self._holder(session, key, limit)
         if wait is not None and wait <= 0:
+            waited = time.monotonic() - start
             raise NotAcquired(
-                f"lock {self.label} is held on {session.address}"
-                + (f" by {_who(holder)}" if holder else ""),
-                holder,
-                time.monotonic() - start,
+                refusal(self.label, session.address, holder, busy, None), holder, waited
             )
         if reporter is not None:
-            ahead = sum(1 for r in rows if not r.granted and r.key == key)
-            reporter.waiting(self.label, holder, detail=_queue_detail(ahead))
+            detail = busy() if busy is not None else queue_detail(ahead)
+            reporter.waiting(self.label, holder, detail=detail)
         psycopg = __import__("psycopg")
         try:
             if wait is not None:
                 # The ceiling is the server's: lock_timeout ends the wait, no polling. Nothing
-                # later in this session waits on a lock, so it need not be reset.
+                # later in this session waits on a lock, so it need not be reset. A server
+                # that stops answering is given up on a moment later (``limit``).
                 remaining = max(wait - (time.monotonic() - start), 0.001)
                 timeout = str(max(int(remaining * 1000), 1))
-                session.fetch("SELECT set_config('lock_timeout', %s, false)", (timeout,))
+                session.fetch(
+                    "SELECT set_config('lock_timeout', %s, false)", (timeout,), timeout=left(limit)
+                )
             with (
                 stop.query(),
                 queue_progress(self, reporter, progress, start, key, session.backend_pid),
             ):
-                session.fetch(self._statement(_LOCK_SQL[(shared, False)], key, None, shared))
+                sql = self._statement(_LOCK_SQL[(shared, False)], key, None, shared)
+                session.fetch(sql, timeout=left(limit))
         except psycopg.errors.LockNotAvailable:
             waited = time.monotonic() - start
-            holder = observe.first_holder(observe.fetch_rows(session, [key]), key) or holder
-            raise NotAcquired(
-                f"lock {self.label} not acquired after waiting {waited:.1f}s on "
-                f"{session.address}" + (f"; held by {_who(holder)}" if holder else ""),
-                holder,
-                waited,
-            ) from None
+            if busy is None:
+                holder = self._holder(session, key, limit)[0] or holder
+            why = refusal(self.label, session.address, holder, busy, waited)
+            raise NotAcquired(why, holder, waited) from None
         self.held_key = key
+        return True
 
-    def _take_slot(
-        self,
-        session: Session,
-        slots: int,
-        wait: float | None,
-        reporter: Reporter | None,
-        start: float,
-        stop: Interruptible,
-    ) -> None:
-        gate = gate_key(self.name)
-        self._take(session, gate, False, wait, None, start, stop, progress=None)  # the gate
-        delay, announced = _POLL_MIN, False
-        keys = [slot_key(self.name, i) for i in range(slots)]
-        while True:
-            for index, key in enumerate(keys):
-                sql = self._statement("pg_try_advisory_lock", key, index, False)
-                if session.fetch(sql)[0]:
-                    self.held_key, self.slot = key, index
-                    session.fetch(f"SELECT pg_advisory_unlock({gate})")  # the next one looks
-                    return
-            waited = time.monotonic() - start
-            if wait is not None and waited >= wait:
-                # The caller closes the session, which lets go of the gate.
-                raise NotAcquired(
-                    f"lock {self.label} not acquired after waiting {waited:.1f}s: all "
-                    f"{slots} slots are busy on {session.address}",
-                    None,
-                    waited,
-                )
-            if not announced and reporter is not None:
-                reporter.waiting(self.label, None, detail=f"all {slots} slots are busy")
-            announced = True
-            pause = delay if wait is None else min(delay, wait - waited)
-            time.sleep(max(pause, 0.0))
-            delay = min(delay * 2, _POLL_MAX)
+    def _holder(
+        self, session: Session, key: int, limit: float | None
+    ) -> tuple[dict[str, Any] | None, int]:
+        """Who holds ``key`` and how many wait for it."""
+        rows = observe.fetch_rows(session, [key], timeout=left(limit))
+        return observe.first_holder(rows, key), sum(1 for r in rows if not r.granted)
 
     # -- holding ------------------------------------------------------------------------------
 
@@ -255,9 +256,30 @@ class PostgresLock:
         return 0.5
 
     def check(self) -> str | None:
+        """Never blocks for long: a heartbeat is sent, and its answer collected by this
+        check or a later one; unanswered within the deadline, the lock counts as lost."""
         session = self._held()
-        if session.readable() or time.monotonic() >= self._next_beat:
-            self._beat(session)
+        now = time.monotonic()
+        if self._beat_sent is None and (session.readable() or now >= self._next_beat):
+            try:
+                session.send(self._beat_sql())
+            except Exception as exc:
+                raise self._lost(session, exc) from None
+            self._beat_sent = now
+        if self._beat_sent is not None:
+            try:
+                rows = session.poll(_PEEK)
+            except Exception as exc:
+                raise self._lost(session, exc) from None
+            if rows is not None:
+                self._beat_sent = None
+                self._judge(session, rows[0])
+            elif time.monotonic() - self._beat_sent >= self.drop.heartbeat_deadline:
+                session.stuck = True
+                raise LockLost(
+                    f"lost lock {self.label}: {session.address} did not answer a heartbeat "
+                    f"within {self.drop.heartbeat_deadline:g}s"
+                )
         if self._warned:
             return None
         self._warned = True
@@ -279,26 +301,34 @@ class PostgresLock:
             )
         return None
 
-    def _beat(self, session: Session) -> None:
+    def _beat_sql(self) -> str:
         """Re-send the record and ask whether this session still holds the key."""
-        sql = (
+        return (
             f"{self._comment} SELECT pg_backend_pid(), EXISTS (SELECT 1 FROM pg_locks"
             " WHERE locktype = 'advisory' AND objsubid = 1 AND granted"
             " AND pid = pg_backend_pid()"
             f" AND (classid::bigint << 32) | objid::bigint = {self.held_key})"
         )
+
+    def _beat(self, session: Session) -> None:
+        """One heartbeat, waiting for its answer (at most the deadline)."""
         try:
-            row = session.fetch(sql)
-        except Unavailable as exc:
-            raise LockLost(
-                f"lost lock {self.label}: the PostgreSQL session ended ({exc}); "
-                "the command was stopped"
-            ) from None
+            row = session.fetch(self._beat_sql(), timeout=self.drop.heartbeat_deadline)
         except Exception as exc:
-            raise LockLost(
-                f"lost lock {self.label}: heartbeat failed on {session.address}: "
-                f"{driver_message(str(exc))}"
-            ) from None
+            raise self._lost(session, exc) from None
+        self._judge(session, row)
+
+    def _lost(self, session: Session, exc: Exception) -> LockLost:
+        if isinstance(exc, Unavailable):
+            return LockLost(
+                f"lost lock {self.label}: the PostgreSQL session ended or stopped answering ({exc})"
+            )
+        return LockLost(
+            f"lost lock {self.label}: heartbeat failed on {session.address}: "
+            f"{driver_message(str(exc))}"
+        )
+
+    def _judge(self, session: Session, row: tuple[Any, ...]) -> None:
         if not row[1]:
             why = (
                 " (a pooler in transaction mode? session locks need session pooling)"
@@ -316,8 +346,15 @@ class PostgresLock:
             return
         key, self.held_key = self.held_key, None
         unlock = "pg_advisory_unlock_shared" if self.shared else "pg_advisory_unlock"
+        self._beat_sent = None
+        if session.stuck:  # a heartbeat went unanswered (reported as a lost lock)
+            session.close()
+            return
         try:
-            session.fetch(f"SELECT {unlock}({key})")
+            # Bounded: a server that stopped answering must not keep us after the command
+            # ended. Closing a stuck session shuts its socket down, so the server ends the
+            # session (and frees the lock) as soon as it runs again.
+            session.fetch(f"SELECT {unlock}({key})", timeout=self.drop.heartbeat_deadline)
         except Exception as exc:
             raise Unavailable(
                 f"could not tell {session.address} to release {self.label}: "
@@ -340,15 +377,3 @@ class PostgresLock:
         if self.session is None:
             raise LockLost(f"lock {self.label} is not held")
         return self.session
-
-
-def _who(holder: dict[str, Any]) -> str:
-    from ...ui.lines import describe_holder
-
-    return describe_holder(holder)
-
-
-def _queue_detail(ahead: int) -> str | None:
-    if ahead == 0:
-        return None
-    return f"{ahead} other waiter{'s' if ahead != 1 else ''} queued ahead"

@@ -75,13 +75,15 @@ class Row:
         return self.app is not None
 
 
-def fetch_rows(session: Session, keys: Sequence[int] | None) -> list[Row]:
-    """Rows for these keys, or (None) for every key a session of ours holds or waits on."""
+def fetch_rows(
+    session: Session, keys: Sequence[int] | None, timeout: float | None = None
+) -> list[Row]:
+    """Rows for these keys, or (None) for every key a session of ours holds or waits on;
+    ``Unavailable`` when the server does not answer within ``timeout``."""
     where = _BY_KEYS if keys is not None else _OURS
     sql = _ROWS.format(where=where)
     params = (list(keys),) if keys is not None else None
-    cur = session.conn.execute(sql, params, prepare=False)
-    return [Row(r) for r in cur.fetchall()]
+    return [Row(r) for r in session.rows(sql, params, timeout=timeout)]
 
 
 def holder_of(row: Row) -> Holder:
@@ -126,22 +128,29 @@ def status_of(label: str | None, key: int, rows: Sequence[Row]) -> LockStatus:
     mine = [r for r in rows if r.key == key]
     holders = [holder_of(r) for r in mine if r.granted]
     waiting = [r for r in mine if not r.granted]
-    waiters = [
-        Waiter(
-            r.info.get("pid") if isinstance(r.info.get("pid"), int) else None,
-            r.mode,
-            position,
-            _text(r.info.get("command")),
-            _stamp(r.waitstart),
-            r.waitstart,
-            _text(r.info.get("host")),
-        )
-        for position, r in enumerate(waiting, start=1)
-    ]
+    waiters = [waiter_of(r, position) for position, r in enumerate(waiting, start=1)]
     if not holders:
         return LockStatus(describe_key(key), label, "free", "server", None, [], waiters)
     mode = "exclusive" if any(h.mode == "exclusive" for h in holders) else "shared"
     return LockStatus(describe_key(key), label, "held", "server", mode, holders, waiters)
+
+
+def waiter_of(row: Row, position: int) -> Waiter:
+    """A session waiting for a key -- or, holding a gate of slots, for a slot (when it
+    started waiting its record says)."""
+    pid = row.info.get("pid")
+    started = row.waitstart
+    if started is None and isinstance(row.info.get("wait_since"), float):
+        started = row.info["wait_since"]
+    return Waiter(
+        pid if isinstance(pid, int) else None,
+        row.mode,
+        position,
+        _text(row.info.get("command")),
+        _stamp(started),
+        started,
+        _text(row.info.get("host")),
+    )
 
 
 def name_of(rows: Sequence[Row]) -> bytes | None:

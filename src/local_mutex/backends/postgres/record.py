@@ -16,6 +16,7 @@ heartbeat re-sends the same text, so the record stays visible while the lock is 
 
 from __future__ import annotations
 
+import sys
 from urllib.parse import quote, quote_from_bytes, unquote, unquote_to_bytes
 
 TYPE_CHECKING = False
@@ -40,6 +41,7 @@ FIELDS: tuple[tuple[str, str, str], ...] = (
     ("i", "slot", "int"),
     ("k", "slots", "int"),
     ("s", "since_epoch", "float"),
+    ("ws", "wait_since", "float"),
     ("hold", "hold", "bool"),
     ("t", "token_sha256", "str"),
     ("u", "user", "str"),
@@ -59,6 +61,20 @@ _BY_SHORT = {short: (key, kind) for short, key, kind in FIELDS}
 def application_name(pid: int, host: str, hold: bool = False) -> str:
     text = f"{APP_PREFIX}{'hold ' if hold else ''}{pid}@{host}"
     return text.encode("utf-8", "replace")[:NAME_LIMIT].decode("utf-8", "ignore")
+
+
+def waiter_command(url: str) -> str:
+    """How a waiter shows in ``status``: its command line, the password masked."""
+    from .address import mask, password_of
+
+    argv = list(sys.argv)
+    if argv and argv[0] in ("", "-c"):  # the $LOCAL_MUTEX_CLI shim, python -c
+        argv[0] = "local-mutex"
+    text = " ".join(argv)
+    secret = password_of(url)
+    if secret:
+        text = text.replace(url, mask(url)).replace(secret, "***")
+    return text
 
 
 def parse_application_name(text: str | None) -> dict[str, Any] | None:

@@ -11,16 +11,19 @@ sends a Terminate message that would end the session for everyone.
 
 from __future__ import annotations
 
+import math
 import os
+import select
 import time
+from contextlib import contextmanager
 
 from ...errors import BadAddress, Unavailable
 from .address import ENV_PASSWORD, MIN_SERVER, DropBound, load_driver, mask, password_of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-    from typing import Any
+    from collections.abc import Callable, Iterator, Mapping
+    from typing import Any, NoReturn
 
     from psycopg import Connection
 
@@ -62,6 +65,23 @@ _BAD_ADDRESS = (
 )
 
 
+# How a statement's text-format values are read, by type oid (bool, ints, floats); the
+# rest is text.
+_CASTS: dict[int, Callable[[bytes], Any]] = {
+    16: lambda v: v == b"t",
+    20: int,
+    21: int,
+    23: int,
+    26: int,
+    700: float,
+    701: float,
+}
+
+
+def _text(value: bytes) -> str:
+    return value.decode("utf-8", "replace")
+
+
 def driver_message(text: str) -> str:
     flat = " ".join(str(text).split())
     for noise in ("connection failed: ",):
@@ -69,7 +89,9 @@ def driver_message(text: str) -> str:
     return flat
 
 
-def connect_params(url: str, env: Mapping[str, str], drop: DropBound) -> dict[str, Any]:
+def connect_params(
+    url: str, env: Mapping[str, str], drop: DropBound, budget: float | None = None
+) -> dict[str, Any]:
     from psycopg.conninfo import conninfo_to_dict
 
     try:
@@ -86,17 +108,47 @@ def connect_params(url: str, env: Mapping[str, str], drop: DropBound) -> dict[st
         params["connect_timeout"] = "10"
     for key, value in drop.client_params().items():
         params.setdefault(key, value)
+    if budget is not None and not 0 < connect_seconds(given, params) <= budget:
+        # A wait ceiling bounds the connection too (libpq's floor is 2 s).
+        params["connect_timeout"] = str(max(math.ceil(budget), 2))
     return params
+
+
+def connect_seconds(given: Mapping[str, Any], params: Mapping[str, Any]) -> float:
+    """The connect_timeout in force (0: none), as libpq reads it."""
+    raw = params.get("connect_timeout", given.get("connect_timeout", 0))
+    try:
+        return max(float(raw), 0.0)
+    except ValueError:
+        return 0.0
 
 
 class Session:
     """An autocommit connection ready to hold advisory locks."""
 
-    def __init__(self, url: str, env: Mapping[str, str], *, app_name: str, drop: DropBound) -> None:
+    def __init__(
+        self,
+        url: str,
+        env: Mapping[str, str],
+        *,
+        app_name: str,
+        drop: DropBound,
+        deadline: float | None = None,
+    ) -> None:
+        """``deadline`` (monotonic): connected and set up by then, or ``Unavailable``; else
+        within the connect_timeout (10 s unless the URL or PGCONNECT_TIMEOUT says)."""
         self.url, self.drop = url, drop
         self.address = mask(url)
+        self.stuck = False  # a statement went unanswered: only closing is left
+        self._sent: float | None = None
         psycopg = load_driver()
-        params = connect_params(url, env, drop)
+        budget = None if deadline is None else deadline - time.monotonic()
+        params = connect_params(url, env, drop, budget)
+        if deadline is None:  # no ceiling: setting up is bounded as connecting is
+            from psycopg.conninfo import conninfo_to_dict
+
+            seconds = connect_seconds(conninfo_to_dict(url), params)
+            deadline = time.monotonic() + seconds if seconds else None
         try:
             self.conn: Connection[tuple[Any, ...]] = psycopg.connect(
                 url, autocommit=True, application_name=app_name, **params
@@ -104,13 +156,13 @@ class Session:
         except psycopg.Error as exc:
             raise connect_error(self.address, exc, url) from None
         try:
-            self._prepare()
+            self._prepare(None if deadline is None else max(deadline - time.monotonic(), 1.0))
         except BaseException:
-            self.conn.close()
+            self.close()
             raise
         self.last_ok = time.monotonic()
 
-    def _prepare(self) -> None:
+    def _prepare(self, timeout: float | None) -> None:
         info = self.conn.info
         refuse_server(self.address, info.server_version, False)
         settings = {
@@ -123,7 +175,8 @@ class Session:
         calls = ", ".join(f"set_config('{k}', '{v}', false)" for k, v in settings.items())
         row = self.fetch(
             "SELECT pg_is_in_recovery(), pg_backend_pid(), "
-            f"current_setting('track_activity_query_size'), {calls}"
+            f"current_setting('track_activity_query_size'), {calls}",
+            timeout=timeout,
         )
         refuse_server(self.address, info.server_version, bool(row[0]))
         self.backend_pid = int(row[1])
@@ -135,20 +188,105 @@ class Session:
 
     # -- talking ------------------------------------------------------------------------------
 
-    def fetch(self, sql: str, params: tuple[Any, ...] | None = None) -> tuple[Any, ...]:
-        """One row of one statement; a broken session raises ``Unavailable``."""
+    def fetch(
+        self, sql: str, params: tuple[Any, ...] | None = None, *, timeout: float | None = None
+    ) -> tuple[Any, ...]:
+        """One row of one statement; a broken session raises ``Unavailable``, and so does
+        no answer within ``timeout`` seconds (the session is then ``stuck``)."""
+        rows = self.rows(sql, params, timeout=timeout)
+        if not rows:
+            raise Unavailable(f"{self.address}: no answer row")
+        return rows[0]
+
+    def rows(
+        self, sql: str, params: Any = None, *, timeout: float | None = None
+    ) -> list[tuple[Any, ...]]:
+        """Every row of one statement, typed as psycopg would for the types we read."""
+        if self.stuck:
+            raise Unavailable(f"{self.address}: an earlier statement was never answered")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self._sent is not None and self._answer(deadline) is None:
+            self._give_up(timeout)
+        if params is not None:
+            sql = load_driver().ClientCursor(self.conn).mogrify(sql, params)
+        self.send(sql)
+        rows = self._answer(deadline)
+        if rows is None:
+            self._give_up(timeout)
+        return rows
+
+    def send(self, sql: str) -> None:
+        """Send one statement without waiting for its answer (``poll`` collects it)."""
+        if self.stuck:
+            raise Unavailable(f"{self.address}: an earlier statement was never answered")
+        with self._errors():
+            pg = self.conn.pgconn
+            pg.send_query(sql.encode())
+            self._sent = time.monotonic()
+            pg.flush()  # non-blocking: what the socket did not take goes while we wait
+
+    def poll(self, timeout: float) -> list[tuple[Any, ...]] | None:
+        """The answer to what ``send`` sent, waiting at most ``timeout``; None if not yet."""
+        return self._answer(time.monotonic() + timeout)
+
+    @property
+    def pending(self) -> float | None:
+        """When the statement still unanswered was sent."""
+        return self._sent
+
+    def _give_up(self, timeout: float | None) -> NoReturn:
+        self.stuck = True
+        raise Unavailable(f"{self.address} did not answer within {timeout:.1f}s")
+
+    def _answer(self, deadline: float | None) -> list[tuple[Any, ...]] | None:
+        psycopg = load_driver()
+        pg = self.conn.pgconn
+        results = []
+        with self._errors():
+            while True:
+                while pg.is_busy():
+                    more = select.POLLOUT if pg.flush() else 0
+                    if not self._ready(select.POLLIN | more, deadline):
+                        return None
+                    pg.consume_input()
+                res = pg.get_result()
+                if res is None:
+                    break
+                results.append(res)
+        self._sent = None
+        self.last_ok = time.monotonic()
+        rows: list[tuple[Any, ...]] = []
+        for res in results:
+            if res.status == psycopg.pq.ExecStatus.TUPLES_OK:
+                kinds = [_CASTS.get(res.ftype(i), _text) for i in range(res.nfields)]
+                for r in range(res.ntuples):
+                    values = [res.get_value(r, i) for i in range(res.nfields)]
+                    rows.append(tuple(None if v is None else k(v) for k, v in zip(kinds, values)))
+            elif res.status != psycopg.pq.ExecStatus.COMMAND_OK:
+                raise psycopg.errors.error_from_result(res, encoding="utf-8")
+        return rows
+
+    def _ready(self, event: int, deadline: float | None) -> bool:
+        """Wait until the socket is ready for ``event`` (or failed); False at the deadline."""
+        poller = select.poll()
+        poller.register(self.fileno(), event | select.POLLERR | select.POLLHUP)
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            if poller.poll(None if left is None else max(int(left * 1000), 1)):
+                return True
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
         psycopg = load_driver()
         try:
-            cur = self.conn.execute(sql.encode(), params, prepare=False)
-            row = cur.fetchone()
+            yield
         except psycopg.OperationalError as exc:
             if self.conn.closed or self.conn.broken:
+                self._sent = None
                 raise Unavailable(f"{self.address}: {driver_message(str(exc))}") from None
             raise
-        if row is None:
-            raise Unavailable(f"{self.address}: no answer row")
-        self.last_ok = time.monotonic()
-        return tuple(row)
 
     # -- watching -----------------------------------------------------------------------------
 
@@ -183,10 +321,23 @@ class Session:
     # -- letting go ---------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close for real: the server ends the session (and frees whatever it held)."""
+        """Close for real: the server ends the session (and frees whatever it held). A
+        stuck session is shut down first: its end reaches the server (when it answers
+        again) even through copies of the descriptor that leftover processes keep."""
+        if self.stuck:
+            self.hang_up()
         try:
             self.conn.close()
         except Exception:
+            pass
+
+    def hang_up(self) -> None:
+        import socket
+
+        try:
+            with socket.socket(fileno=os.dup(self.fileno())) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+        except (OSError, ValueError):
             pass
 
     def abandon(self) -> None:

@@ -3,17 +3,23 @@ stays inside the blocked statement), and stop signals turned into ``Interrupted`
 
 from __future__ import annotations
 
+import time
+
 from ...errors import Interrupted
 from ...ui.progress import Progress
 from . import observe
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
     from typing import Any
 
     from ...ui.lines import Reporter
     from .lock import PostgresLock
     from .session import Session
+
+_MIN_LEFT = 0.1
+_LOOK_SECONDS = 5.0
 
 
 def queue_progress(
@@ -29,9 +35,9 @@ def queue_progress(
     observer: list[Session] = []
 
     def look() -> tuple[Any, str | None]:
-        if not observer:
-            observer.append(lock._connect())
-        rows = observe.fetch_rows(observer[0], [key])
+        if not observer:  # bounded: the main thread joins us when its wait ends
+            observer.append(lock._connect(time.monotonic() + _LOOK_SECONDS))
+        rows = observe.fetch_rows(observer[0], [key], timeout=_LOOK_SECONDS)
         queued = [r.pid for r in rows if r.key == key and not r.granted]
         position = (
             f"position {queued.index(server_pid) + 1} of {len(queued)}"
@@ -94,3 +100,42 @@ class _InQuery:
 
     def __exit__(self, *exc: object) -> None:
         self.owner._in_query = False
+
+
+def left(limit: float | None) -> float | None:
+    """Seconds a statement may take before ``limit`` (monotonic), never quite none."""
+    if limit is None:
+        return None
+    return max(limit - time.monotonic(), _MIN_LEFT)
+
+
+def refusal(
+    label: str,
+    address: str,
+    holder: dict[str, Any] | None,
+    busy: Callable[[], str] | None,
+    waited: float | None,
+) -> str:
+    """Why the lock was not acquired: who holds it (or, for slots, ``busy()``); ``waited``
+    None for ``--no-wait``."""
+    if busy is not None:
+        return (
+            f"lock {label} not acquired after waiting {waited or 0.0:.1f}s on {address}; {busy()}"
+        )
+    if waited is None:
+        return f"lock {label} is held on {address}" + (f" by {who(holder)}" if holder else "")
+    return f"lock {label} not acquired after waiting {waited:.1f}s on {address}" + (
+        f"; held by {who(holder)}" if holder else ""
+    )
+
+
+def queue_detail(ahead: int) -> str | None:
+    if ahead == 0:
+        return None
+    return f"{ahead} other waiter{'s' if ahead != 1 else ''} queued ahead"
+
+
+def who(holder: Mapping[str, Any]) -> str:
+    from ...ui.lines import describe_holder
+
+    return describe_holder(holder)

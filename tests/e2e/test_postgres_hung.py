@@ -1,0 +1,167 @@
+"""The PostgreSQL backend against a server that hangs: its postmaster and every backend
+stopped with SIGSTOP (``PgServer.frozen``), so the kernel still accepts connections and
+ACKs what we send, but nothing answers. A server of its own, so the freezes touch no other
+test. Ceilings here are behaviours (``--wait``, the heartbeat deadline, the bounded
+release), asserted with generous margins; the server is always resumed in a ``finally``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers import wait_for
+from helpers.pgserver import PgServer, ServerUnavailable
+from local_mutex.backends.postgres.keys import name_key
+
+pytest.importorskip("psycopg", reason="the postgres extra (psycopg) is not installed")
+
+pytestmark = pytest.mark.timeout(90)
+
+CLI = [sys.executable, "-m", "local_mutex"]
+MARGIN = 4.0  # on top of a ceiling: a loaded machine, interpreter start-up
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[PgServer]:
+    try:
+        server = PgServer().start()
+    except ServerUnavailable as exc:
+        pytest.skip(f"no PostgreSQL server: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _spawn(pg: PgServer, err: Path, *args: str, drop: int | None = None) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in pg.env().items() if not k.startswith(("LOCAL_MUTEX_", "GITHUB_"))}
+    if drop is not None:
+        env["LOCAL_MUTEX_PG_DROP_SECONDS"] = str(drop)
+    with open(err, "wb") as f:
+        return subprocess.Popen(
+            [*CLI, *args], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=f
+        )
+
+
+def _locks(pg: PgServer, key: int) -> list[bool]:
+    """``granted`` of every session interested in ``key``."""
+    rows = pg.psql(
+        "SELECT granted FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
+        f"AND (classid::bigint << 32) | objid::bigint = {key}"
+    )
+    return sorted((r == "True" for r in rows.splitlines() if r), reverse=True)
+
+
+def _holding(tmp: Path) -> str:
+    """A command that says it started, then runs until told to go."""
+    return f"touch {tmp}/started; while [ ! -e {tmp}/go ]; do sleep 0.02; done; exit 3"
+
+
+def _ended_within(proc: subprocess.Popen[bytes], seconds: float) -> tuple[int, float]:
+    """(exit status, seconds it took) -- failing, not hanging, if it takes longer."""
+    start = time.monotonic()
+    try:
+        code = proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"still running after {seconds:.1f}s") from None
+    return code, time.monotonic() - start
+
+
+def test_wait_is_a_ceiling_while_the_server_hangs(pg: PgServer, tmp_path: Path) -> None:
+    """A waiter queued with --wait gives up by its ceiling (75), one that cannot even
+    connect by its ceiling too (69: unreachable); neither leaves anything behind."""
+    key = name_key(b"hung-wait")
+    holder = _spawn(pg, tmp_path / "h.err", "--remote", pg.url, "hung-wait", _holding(tmp_path))
+    try:
+        wait_for(tmp_path / "started", 20, "the holder's command")
+        queued_at = time.monotonic()
+        queued = _spawn(
+            pg, tmp_path / "q.err", "--remote", pg.url, "--wait", "3", "hung-wait", "true"
+        )
+        wait_for(lambda: _locks(pg, key) == [True, False], 20, "the waiter queued")
+        with pg.frozen():
+            late_at = time.monotonic()
+            late = _spawn(
+                pg, tmp_path / "l.err", "--remote", pg.url, "--wait", "3", "hung-wait", "true"
+            )
+            code, _ = _ended_within(queued, 3 + MARGIN)
+            assert code == 75, (tmp_path / "q.err").read_text()
+            assert time.monotonic() - queued_at < 3 + MARGIN
+            code, _ = _ended_within(late, 3 + MARGIN)
+            took = time.monotonic() - late_at
+            assert took < 3 + MARGIN
+            assert code == 69, (tmp_path / "l.err").read_text()
+            print(
+                f"queued waiter gave up after {time.monotonic() - queued_at:.1f}s, late {took:.1f}s"
+            )
+        assert "not acquired after waiting" in (tmp_path / "q.err").read_text()
+        assert "cannot reach" in (tmp_path / "l.err").read_text()
+        # Resumed: the waiters' sessions end, the holder keeps its lock.
+        wait_for(lambda: _locks(pg, key) == [True], 20, "nothing left of the waiters")
+        (tmp_path / "go").touch()
+        assert holder.wait(20) == 3
+    finally:
+        (tmp_path / "go").touch()
+        holder.wait(20)
+
+
+def test_release_gives_up_on_a_hung_server_and_keeps_the_status(
+    pg: PgServer, tmp_path: Path
+) -> None:
+    """The command ends while the server hangs: the wrapper does not wait for the server
+    (the unlock gives up after the heartbeat deadline, 3 s with a drop bound of 12), warns,
+    keeps the command's status, and the server frees the lock once it runs again."""
+    key = name_key(b"hung-release")
+    err = tmp_path / "w.err"
+    wrapper = _spawn(pg, err, "--remote", pg.url, "hung-release", _holding(tmp_path), drop=12)
+    try:
+        wait_for(tmp_path / "started", 20, "the command")
+        with pg.frozen():
+            (tmp_path / "go").touch()
+            code, took = _ended_within(wrapper, 3 + MARGIN)
+            print(f"the wrapper ended {took:.1f}s after the command was told to end")
+            text = err.read_text()
+            assert code == 3, text
+            assert "could not release hung-release cleanly" in text, text
+            assert "lost lock" not in text, text
+        wait_for(lambda: _locks(pg, key) == [], 20, "the lock freed once the server ran again")
+    finally:
+        (tmp_path / "go").touch()
+        if wrapper.poll() is None:
+            wrapper.kill()
+        wrapper.wait(20)
+
+
+def test_heartbeat_deadline_stops_the_command_while_the_server_hangs(
+    pg: PgServer, tmp_path: Path
+) -> None:
+    """README: "a heartbeat unanswered within the deadline" stops the command (69) -- also
+    when the server process hangs (the kernel ACKs, so no TCP timeout fires). Drop bound 6:
+    a heartbeat every 1 s, deadline 1.5 s. The lock is freed only after the command."""
+    key = name_key(b"hung-beat")
+    pidfile = tmp_path / "pid"
+    err = tmp_path / "w.err"
+    cmd = f"echo $$ > {pidfile}; while [ ! -e {tmp_path}/go ]; do sleep 0.02; done"
+    wrapper = _spawn(pg, err, "--remote", pg.url, "--kill-after", "1", "hung-beat", cmd, drop=6)
+    try:
+        wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "", 20, "command")
+        command = int(pidfile.read_text())
+        with pg.frozen():
+            code, took = _ended_within(wrapper, 1 + 1.5 + 1 + MARGIN)
+            print(f"the command was stopped {took:.1f}s into the hang")
+            text = err.read_text()
+            assert code == 69, text
+            assert "lost lock hung-beat" in text and "did not answer a heartbeat" in text, text
+            assert not Path(f"/proc/{command}").exists()
+        wait_for(lambda: _locks(pg, key) == [], 20, "the lock freed once the server ran again")
+    finally:
+        (tmp_path / "go").touch()
+        if wrapper.poll() is None:
+            wrapper.kill()
+        wrapper.wait(20)
