@@ -10,10 +10,15 @@ case $0 in
     */*) self=$0 ;;
     *) self=$(command -v -- "$0") || self=$0 ;;
 esac
-# The package's parent is found from this file's real path: a symlink to it works too.
+# The package's parent: next to this file as called (a tree of symlinked files keeps the
+# package there), else next to its real path (a symlink to this file from elsewhere).
 exec "${LOCAL_MUTEX_PYTHON:-python3}" -I -S -c '
 import os, sys
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(sys.argv.pop(1)))))
+here = sys.argv.pop(1)
+parent = os.path.dirname(os.path.dirname(os.path.abspath(here)))
+if not os.path.isdir(os.path.join(parent, "local_mutex")):
+    parent = os.path.dirname(os.path.dirname(os.path.realpath(here)))
+sys.path.insert(0, parent)
 from local_mutex.cli import main, run_and_exit
 run_and_exit(main)
 ' "$self" "$@"

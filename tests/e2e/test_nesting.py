@@ -211,3 +211,30 @@ def test_a_descriptor_merely_open_on_the_lock_file_is_not_a_holder(
     assert not (marks / "inside").exists()
     (marks / "a.go").touch()
     assert holder.wait(20) == 0
+
+
+def test_cli_shim_runs_from_a_tree_of_symlinked_files(lock_dir: Path, tmp_path: Path) -> None:
+    """Each file a symlink into a store (Bazel runfiles, Nix-style forests): the package
+    is next to the shim as called, not next to its real path."""
+    import sys
+
+    import local_mutex
+
+    package = Path(local_mutex.__file__).parent
+    store, forest = tmp_path / "store", tmp_path / "forest"
+    store.mkdir()
+    for i, src in enumerate(p for p in package.rglob("*") if p.is_file()):
+        if "__pycache__" in src.parts:
+            continue
+        (store / str(i)).write_bytes(src.read_bytes())
+        (store / str(i)).chmod(src.stat().st_mode)
+        link = forest / "local_mutex" / src.relative_to(package)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(store / str(i))
+    r = subprocess.run(
+        [sys.executable, "-m", "local_mutex", "-q", "outer", '"$LOCAL_MUTEX_CLI" -q a "echo ok"'],
+        env=clean_env({"PYTHONPATH": str(forest), "LOCAL_MUTEX_LOCK_DIR": str(lock_dir)}),
+        capture_output=True,
+        timeout=60,
+    )
+    assert r.returncode == 0 and r.stdout == b"ok\n", r.stderr

@@ -24,7 +24,7 @@ def _gone_pid() -> int:
 
 
 def test_only_our_gone_processes_directories_are_removed(tmp_path: Path) -> None:
-    ns = str(os.stat("/proc/self/ns/pid").st_ino)
+    ns = "b00t" + str(os.stat("/proc/self/ns/pid").st_ino)
     gone = _gone_pid()
     target = tmp_path / "not-ours"
     target.mkdir()
@@ -32,7 +32,7 @@ def test_only_our_gone_processes_directories_are_removed(tmp_path: Path) -> None
     made = {
         "gone": tmp_path / f"local-mutex-git-{ns}-{gone}-abc",
         "live": tmp_path / f"local-mutex-git-{ns}-{os.getpid()}-abc",
-        "other-namespace": tmp_path / f"local-mutex-git-{int(ns) + 1}-{gone}-abc",
+        "other-namespace": tmp_path / f"local-mutex-git-{ns}1-{gone}-abc",
         "old-style": tmp_path / "local-mutex-git-abc",
     }
     for path in made.values():

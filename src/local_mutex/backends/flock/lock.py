@@ -270,7 +270,12 @@ class FlockLock:
         from .state import kernel_holders  # only paid for when the lock is busy
 
         holders = kernel_holders(self.path)
-        return holders[0].as_dict() if holders else None
+        if holders:
+            return holders[0].as_dict()
+        # The kernel shows nobody (a holder in another pid namespace): the record's words,
+        # without a pid that means nothing here.
+        rec = record.read_record(self.path)
+        return None if rec is None else {k: v for k, v in rec.items() if k != "pid"}
 
     # -- while held ----------------------------------------------------------------------
 

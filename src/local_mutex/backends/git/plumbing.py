@@ -100,8 +100,10 @@ _SCRATCH = "local-mutex-git-"
 def _scratch_dir() -> str:
     """A directory for the private repository, named after this process (pid namespace,
     pid), so that once a SIGKILL left it behind the next one of our user removes it."""
-    try:
-        namespace = str(os.stat("/proc/self/ns/pid").st_ino)
+    try:  # the boot too: the first pid namespace has the same inode on every host
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip().replace("-", "")[:12]
+        namespace = f"{boot}{os.stat('/proc/self/ns/pid').st_ino}"
     except OSError:
         namespace = "0"  # unknown (no /proc): never removed by another process
     else:
