@@ -290,6 +290,14 @@ def test_what_is_not_a_help_request(args: list[str]) -> None:
     assert not wants_help(args)
 
 
+def test_hint_keeps_every_word_after_an_unknown_option() -> None:
+    """``git clean -fdx -e .env`` was suggested as ``'git clean -fdx'``: without -e .env."""
+    msg = refused(RUN, ["n", "git", "clean", "-fdx", "-e", ".env"])
+    assert "(local-mutex n 'git clean -fdx -e .env')" in msg
+    msg = refused(RUN, ["n", "sed", "-i.bak", "-e", "s/a/b/", "f.txt"])
+    assert "(local-mutex n -- sed -i.bak -e s/a/b/ f.txt)" in msg
+
+
 def test_unknown_option_before_the_command_has_no_hint() -> None:
     msg = refused(RUN, ["--bogus", "n", "c"])
     assert msg == "no such option: '--bogus' (see local-mutex run --help)"

@@ -160,10 +160,10 @@ def parse(verb: str, args: Sequence[str]) -> Parsed:
         flag, eq, inline = arg.partition("=") if arg.startswith("--") else (arg, "", "")
         option = known.get(flag)
         if option is None and not arg.startswith("--") and len(arg) > 2:
-            i = _short_cluster(arg, known, parsed, verb, i)
+            _short_cluster(arg, known, parsed, verb, args[i:])
             continue
         if option is None:
-            raise _unknown(verb, arg, parsed)
+            raise _unknown(verb, arg, parsed, args[i:])
         if option.kind == "flag":
             if eq:
                 raise UsageError(f"{flag} takes no value")
@@ -182,22 +182,24 @@ def parse(verb: str, args: Sequence[str]) -> Parsed:
     return parsed
 
 
-def _short_cluster(arg: str, known: dict[str, Option], parsed: Parsed, verb: str, i: int) -> int:
+def _short_cluster(
+    arg: str, known: dict[str, Option], parsed: Parsed, verb: str, rest: Sequence[str]
+) -> None:
     """``-qk``: several short flags in one word."""
     for letter in arg[1:]:
         option = known.get(f"-{letter}")
         if option is None or option.kind != "flag":
-            raise _unknown(verb, arg, parsed)
+            raise _unknown(verb, arg, parsed, rest)
         parsed.values[option.dest] = True
         parsed.given.add(option.dest)
     parsed.typed.append(arg)
-    return i
 
 
-def _unknown(verb: str, arg: str, parsed: Parsed) -> UsageError:
+def _unknown(verb: str, arg: str, parsed: Parsed, rest: Sequence[str]) -> UsageError:
     if verb in (RUN, EACH) and len(parsed.positionals) >= 2:
+        # Every word after the command's first is the command's: the hint keeps them all.
         return UsageError(
-            _quote_hint(verb, parsed, f"unknown option {arg!r} after the command", arg)
+            _quote_hint(verb, parsed, f"unknown option {arg!r} after the command", arg, *rest)
         )
     return UsageError(f"no such option: {arg!r} (see local-mutex {verb} --help)")
 
