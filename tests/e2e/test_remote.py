@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CLI, Procs, clean_env, run_cli, wait_for
+from helpers import CLI, Procs, clean_env, hold_until, run_cli, wait_for
 from helpers.gitserver import branch_message, git_daemon
 
 pytestmark = pytest.mark.timeout(180)
@@ -233,3 +233,24 @@ def test_a_token_reaches_git_through_its_environment_only(remote: str, tmp_path:
     assert not any(token in line or encoded in line for line in argv)
     assert any(line == f"env:http.extraheader=AUTHORIZATION: basic {encoded}" for line in calls)
     assert token.encode() not in r.stderr + r.stdout
+
+
+def test_release_never_ends_a_running_commands_lock(remote: str, marks: Path) -> None:
+    """Not from the same job, not with --force: its command still runs, and a newcomer
+    would run beside it (PostgreSQL already refused)."""
+    job = {"GITHUB_RUN_ID": "1", "GITHUB_RUN_ATTEMPT": "1", "GITHUB_JOB": "j", "RUNNER_NAME": "r"}
+    with subprocess.Popen(
+        [*CLI, "run", "--remote", remote, "--lease", "30", "busy", hold_until(marks)],
+        env=clean_env(job),
+        stderr=subprocess.DEVNULL,
+    ) as run:
+        try:
+            wait_for(marks / "h.held", 30)
+            for extra in ([], ["--force"], ["--force", "--delete-branch"]):
+                r = run_cli(["release", "busy", "--remote", remote, *extra], env=job)
+                assert r.returncode == 77 and b"running command" in r.stderr, (extra, r.stderr)
+            newcomer = run_cli(["--no-wait", "--remote", remote, "busy", "true"])
+            assert newcomer.returncode == 75, newcomer.stderr
+        finally:
+            (marks / "h.go").touch()
+    assert run.returncode == 0

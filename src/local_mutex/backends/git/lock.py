@@ -318,6 +318,18 @@ def unlock(
             return None
         if (
             ours is None
+            and current.body.get("hold") is not True
+            and current.expires_at
+            and current.locked
+        ):
+            # A run's leased lock (as PostgreSQL): its command still runs; --force or not,
+            # unlocking it would let a second holder in beside it.
+            raise Refused(
+                f"remote lock {lock.label} is held by a running command ({describe(current)}); "
+                "it ends with the command, or when its lease runs out"
+            )
+        if (
+            ours is None
             and not force
             and not owned({"hold": True, **current.body}, lock.backend.env, token)
         ):
