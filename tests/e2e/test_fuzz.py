@@ -193,6 +193,8 @@ def test_each_templates(boxes: Path, template: bytes) -> None:
     no_traceback(r)
     every_line_ours(r)
     name = reference_expand(template, ITEM)
+    if not template.strip():  # no lock whatever the item: refused before any item
+        name = None
     event("bad template" if name is None else "good name" if valid_name(name) else "bad name")
     if name is None:
         refused(r, box)

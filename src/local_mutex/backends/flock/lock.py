@@ -265,15 +265,12 @@ class FlockLock:
         return self.busy_holder(), queue_position(self.path)
 
     def busy_holder(self) -> dict[str, Any] | None:
-        """Who holds the lock right now: the kernel's holder, with its record only if it
-        wrote it (a record a SIGKILLed holder left means nothing)."""
+        """The kernel's holder (with its record if it wrote it), else the record sans pid."""
         from .state import kernel_holders  # only paid for when the lock is busy
 
         holders = kernel_holders(self.path)
         if holders:
             return holders[0].as_dict()
-        # The kernel shows nobody (a holder in another pid namespace): the record's words,
-        # without a pid that means nothing here.
         rec = record.read_record(self.path)
         return None if rec is None else {k: v for k, v in rec.items() if k != "pid"}
 
