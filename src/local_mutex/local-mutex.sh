@@ -19,6 +19,9 @@ parent = os.path.dirname(os.path.dirname(os.path.abspath(here)))
 if not os.path.isdir(os.path.join(parent, "local_mutex")):
     parent = os.path.dirname(os.path.dirname(os.path.realpath(here)))
 sys.path.insert(0, parent)
-from local_mutex.cli import main, run_and_exit
+try:
+    from local_mutex.cli import main, run_and_exit
+except KeyboardInterrupt:
+    raise SystemExit(130) from None
 run_and_exit(main)
 ' "$self" "$@"
