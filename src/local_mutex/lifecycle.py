@@ -62,9 +62,7 @@ class RunResult:
         self.lock_file = lock_file
         self.status = 0
         self.stop_signal = 0  # the first stop signal that reached us: we were asked to stop
-        self.acquired = False
-        self.reentrant = False
-        self.timed_out = False
+        self.acquired = self.reentrant = self.timed_out = False
         self.lost: LockLost | None = None
         self.waited = 0.0
         self.held = 0.0
@@ -141,14 +139,15 @@ def command_env(lock: Lock, env: Mapping[str, str], held: bool) -> dict[str, str
 
 
 def _here_key(backend: Backend, lock: Lock, slots: int | None) -> tuple[str, str, bool, int]:
-    # A name's slots are a lock of their own, apart from its plain lock (whatever N).
-    return (backend.kind, lock.lock_file, slots is not None, _thread.get_ident())
+    # One file however its dir is spelled (``d//``, a symlink); a name's slots apart.
+    where = os.path.realpath(lock.lock_file) if lock.lock_file[:1] == "/" else lock.lock_file
+    return (backend.kind, where, slots is not None, _thread.get_ident())
 
 
 def _enclosing(backend: Backend, lock: Lock, opts: Options, env: Mapping[str, str]) -> int | None:
     """The pid of an enclosing holder of this very lock (we run inside it), or None. With
     ``--slots`` the lock is the name's slots: a slot an ancestor holds covers us."""
-    here = _held_here.get(_here_key(backend, lock, opts.slots))
+    here = _held_here.get(_here_key(backend, lock, opts.slots)) if _held_here else None
     found = (os.getpid(), here[0]) if here is not None else lock.enclosing(env, opts.slots)
     if found is None and opts.reentrant:
         ours = getattr(lock, "held_by_our_hold", None)
@@ -188,8 +187,8 @@ def run_locked(
     try:
         pid = _enclosing(backend, lock, opts, env)
         if pid is not None:
-            here = _held_here.get(_here_key(backend, lock, opts.slots), ("", None))[1]
-            inside = command_env(lock, env, False) if here is None else command_env(here, env, True)
+            here = _held_here.get(_here_key(backend, lock, opts.slots)) if _held_here else None
+            inside = command_env(lock if here is None else here[1], env, here is not None)
             return _run_inside(lock, pid, command, opts, inside, reporter, result, subreaper)
         progress = progress_interval(env) if reporter is not None else None
         result.waited = _take(lock, opts, env, reporter, progress, command.text, None)

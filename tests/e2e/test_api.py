@@ -348,3 +348,23 @@ def test_a_nested_cli_call_inside_a_run_inside_a_hold_runs_within_it(
     out = _script(NESTED_IN_API_HOLD, lock_dir, Path(mode))
     exclusive = "0" if mode == "exclusive" else "2"
     assert out.stdout.splitlines() == ["--shared 0", f"exclusive {exclusive}"], out.stderr
+
+
+SPELLINGS_IN_API_HOLD = """
+import sys
+import local_mutex
+lock_dir = sys.argv[1]
+with local_mutex.hold("api", lock_dir=lock_dir + "//"):
+    for spelled in (lock_dir, lock_dir + "/./", lock_dir + ".link"):
+        r = local_mutex.run("api", command="true", lock_dir=spelled, wait=0)
+        print(r.status, r.reentrant)
+"""
+
+
+def test_a_run_inside_a_hold_finds_it_however_the_lock_dir_is_spelled(lock_dir: Path) -> None:
+    """The hold's lock dir given as ``d//``, the run's as ``d``, ``d/./`` or a symlink to
+    ``d``: one lock file, so the run runs within the hold. It waited for the hold (here:
+    wait=0 failed with NotAcquired)."""
+    Path(f"{lock_dir}.link").symlink_to(lock_dir)
+    out = _script(SPELLINGS_IN_API_HOLD, lock_dir)
+    assert out.stdout.splitlines() == ["0 True"] * 3, out.stderr
