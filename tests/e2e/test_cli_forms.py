@@ -432,6 +432,17 @@ def test_completion_offers_verbs_and_options() -> None:
     assert "plain,--lock-dir" in _complete("local-mutex run --lock", 2).splitlines()
 
 
+def test_completion_offers_verbs_after_leading_options() -> None:
+    """The parser finds a verb after leading options (``local-mutex -q status NAME``), so
+    completion offers verbs there and completes that verb's options; not after ``run``
+    or a lock name."""
+    assert "plain,status" in _complete("local-mutex -q ", 2).splitlines()
+    assert _complete("local-mutex --lock-dir /tmp st", 3).splitlines() == ["plain,status"]
+    assert "plain,--json" in _complete("local-mutex -q status --js", 3).splitlines()
+    assert _complete("local-mutex run ", 2).strip() == ""
+    assert _complete("local-mutex -q mylock ", 3).strip() == ""
+
+
 @pytest.mark.parametrize(
     ("words", "cword"),
     [

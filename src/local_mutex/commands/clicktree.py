@@ -11,8 +11,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import click
+from click.shell_completion import CompletionItem
 
+from .argv import verb_first
 from .options import EACH, HISTORY, HOLD, LIST, RELEASE, RUN, STATUS, Option, options_for
+
+_IMPLICIT_RUN = "local_mutex.implicit_run"  # ctx.meta: the run form without its verb
 
 HELP = """Run a command under a named lock that is released the instant its holder dies.
 
@@ -98,7 +102,12 @@ def _click_option(option: Option) -> click.Option:
 def _verb(verb: str) -> click.Command:
     short, more = VERB_HELP[verb]
     params: list[click.Parameter] = [
-        click.Argument([dest], metavar=metavar, nargs=-1 if dest == "command" else 1)
+        click.Argument(
+            [dest],
+            metavar=metavar,
+            nargs=-1 if dest == "command" else 1,
+            shell_complete=_verbs_for_a_bare_name if verb == RUN and dest == "name" else None,
+        )
         for dest, metavar in ARGUMENTS[verb]
     ]
     params += [_click_option(o) for o in options_for(verb)]
@@ -111,13 +120,27 @@ def _verb(verb: str) -> click.Command:
     )
 
 
+def _verbs_for_a_bare_name(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
+    """``local-mutex -q <TAB>``: the word after leading options may be a verb too (the
+    parser looks for it there), unless ``run`` was typed."""
+    if not ctx.meta.get(_IMPLICIT_RUN):
+        return []
+    return [CompletionItem(v) for v in VERB_HELP if v.startswith(incomplete)]
+
+
 class _Group(click.Group):
     """Top-level help shows the run form and its options first, then the verbs; a first
-    word that is not a verb means ``run`` (for help and for completion alike)."""
+    word that is not a verb means ``run`` (for help and for completion alike), and a verb
+    after leading options is that verb, as the parser reads it."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0].startswith("-") and args[0] not in ("-h", "--help", "--version"):
+            args = verb_first(args)
         if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
             args = [RUN, *args]
+            ctx.meta[_IMPLICIT_RUN] = True
         return super().parse_args(ctx, args)
 
     def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
