@@ -11,7 +11,7 @@ this one run of the command, while the process that took the lock may go on to t
 
 from __future__ import annotations
 
-from ._proc import holds_lock, is_ancestor
+from ._proc import holds_lock, is_ancestor, parent_of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -50,9 +50,24 @@ def enclosing_hold(
     if file is None:
         return None
     for pid, _, mode in entries:  # only when no key matched: it reads /proc
-        if holds_lock(pid, {file}) and is_ancestor(pid):
+        if is_ancestor(pid) and _held_from(pid, file):
             return pid, mode
     return None
+
+
+def _held_from(pid: int, file: tuple[int, int]) -> bool:
+    """Does ``pid``, or a process above it, hold the lock on ``file``? The entry names a
+    run's supervisor, and the file put back at the path may be held further up: by the
+    Python process whose ``with hold(...)`` the run runs in. (The entry's pid must still be
+    our ancestor: a leftover job of an earlier run has none, and waits.)"""
+    current: int | None = pid
+    for _ in range(4096):  # a chain that loops (pids reused meanwhile) ends too
+        if current is None or current <= 1:
+            return False
+        if holds_lock(current, {file}):
+            return True
+        current = parent_of(current)
+    return False
 
 
 def handed_down(held: str, keeper: int, supervisor: int) -> str:

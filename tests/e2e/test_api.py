@@ -368,3 +368,31 @@ def test_a_run_inside_a_hold_finds_it_however_the_lock_dir_is_spelled(lock_dir: 
     Path(f"{lock_dir}.link").symlink_to(lock_dir)
     out = _script(SPELLINGS_IN_API_HOLD, lock_dir)
     assert out.stdout.splitlines() == ["0 True"] * 3, out.stderr
+
+
+PUT_BACK_IN_API_HOLD = """
+import os, sys
+import local_mutex
+lock_dir = sys.argv[1]
+path = local_mutex.lock_path("api", lock_dir=lock_dir)
+busy = 'import fcntl, os, sys; fcntl.flock(os.open(sys.argv[1], 0), fcntl.LOCK_EX | fcntl.LOCK_NB)'
+command = (
+    'rm "$LOCK"; '  # a tmp cleaner; the hold puts a locked file back
+    'until [ -e "$LOCK" ] && ! "$LOCAL_MUTEX_PYTHON" -c "$BUSY" "$LOCK" 2>/dev/null; do '
+    'sleep 0.05; done; '
+    '"$LOCAL_MUTEX_CLI" --no-wait api true'
+)
+env = {**os.environ, "LOCK": path, "BUSY": busy}
+with local_mutex.hold("api", lock_dir=lock_dir):
+    r = local_mutex.run("api", command=command, lock_dir=lock_dir, env=env)
+    print(r.status)
+"""
+
+
+def test_a_nested_call_finds_a_python_hold_after_its_file_was_put_back(lock_dir: Path) -> None:
+    """``with hold(n): run(n, ...)`` whose command's own call comes after a tmp cleaner
+    deleted the lock file: the hold put a locked file back (in the Python process, not the
+    run's supervisor that the call's entry names), and the call still runs within the
+    hold. It waited for the hold (here: --no-wait failed with 75)."""
+    out = _script(PUT_BACK_IN_API_HOLD, lock_dir)
+    assert out.stdout.splitlines() == ["0"], out.stderr
