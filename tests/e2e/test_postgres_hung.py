@@ -3,6 +3,8 @@ stopped with SIGSTOP (``PgServer.frozen``), so the kernel still accepts connecti
 ACKs what we send, but nothing answers. A server of its own, so the freezes touch no other
 test. Ceilings here are behaviours (``--wait``, the heartbeat deadline, the bounded
 release), asserted with generous margins; the server is always resumed in a ``finally``.
+Where the hang must start at one statement, a ``GatedProxy`` holds that statement back
+until the server is frozen.
 """
 
 from __future__ import annotations
@@ -16,15 +18,20 @@ from pathlib import Path
 import pytest
 
 from helpers import wait_for
-from helpers.pgserver import PgServer, ServerUnavailable
-from local_mutex.backends.postgres.keys import name_key
+from helpers.pgserver import GatedProxy, PgServer, ServerUnavailable
 
 pytest.importorskip("psycopg", reason="the postgres extra (psycopg) is not installed")
+
+from local_mutex.backends import Take
+from local_mutex.backends.postgres.backend import PostgresBackend
+from local_mutex.backends.postgres.keys import name_key
+from local_mutex.errors import Unavailable
 
 pytestmark = pytest.mark.timeout(90)
 
 CLI = [sys.executable, "-m", "local_mutex"]
 MARGIN = 4.0  # on top of a ceiling: a loaded machine, interpreter start-up
+READ = 10.0  # the backend's bound on one statement of status, list, release (READ_SECONDS)
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +46,21 @@ def pg() -> Iterator[PgServer]:
         server.stop()
 
 
-def _spawn(pg: PgServer, err: Path, *args: str, drop: int | None = None) -> subprocess.Popen[bytes]:
+def _env(pg: PgServer, drop: int | None = None) -> dict[str, str]:
     env = {k: v for k, v in pg.env().items() if not k.startswith(("LOCAL_MUTEX_", "GITHUB_"))}
     if drop is not None:
         env["LOCAL_MUTEX_PG_DROP_SECONDS"] = str(drop)
+    return env
+
+
+def _spawn(pg: PgServer, err: Path, *args: str, drop: int | None = None) -> subprocess.Popen[bytes]:
     with open(err, "wb") as f:
         return subprocess.Popen(
-            [*CLI, *args], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=f
+            [*CLI, *args],
+            env=_env(pg, drop),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=f,
         )
 
 
@@ -165,3 +180,105 @@ def test_heartbeat_deadline_stops_the_command_while_the_server_hangs(
         if wrapper.poll() is None:
             wrapper.kill()
         wrapper.wait(20)
+
+
+def test_release_run_status_and_list_give_up_on_a_server_that_hangs_midway(
+    pg: PgServer, tmp_path: Path
+) -> None:
+    """The server stops once each client is connected and has sent the statement this is
+    about: ``release`` (with its token, and with --force) its pg_terminate_backend, a
+    ``--reentrant`` run its look for a hold of this job, ``status`` and ``list`` their
+    pg_locks read. Each gives up within the read bound: 69 (unavailable), or 3 for status
+    and list (cannot tell), saying what it could not do. Proxies time the freeze."""
+    key = name_key(b"hung-end")
+    hold = subprocess.run(
+        [*CLI, "hold", "--remote", pg.url, "hung-end"],
+        env=_env(pg),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert hold.returncode == 0, hold.stderr
+    token = hold.stdout.strip()
+    ending = GatedProxy(pg, b"pg_terminate_backend")
+    reading = GatedProxy(pg, b"FROM pg_locks")
+    clients = {
+        "release --token": (["release", "hung-end", "--remote", ending.url, "--token", token], 69),
+        "release --force": (["release", "hung-end", "--remote", ending.url, "--force"], 69),
+        "run --reentrant": (["--remote", reading.url, "--reentrant", "hung-end", "true"], 69),
+        "status": (["status", "hung-end", "--remote", reading.url], 3),
+        "list": (["list", "--remote", reading.url], 3),
+    }
+    errs = {what: tmp_path / f"{i}.err" for i, what in enumerate(clients)}
+    procs = {what: _spawn(pg, errs[what], *args) for what, (args, _) in clients.items()}
+    try:
+        wait_for(lambda: (ending.held, reading.held) == (2, 3), 30, "each client at its statement")
+        with pg.frozen():
+            ending.open()
+            reading.open()
+            deadline = time.monotonic() + READ + MARGIN
+            for what, proc in procs.items():
+                try:
+                    proc.wait(max(deadline - time.monotonic(), 0.1))
+                except subprocess.TimeoutExpired:
+                    raise AssertionError(f"{what}: still running {READ + MARGIN:g}s in") from None
+            print(f"all gave up {time.monotonic() - deadline + READ + MARGIN:.1f}s into the hang")
+        for what, (_, expected) in clients.items():
+            text = errs[what].read_text()
+            assert procs[what].returncode == expected, (what, text)
+            assert "did not answer within" in text, (what, text)
+            assert "Traceback" not in text, (what, text)
+        assert "cannot end the hold on hung-end" in errs["release --token"].read_text()
+        assert "whether a hold of this job has lock hung-end" in errs["run --reentrant"].read_text()
+    finally:
+        ending.close()
+        reading.close()
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(20)
+        # Resumed, the server runs the terminations it was sent; end the hold if not.
+        if _locks(pg, key):
+            subprocess.run(
+                [*CLI, "release", "hung-end", "--remote", pg.url, "--force"],
+                env=_env(pg),
+                capture_output=True,
+                timeout=30,
+            )
+        wait_for(lambda: _locks(pg, key) == [], 20, "the hold ended")
+
+
+def test_no_wait_is_a_ceiling_on_connecting_to_a_hung_server(pg: PgServer, tmp_path: Path) -> None:
+    """--no-wait (1 s of grace) and --wait 0.5 against a server that accepts connections
+    but never answers: the whole connection ends by the ceiling, not after libpq's floor of
+    2 s per host. Measured in this process for one host (no interpreter start-up in it);
+    as the CLI for an address that lists the host three times (6 s before)."""
+    hosts = ",".join([f"127.0.0.1:{pg.port}"] * 3)
+    url = f"postgresql://postgres@{hosts}/postgres"
+    backend = PostgresBackend(pg.url, env=_env(pg))
+    with pg.frozen():
+        started = time.monotonic()
+        clis = {
+            "--no-wait": _spawn(pg, tmp_path / "n.err", "--remote", url, "--no-wait", "c", "true"),
+            "--wait 0.5": _spawn(
+                pg, tmp_path / "w.err", "--remote", url, "--wait", "0.5", "c", "true"
+            ),
+        }
+        try:
+            at = time.monotonic()
+            with pytest.raises(Unavailable, match=r"cannot reach .*timeout expired") as caught:
+                backend.lock(b"hung-connect").acquire(Take(wait=0))
+            took = time.monotonic() - at
+            assert caught.value.exit_code == 69
+            assert took < 1.9, f"--no-wait gave up connecting after {took:.2f}s"
+            for what, proc in clis.items():
+                code, _ = _ended_within(proc, max(started + 1.5 + 3 - time.monotonic(), 0.1))
+                text = (tmp_path / ("n.err" if what == "--no-wait" else "w.err")).read_text()
+                assert code == 69 and "cannot reach" in text, (what, text)
+            print(f"in process {took:.2f}s; the CLIs {time.monotonic() - started:.1f}s")
+        finally:
+            backend.close()
+            for proc in clis.values():
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait(20)

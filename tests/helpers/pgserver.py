@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -324,6 +325,84 @@ class PgServer:
             if cur.description is None:
                 return ""
             return "\n".join("|".join(str(v) for v in row) for row in cur.fetchall())
+
+
+class GatedProxy:
+    """A TCP relay to a server's port that holds back, on each connection, the first chunk
+    a client sends that contains ``marker`` -- until ``open()``. A test waits until
+    ``held`` clients got that far, freezes the server (``PgServer.frozen``), then opens the
+    gate: the statement reaches a server that has stopped, at exactly the point the test
+    is about (the middle of a ``release``, say), which no timing could hit reliably.
+    Threads of the test process; ``close()`` ends them."""
+
+    def __init__(self, server: PgServer, marker: bytes) -> None:
+        self.target, self.marker = server.port, marker
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self.listener.getsockname()[1]
+        self.url = f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/postgres"
+        self._gate = threading.Event()
+        self._mutex = threading.Lock()
+        self._held = 0
+        self._socks: list[socket.socket] = [self.listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def held(self) -> int:
+        """How many connections wait at the gate (or went through it)."""
+        with self._mutex:
+            return self._held
+
+    def open(self) -> None:
+        self._gate.set()
+
+    def close(self) -> None:
+        self._gate.set()
+        with self._mutex:
+            socks, self._socks = self._socks, []
+        for sock in socks:
+            try:  # shutdown, not just close: it wakes a thread blocked in recv/accept
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def __enter__(self) -> GatedProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+                server = socket.create_connection(("127.0.0.1", self.target), timeout=10)
+                server.settimeout(None)
+            except OSError:
+                return
+            with self._mutex:
+                self._socks += [client, server]
+            for src, dst, gated in ((client, server, True), (server, client, False)):
+                threading.Thread(target=self._pump, args=(src, dst, gated), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, gated: bool) -> None:
+        tail = b""
+        try:
+            while data := src.recv(65536):
+                if gated and self.marker in tail + data:
+                    gated = False
+                    with self._mutex:
+                        self._held += 1
+                    self._gate.wait()
+                tail = data[-len(self.marker) :]
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            try:
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
 
 
 def _signal(pid: int, signum: int, done: list[int]) -> None:

@@ -17,9 +17,10 @@ from ...identity import ENV_TOKEN, owned
 from ..base import LockStatus, Released
 from . import observe
 from .address import DropBound, is_postgres, load_driver, mask, password_warning
+from .connect import driver_message
 from .keys import MAX_SLOTS, describe_key, gate_key, name_key, slot_key
 from .lock import PostgresLock
-from .session import Session, driver_message
+from .session import Session
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -29,8 +30,7 @@ if TYPE_CHECKING:
     from .. import Ending
     from ..base import HoldInfo
 
-_END_WAIT = 5.0
-_READ_SECONDS = 10.0  # status and list give up on a server that does not answer (exit 3)
+_END_WAIT = 5.0  # how long a terminated hold's session may take to end
 
 
 class PostgresBackend:
@@ -76,7 +76,7 @@ class PostgresBackend:
         psycopg = load_driver()
         session = self._session()
         try:
-            return observe.fetch_rows(session, keys, timeout=_READ_SECONDS)
+            return observe.fetch_rows(session, keys, timeout=observe.READ_SECONDS)
         except psycopg.Error as exc:
             raise Unavailable(
                 f"cannot read pg_locks on {self.address}: {driver_message(str(exc))}"
@@ -159,7 +159,12 @@ class PostgresBackend:
         psycopg = load_driver()
         session = self._session()
         try:
-            session.fetch("SELECT pg_terminate_backend(%s, %s)", (row.pid, int(_END_WAIT * 1000)))
+            # Without a wait in the server (no second argument): the answer comes at once,
+            # so a server that gives none within the read bound is not answering. The loop
+            # below waits for the session to end, every look bounded as well.
+            session.fetch(
+                "SELECT pg_terminate_backend(%s)", (row.pid,), timeout=observe.READ_SECONDS
+            )
         except psycopg.errors.InsufficientPrivilege as exc:
             raise Refused(
                 f"cannot end the hold on {label}: {driver_message(str(exc))} "
@@ -170,11 +175,19 @@ class PostgresBackend:
             raise Unavailable(
                 f"cannot end the hold on {label}: {driver_message(str(exc))}"
             ) from None
+        except Unavailable as exc:
+            raise Unavailable(
+                f"cannot end the hold on {label}: {exc} (the request may still reach the "
+                "server; see status once it answers)"
+            ) from None
         deadline = time.monotonic() + _END_WAIT
-        while time.monotonic() < deadline:
-            if not any(r.pid == row.pid and r.granted for r in self._rows([row.key])):
-                return
-            time.sleep(0.02)
+        try:
+            while time.monotonic() < deadline:
+                if not any(r.pid == row.pid and r.granted for r in self._rows([row.key])):
+                    return
+                time.sleep(0.02)
+        except Unavailable as exc:
+            raise Unavailable(f"cannot tell whether the hold on {label} ended: {exc}") from None
         raise Unavailable(f"the session holding {label} (server pid {row.pid}) did not end")
 
     def close(self) -> None:

@@ -28,9 +28,10 @@ from .address import (
     password_of,
     without_password,
 )
+from .connect import driver_message
 from .keys import describe_key, name_key
 from .nesting import enclosing_entry, held_entry
-from .session import Session, driver_message
+from .session import Session
 from .slots import take_slot
 from .waiting import Interruptible, left, queue_detail, queue_progress, refusal
 
@@ -92,11 +93,18 @@ class PostgresLock:
         if slots is not None:
             return None  # a hold of the plain lock is not one of the slots
 
-        session = self._connect()
+        # Bounded as status is: a server that stopped answering must not hang the run.
+        limit = time.monotonic() + observe.READ_SECONDS
         try:
-            rows = observe.fetch_rows(session, [self.key])
-        finally:
-            session.close()
+            session = self._connect(limit)
+            try:
+                rows = observe.fetch_rows(session, [self.key], timeout=left(limit))
+            finally:
+                session.close()
+        except Unavailable as exc:
+            raise Unavailable(
+                f"cannot tell whether a hold of this job has lock {self.label}: {exc}"
+            ) from None
         for row in rows:
             pid = row.info.get("pid")
             if row.granted and owned(row.info, env, token) and isinstance(pid, int):

@@ -15,6 +15,10 @@ from ..base import Holder, LockStatus, Waiter
 from . import record
 from .keys import describe_key
 
+# An observer's statement (status, list, release, a run's look for its own hold) unanswered
+# this long means the server is not answering: give up rather than hang.
+READ_SECONDS = 10.0
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -11,14 +11,21 @@ sends a Terminate message that would end the session for everyone.
 
 from __future__ import annotations
 
-import math
 import os
 import select
 import time
 from contextlib import contextmanager
 
 from ...errors import BadAddress, Unavailable
-from .address import ENV_PASSWORD, MIN_SERVER, DropBound, load_driver, mask, password_of
+from .address import MIN_SERVER, DropBound, load_driver, mask
+from .connect import (
+    connect_error,
+    connect_params,
+    connect_seconds,
+    driver_message,
+    open_connection,
+    ready,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,44 +33,6 @@ if TYPE_CHECKING:
     from typing import Any, NoReturn
 
     from psycopg import Connection
-
-# libpq environment variables and the connection parameter each stands for. They are read
-# from the mapping we are given (not only from os.environ), and only where the URL itself
-# does not set that parameter -- the URL wins, as in libpq.
-_ENV_PARAMS = (
-    ("PGHOST", "host"),
-    ("PGHOSTADDR", "hostaddr"),
-    ("PGPORT", "port"),
-    ("PGDATABASE", "dbname"),
-    ("PGUSER", "user"),
-    ("PGPASSWORD", "password"),
-    ("PGPASSFILE", "passfile"),
-    ("PGSERVICE", "service"),
-    ("PGSSLMODE", "sslmode"),
-    ("PGSSLROOTCERT", "sslrootcert"),
-    ("PGSSLCERT", "sslcert"),
-    ("PGSSLKEY", "sslkey"),
-    ("PGCONNECT_TIMEOUT", "connect_timeout"),
-    ("PGTARGETSESSIONATTRS", "target_session_attrs"),
-)
-# Messages that mean the address (credentials, database, role) is wrong, not that the
-# server is out of reach for now.
-_BAD_ADDRESS = (
-    "password authentication failed",
-    "no password supplied",
-    "authentication failed",
-    "does not exist",
-    "no pg_hba.conf entry",
-    "not permitted to log in",
-    "invalid connection option",
-    "invalid uri",
-    "invalid integer value",
-    "invalid sslmode",
-    'missing "="',
-    "end of string reached",
-    "unexpected spaces",
-)
-
 
 # How a statement's text-format values are read, by type oid (bool, ints, floats); the
 # rest is text.
@@ -80,47 +49,6 @@ _CASTS: dict[int, Callable[[bytes], Any]] = {
 
 def _text(value: bytes) -> str:
     return value.decode("utf-8", "replace")
-
-
-def driver_message(text: str) -> str:
-    flat = " ".join(str(text).split())
-    for noise in ("connection failed: ",):
-        flat = flat.replace(noise, "")
-    return flat
-
-
-def connect_params(
-    url: str, env: Mapping[str, str], drop: DropBound, budget: float | None = None
-) -> dict[str, Any]:
-    from psycopg.conninfo import conninfo_to_dict
-
-    try:
-        given = conninfo_to_dict(url)
-    except Exception as exc:  # psycopg.ProgrammingError: a malformed URL
-        raise BadAddress(f"bad PostgreSQL URL {mask(url)}: {driver_message(str(exc))}") from None
-    params: dict[str, Any] = {}
-    for var, param in _ENV_PARAMS:
-        if param not in given and env.get(var):
-            params[param] = env[var]
-    if "password" not in given and "password" not in params and env.get(ENV_PASSWORD):
-        params["password"] = env[ENV_PASSWORD]
-    if "connect_timeout" not in given and "connect_timeout" not in params:
-        params["connect_timeout"] = "10"
-    for key, value in drop.client_params().items():
-        params.setdefault(key, value)
-    if budget is not None and not 0 < connect_seconds(given, params) <= budget:
-        # A wait ceiling bounds the connection too (libpq's floor is 2 s).
-        params["connect_timeout"] = str(max(math.ceil(budget), 2))
-    return params
-
-
-def connect_seconds(given: Mapping[str, Any], params: Mapping[str, Any]) -> float:
-    """The connect_timeout in force (0: none), as libpq reads it."""
-    raw = params.get("connect_timeout", given.get("connect_timeout", 0))
-    try:
-        return max(float(raw), 0.0)
-    except ValueError:
-        return 0.0
 
 
 class Session:
@@ -142,16 +70,14 @@ class Session:
         self.stuck = False  # a statement went unanswered: only closing is left
         self._sent: float | None = None
         psycopg = load_driver()
-        budget = None if deadline is None else deadline - time.monotonic()
-        params = connect_params(url, env, drop, budget)
+        params = connect_params(url, env, drop)
+        connect_by = deadline  # a ceiling bounds connecting as a whole, every host
         if deadline is None:  # no ceiling: setting up is bounded as connecting is
-            from psycopg.conninfo import conninfo_to_dict
-
-            seconds = connect_seconds(conninfo_to_dict(url), params)
+            seconds = connect_seconds(url, params)
             deadline = time.monotonic() + seconds if seconds else None
         try:
-            self.conn: Connection[tuple[Any, ...]] = psycopg.connect(
-                url, autocommit=True, application_name=app_name, **params
+            self.conn: Connection[tuple[Any, ...]] = open_connection(
+                url, params, app_name, connect_by
             )
         except psycopg.Error as exc:
             raise connect_error(self.address, exc, url) from None
@@ -267,15 +193,7 @@ class Session:
         return rows
 
     def _ready(self, event: int, deadline: float | None) -> bool:
-        """Wait until the socket is ready for ``event`` (or failed); False at the deadline."""
-        poller = select.poll()
-        poller.register(self.fileno(), event | select.POLLERR | select.POLLHUP)
-        while True:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return False
-            if poller.poll(None if left is None else max(int(left * 1000), 1)):
-                return True
+        return ready(self.fileno(), event, deadline)
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
@@ -382,14 +300,3 @@ def _bytes(setting: str) -> int:
         if setting.endswith(unit) and setting[: -len(unit)].strip().isdigit():
             return int(setting[: -len(unit)]) * factor
     return int(setting) if setting.isdigit() else 1024
-
-
-def connect_error(address: str, exc: BaseException, url: str) -> Exception:
-    text = driver_message(str(exc))
-    secret = password_of(url)
-    if secret:
-        text = text.replace(secret, "***")
-    lowered = text.lower()
-    if any(marker in lowered for marker in _BAD_ADDRESS):
-        return BadAddress(f"cannot use {address}: {text}")
-    return Unavailable(f"cannot reach {address}: {text}")

@@ -1,0 +1,184 @@
+"""Opening a connection: its parameters (the URL's, libpq's environment variables, our
+keepalives), a deadline for the whole of it, and what a failure means (a wrong address, or
+a server out of reach for now).
+
+libpq bounds connecting by ``connect_timeout``: per host, and never under 2 s. A caller
+with a ceiling of its own (``--no-wait``, ``--wait``) needs the whole connection -- every
+host, TLS, authentication -- done by then, so it drives libpq's non-blocking connect and
+polls its socket itself.
+"""
+
+from __future__ import annotations
+
+import select
+import time
+
+from ...errors import BadAddress, Unavailable
+from .address import ENV_PASSWORD, DropBound, load_driver, mask, password_of
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+    from psycopg import Connection
+
+# libpq environment variables and the connection parameter each stands for. They are read
+# from the mapping we are given (not only from os.environ), and only where the URL itself
+# does not set that parameter -- the URL wins, as in libpq.
+_ENV_PARAMS = (
+    ("PGHOST", "host"),
+    ("PGHOSTADDR", "hostaddr"),
+    ("PGPORT", "port"),
+    ("PGDATABASE", "dbname"),
+    ("PGUSER", "user"),
+    ("PGPASSWORD", "password"),
+    ("PGPASSFILE", "passfile"),
+    ("PGSERVICE", "service"),
+    ("PGSSLMODE", "sslmode"),
+    ("PGSSLROOTCERT", "sslrootcert"),
+    ("PGSSLCERT", "sslcert"),
+    ("PGSSLKEY", "sslkey"),
+    ("PGCONNECT_TIMEOUT", "connect_timeout"),
+    ("PGTARGETSESSIONATTRS", "target_session_attrs"),
+)
+# Messages that mean the address (credentials, database, role) is wrong, not that the
+# server is out of reach for now.
+_BAD_ADDRESS = (
+    "password authentication failed",
+    "no password supplied",
+    "authentication failed",
+    "does not exist",
+    "no pg_hba.conf entry",
+    "not permitted to log in",
+    "invalid connection option",
+    "invalid uri",
+    "invalid integer value",
+    "invalid sslmode",
+    'missing "="',
+    "end of string reached",
+    "unexpected spaces",
+)
+LIBPQ_FLOOR = 2.0  # libpq reads a connect_timeout under 2 s as 2 s
+
+
+def driver_message(text: str) -> str:
+    flat = " ".join(str(text).split())
+    for noise in ("connection failed: ",):
+        flat = flat.replace(noise, "")
+    return flat
+
+
+def connect_params(url: str, env: Mapping[str, str], drop: DropBound) -> dict[str, Any]:
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        given = conninfo_to_dict(url)
+    except Exception as exc:  # psycopg.ProgrammingError: a malformed URL
+        raise BadAddress(f"bad PostgreSQL URL {mask(url)}: {driver_message(str(exc))}") from None
+    params: dict[str, Any] = {}
+    for var, param in _ENV_PARAMS:
+        if param not in given and env.get(var):
+            params[param] = env[var]
+    if "password" not in given and "password" not in params and env.get(ENV_PASSWORD):
+        params["password"] = env[ENV_PASSWORD]
+    if "connect_timeout" not in given and "connect_timeout" not in params:
+        params["connect_timeout"] = "10"
+    for key, value in drop.client_params().items():
+        params.setdefault(key, value)
+    return params
+
+
+def connect_seconds(url: str, params: Mapping[str, Any]) -> float:
+    """The connect_timeout in force (0: none), as libpq reads it (2 s at least)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    raw = params.get("connect_timeout", conninfo_to_dict(url).get("connect_timeout", 0))
+    try:
+        seconds = float(raw)
+    except ValueError:
+        return 0.0
+    return max(seconds, LIBPQ_FLOOR) if seconds > 0 else 0.0
+
+
+def open_connection(
+    url: str, params: Mapping[str, Any], app_name: str, deadline: float | None
+) -> Connection[tuple[Any, ...]]:
+    """An autocommit connection; psycopg errors as they come. Without ``deadline``
+    (monotonic) psycopg connects as libpq would: each host in turn, within
+    ``connect_timeout`` each. With one, the same attempts (psycopg's split of the hosts
+    and their addresses), each within ``connect_timeout`` too, all of them by then."""
+    psycopg = load_driver()
+    conn: Connection[tuple[Any, ...]]
+    if deadline is None:
+        conn = psycopg.connect(url, autocommit=True, application_name=app_name, **params)
+        return conn
+    from psycopg.conninfo import conninfo_attempts, conninfo_to_dict, make_conninfo
+
+    each = connect_seconds(url, params)
+    failures: list[str] = []
+    for attempt in conninfo_attempts(conninfo_to_dict(url, application_name=app_name, **params)):
+        now = time.monotonic()
+        if failures and now >= deadline:
+            break
+        by = min(deadline, now + each) if each else deadline
+        try:
+            pgconn = _connect(make_conninfo("", **attempt), by)
+        except psycopg.OperationalError as exc:
+            failures.append(str(exc))
+            continue
+        try:
+            conn = psycopg.Connection(pgconn)
+            conn.autocommit = True  # idle after connecting: no round trip
+        except BaseException:
+            pgconn.finish()
+            raise
+        return conn
+    raise psycopg.OperationalError("; ".join(dict.fromkeys(failures)))
+
+
+def _connect(conninfo: str, deadline: float) -> Any:
+    """libpq's non-blocking connect (PQconnectPoll), driven as psycopg's generator drives
+    it but polled here until ``deadline``: the PGconn, or ``OperationalError``."""
+    psycopg = load_driver()
+    pq = psycopg.pq
+    pgconn = pq.PGconn.connect_start(conninfo.encode())
+    try:
+        while pgconn.status != pq.ConnStatus.BAD:
+            status = pgconn.connect_poll()
+            if status == pq.PollingStatus.OK:
+                pgconn.nonblocking = 1
+                return pgconn
+            if status == pq.PollingStatus.FAILED:
+                break
+            event = select.POLLIN if status == pq.PollingStatus.READING else select.POLLOUT
+            if not ready(pgconn.socket, event, deadline):
+                raise psycopg.OperationalError("connection timeout expired")
+        why = bytes(pgconn.error_message).decode("utf-8", "replace").strip()
+        raise psycopg.OperationalError(why or "connection failed")
+    except BaseException:  # a stop signal (Interrupted) too: nothing half-open left behind
+        pgconn.finish()
+        raise
+
+
+def ready(fd: int, event: int, deadline: float | None) -> bool:
+    """Wait until ``fd`` is ready for ``event`` (or failed); False at the deadline."""
+    poller = select.poll()
+    poller.register(fd, event | select.POLLERR | select.POLLHUP)
+    while True:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return False
+        if poller.poll(None if left is None else max(int(left * 1000), 1)):
+            return True
+
+
+def connect_error(address: str, exc: BaseException, url: str) -> Exception:
+    text = driver_message(str(exc))
+    secret = password_of(url)
+    if secret:
+        text = text.replace(secret, "***")
+    lowered = text.lower()
+    if any(marker in lowered for marker in _BAD_ADDRESS):
+        return BadAddress(f"cannot use {address}: {text}")
+    return Unavailable(f"cannot reach {address}: {text}")
