@@ -77,3 +77,54 @@ def branch_message(url: str, branch: str, work: Path) -> str:
         text=True,
     )
     return out.stdout
+
+
+def install_hook(repo: Path, name: str, body: str) -> None:
+    """A server-side hook (``pre-receive``, ``update``, ...) for the bare repository."""
+    hook = repo / "hooks" / name
+    hook.write_text("#!/bin/sh\n" + body)
+    hook.chmod(0o755)
+
+
+def gate_pushes(repo: Path, marks: Path) -> None:
+    """A pre-receive hook that numbers the pushes the server receives (1, 2, ...) and holds
+    push N on the server while ``marks/hold.N`` exists: it touches ``marks/inflight.N`` and
+    waits for ``marks/go.N`` (60 s at most, so a failed test never leaves it behind). A
+    held push has sent everything; the server updates the branch once it goes on.
+    ``marks/server.N`` names the server process of push N (the hook's parent,
+    git-receive-pack): once it is gone, push N is over on the server."""
+    install_hook(
+        repo,
+        "pre-receive",
+        f"cat > /dev/null\n"
+        f"n=1; while ! mkdir '{marks}/push.'$n 2>/dev/null; do n=$((n+1)); done\n"
+        f"echo $PPID > '{marks}/server.'$n\n"
+        f"if [ -e '{marks}/hold.'$n ]; then\n"
+        f"  touch '{marks}/inflight.'$n\n"
+        f"  i=0; while [ ! -e '{marks}/go.'$n ] && [ $i -lt 3000 ]; do\n"
+        f"    sleep 0.02; i=$((i+1)); done\n"
+        f"fi\n"
+        f"exit 0\n",
+    )
+
+
+def refuse_once(repo: Path, marks: Path) -> None:
+    """A pre-receive hook that, once ``marks/refuse.armed`` exists, makes the next push fail
+    the way a busy server does: it leaves the ref's lock file in place (as a concurrent
+    update or a ``git gc`` holding it would), so git answers "cannot lock ref ... File
+    exists" and the branch does not move. The push after it clears that file and goes
+    through; ``marks/refuse.done`` says the refusal happened."""
+    install_hook(
+        repo,
+        "pre-receive",
+        f"read old new ref\n"
+        f"cat > /dev/null\n"
+        f"if [ -e '{marks}/refuse.stale' ]; then rm -f \"$(cat '{marks}/refuse.stale')\";"
+        f" rm -f '{marks}/refuse.stale'; fi\n"
+        f"if mv '{marks}/refuse.armed' '{marks}/refuse.taken' 2>/dev/null; then\n"
+        f"  : > '{repo}'/\"$ref.lock\"\n"
+        f"  echo '{repo}'/\"$ref.lock\" > '{marks}/refuse.stale'\n"
+        f"  touch '{marks}/refuse.done'\n"
+        f"fi\n"
+        f"exit 0\n",
+    )

@@ -6,7 +6,8 @@ from ...errors import BadAddress
 from ...identity import ENV_GIT_TOKEN, ENV_TOKEN, new_token, utc_stamp
 from ...names import validate_name
 from ..base import Holder, HoldInfo, LockStatus, Released
-from .lock import GitLock, unlock
+from .letgo import unlock
+from .lock import GitLock
 from .plumbing import GIT_TIMEOUT, Git
 from .protocol import DEFAULT_PREFIX, NotALock, RemoteState, describe, parse_message
 

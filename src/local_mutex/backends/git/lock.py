@@ -17,9 +17,10 @@ import time
 
 from ... import nesting
 from ..._fastsignal import interruptible
-from ...errors import LockLost, NotAcquired, Refused, Unavailable, Unsupported
-from ...identity import job_identity, owned, run_url, token_hash
+from ...errors import Interrupted, LockLost, NotAcquired, Unavailable, Unsupported
+from ...identity import job_identity, run_url, token_hash
 from ...names import digest, display
+from .letgo import unlock, withdraw
 from .protocol import RemoteState, branch_for, describe, format_message, parse_message
 
 TYPE_CHECKING = False
@@ -52,6 +53,8 @@ class GitLock:
         self.record: dict[str, Any] = {}
         self.acked_sent = 0.0  # when the last renewal that went through was sent
         self.lease: float | None = None  # set once taken for a run
+        # While a lock push of ours may be under way: (the state it replaces, ours).
+        self.pending: tuple[RemoteState, RemoteState] | None = None
         self.warned = False
 
     # -- reading -------------------------------------------------------------------------
@@ -97,11 +100,15 @@ class GitLock:
         text = format_message("lock", self.backend.actor, message, body)
         sent = time.time()
         new = self.git.commit(current.oid, text, self.backend.actor)
+        ours = parse_message(new, text, self.ref)
+        # From here a stop signal may find the push landed, or about to: see ``take``.
+        self.pending = (current, ours)
         if not self.git.push(self.ref, new, current.oid):
+            self.pending = None
             return None
         self.acked_sent = sent
-        self.ours = self.backend.pushed[self.ref] = parse_message(new, text, self.ref)
-        return self.ours
+        self.ours = self.backend.pushed[self.ref] = ours
+        return ours
 
     def acquire(self, take: Take) -> float:
         """Take it for a run: leased, renewed by ``check`` while the command runs."""
@@ -129,19 +136,31 @@ class GitLock:
     ) -> float:
         """Take it with this lease (None: until released) and these body fields."""
         start = time.monotonic()
-        with interruptible():
-            # What this process itself pushed last: a CAS straight on it saves reading the
-            # branch (the CAS still guards it; on a miss we read as usual).
-            last = self.backend.pushed.get(self.ref)
-            current = last if last is not None and not last.locked else self.read()
-            if reporter is not None:
-                detail = (
-                    f"held on {self.backend.address} by {describe(current)}"
-                    if current.locked
-                    else None
-                )
-                reporter.waiting(self.label, None, detail=detail)
-            ours = self._take(current, start, wait, lease, message or "run", extra)
+        try:
+            with interruptible():
+                # What this process itself pushed last: a CAS straight on it saves reading
+                # the branch (the CAS still guards it; on a miss we read as usual).
+                last = self.backend.pushed.get(self.ref)
+                current = last if last is not None and not last.locked else self.read()
+                if reporter is not None:
+                    detail = (
+                        f"held on {self.backend.address} by {describe(current)}"
+                        if current.locked
+                        else None
+                    )
+                    reporter.waiting(self.label, None, detail=detail)
+                ours = self._take(current, start, wait, lease, message or "run", extra)
+        except (Interrupted, KeyboardInterrupt) as exc:
+            # Stopped with a lock push started: the server may apply it even though we
+            # gave up on it (killing our end does not stop the server), and we would exit
+            # saying nothing ran while the branch stays locked. Undo it before we go.
+            if self.pending is not None:
+                note = withdraw(self, *self.pending)
+                if note and isinstance(exc, Interrupted):
+                    exc.args = (f"{exc}{note}",)
+            raise
+        finally:
+            self.pending = None
         if "takeover_of" in ours.body and reporter is not None:
             reporter.notice(
                 f"took over remote lock {self.label}: the previous holder's lease had expired"
@@ -251,15 +270,26 @@ class GitLock:
             )
         body = {**ours.body, **self.record, "expires_at": round(now + lease, 3)}
         text = format_message("lock", ours.actor, ours.message, body)
-        self.git.timeout = max(stop_by - now, 0.5)  # a hung push must not stall the deadline
+        # A hung push (or the read after a refused one) must not stall the deadline.
+        self.git.deadline = time.monotonic() + max(stop_by - now, 0.5)
+        moved = False
         try:
             new = self.git.commit(ours.oid, text, self.backend.actor)
-            moved = not self.git.push(self.ref, new, ours.oid)
+            if not self.git.push(self.ref, new, ours.oid):
+                seen = self.git.fetch(self.ref)
+                if seen == ours.oid:
+                    # Refused, yet nobody moved the branch: still ours, a failed push like
+                    # any other; the next check tries again before the deadline.
+                    raise Unavailable(
+                        f"the push was refused while the branch stayed ours "
+                        f"({self.git.refusal or 'git gave no reason'})"
+                    )
+                moved = seen != new  # else: it went through after all
         except Unavailable as exc:
             self.warned = True
             return f"could not renew the lease on {self.label} yet: {exc}"
         finally:
-            self.git.timeout = self.backend.git_timeout
+            self.git.deadline = None
         if moved:
             raise LockLost(
                 f"lost the lease on remote lock {self.label}: it was taken over before "
@@ -300,57 +330,3 @@ class GitLock:
 
     def close(self) -> None:
         pass
-
-
-def unlock(
-    lock: GitLock,
-    ours: RemoteState | None,
-    *,
-    force: bool,
-    delete_branch: bool,
-    token: str | None,
-) -> RemoteState | None:
-    """Unlock (or delete the branch) by CAS; only the holder unless ``force``. Returns the
-    state that was released, or None when it was not locked."""
-    for _ in range(_ATTEMPTS):  # only a concurrent renew or takeover moves it under us
-        current = ours if ours is not None else lock.read()
-        if current.oid is None or current.state != "lock":
-            return None
-        if (
-            ours is None
-            and current.body.get("hold") is not True
-            and current.expires_at
-            and current.locked
-        ):
-            # A run's leased lock (as PostgreSQL): its command still runs; --force or not,
-            # unlocking it would let a second holder in beside it.
-            raise Refused(
-                f"remote lock {lock.label} is held by a running command ({describe(current)}); "
-                "it ends with the command, or when its lease runs out"
-            )
-        if (
-            ours is None
-            and not force
-            and not owned({"hold": True, **current.body}, lock.backend.env, token)
-        ):
-            raise Refused(
-                f"remote lock {lock.label} is held by {describe(current)}; "
-                "release it with its --token, from its job, or --force"
-            )
-        lock.backend.pushed.pop(lock.ref, None)
-        if delete_branch:
-            done = lock.git.push(lock.ref, None, current.oid)
-        else:
-            keep = ("github_actions_workflow_run_url", "pull_request_number")
-            body = {k: v for k, v in current.body.items() if k in keep}
-            body.update(lock._body({"released_holder_id": current.holder_id}))
-            text = format_message("unlock", lock.backend.actor, current.message, body)
-            unlocked = lock.git.commit(current.oid, text, lock.backend.actor)
-            done = lock.git.push(lock.ref, unlocked, current.oid)
-            if done:
-                lock.backend.pushed[lock.ref] = parse_message(unlocked, text, lock.ref)
-        if done:
-            return current
-        if ours is not None:
-            raise LockLost(f"remote lock {lock.label} changed hands before release")
-    raise Unavailable(f"remote lock {lock.label} kept changing; release not done")

@@ -10,10 +10,12 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import time
 from urllib.parse import urlsplit
 
 from ..._proc import exists
 from ...errors import Unavailable
+from .spawn import run_git
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -142,6 +144,8 @@ class Git:
             raise Unavailable("the remote URL is empty")
         self.url = url
         self.timeout = GIT_TIMEOUT
+        # When set (monotonic): every git call ends by then, however many a step makes.
+        self.deadline: float | None = None
         self.dir = _scratch_dir()
         base = dict(os.environ if env is None else env)
         self.env = {
@@ -183,19 +187,16 @@ class Git:
         check: bool = True,
         env: Mapping[str, str] | None = None,
     ) -> subprocess.CompletedProcess[bytes]:
+        timeout = self.timeout
+        if self.deadline is not None:
+            timeout = max(min(timeout, self.deadline - time.monotonic()), 0.1)
         try:
-            proc = subprocess.run(
-                ["git", *args],
-                input=stdin,
-                capture_output=True,
-                env=env or self.env,
-                timeout=self.timeout,
-                check=False,
+            code, out, err = run_git(
+                ["git", *args], stdin=stdin, env=env or self.env, timeout=timeout
             )
-        except FileNotFoundError:
-            raise Unavailable("git is not installed") from None
         except subprocess.TimeoutExpired:
-            raise Unavailable(f"git {args[0]} timed out after {self.timeout:g}s") from None
+            raise Unavailable(f"git {args[0]} timed out after {timeout:.3g}s") from None
+        proc = subprocess.CompletedProcess(["git", *args], code, out, err)
         if check and proc.returncode != 0:
             raise Unavailable(f"git {args[0]} failed: {self._why(proc)}")
         return proc
