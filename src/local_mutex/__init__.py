@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from .errors import UnsafeLockFile as UnsafeLockFile
     from .errors import Unsupported as Unsupported
     from .errors import ValidationError as ValidationError
-    from .lifecycle import RunResult as RunResult
+    from .runspec import RunResult as RunResult
 
 __all__ = [
     "BadAddress",
@@ -74,7 +74,7 @@ __all__ = [
     "status",
 ]
 # Where the names live, lightest first: an error class never loads the lifecycle.
-_HOMES = ("_version", "errors", "backends.base", "lifecycle", "api")
+_HOMES = ("_version", "errors", "backends.base", "runspec", "api")
 
 
 def __getattr__(name: str) -> object:

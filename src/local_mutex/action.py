@@ -15,9 +15,10 @@ from .backends import Ending, open_backend
 from .commands.options import is_plain_number
 from .errors import LocalMutexError, NotAcquired, ValidationError
 from .identity import ENV_GIT_TOKEN
-from .lifecycle import Command, Options, run_locked
+from .lifecycle import run_locked
 from .names import name_bytes
 from .nesting import ENV_HELD
+from .runspec import Command, Options
 from .ui import github
 from .ui.lines import ANNOTATIONS, Reporter, duration
 

@@ -12,8 +12,9 @@ import sys
 from ._fastsignal import main_thread
 from .backends import open_backend
 from .errors import ValidationError
-from .lifecycle import Command, Held, Options, RunResult, run_locked
+from .lifecycle import Held, run_locked
 from .names import display
+from .runspec import Command, Options, RunResult
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -77,12 +77,12 @@ class NotAcquired(LocalMutexError):
 
 
 class Interrupted(LocalMutexError):
-    """A stop signal arrived while waiting for the lock; the command never ran."""
+    """A stop signal arrived while waiting for the lock (or, ``before_start``, once it was
+    taken but before the command started: it was let go again); the command never ran."""
 
-    def __init__(self, signum: int) -> None:
-        super().__init__(
-            f"stopped waiting for the lock: received signal {signum}; the command did not run"
-        )
+    def __init__(self, signum: int, *, before_start: bool = False) -> None:
+        what = "let go of the lock" if before_start else "stopped waiting for the lock"
+        super().__init__(f"{what}: received signal {signum}; the command did not run")
         self.signum = signum
         self.exit_code = 128 + signum
 

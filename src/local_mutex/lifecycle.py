@@ -15,14 +15,15 @@ import sys
 import time
 
 from .backends import Take
-from .errors import LockLost, NestingError, RecordNotWritten, Unavailable, ValidationError
+from .errors import LocalMutexError, LockLost, NestingError, RecordNotWritten, Unavailable
 from .identity import ENV_TOKEN, holder_record
-from .names import display, name_bytes, shell_quote, validate_command
+from .names import display, name_bytes
+from .runspec import Command, Options, RunResult
 from .supervise.keeper import SignalsHeld, Spec, supervise
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Mapping
     from typing import Any
 
     from .backends.base import Backend, Lock
@@ -41,85 +42,6 @@ STOP_MARGIN = 2.0
 # Locks ``Held`` in this process: (backend kind, lock file, thread) -> (mode, lock). A ``run``
 # of one inside the block runs within it; the held lock names itself to its command's calls.
 _held_here: dict[tuple[str, str, bool, int], tuple[str, Lock]] = {}
-
-
-class RunResult:
-    """What happened: the exit status plus the numbers the action reports."""
-
-    __slots__ = (
-        "acquired",
-        "held",
-        "lock_file",
-        "lost",
-        "reentrant",
-        "status",
-        "stop_signal",
-        "timed_out",
-        "waited",
-    )
-
-    def __init__(self, lock_file: str) -> None:
-        self.lock_file = lock_file
-        self.status = 0
-        self.stop_signal = 0  # the first stop signal that reached us: we were asked to stop
-        self.acquired = self.reentrant = self.timed_out = False
-        self.lost: LockLost | None = None
-        self.waited = 0.0
-        self.held = 0.0
-
-
-class Command:
-    """What to run: a shell command (``/bin/sh -c``) or a program with its arguments."""
-
-    __slots__ = ("argv", "text")
-
-    def __init__(self, command: str | None = None, argv: Sequence[str] | None = None) -> None:
-        if (command is None) == (argv is None):
-            raise ValidationError("give a shell command or a program with its arguments")
-        if argv is not None:
-            if not argv or not argv[0]:
-                raise ValidationError("the program to run is missing after --")
-            self.argv = list(argv)
-            self.text = " ".join(shell_quote(a) for a in argv)
-        else:
-            assert command is not None
-            self.text = validate_command(command)
-            self.argv = ["sh", "-c", command]
-
-
-class Options:
-    """How to take the lock and run: the options every verb and the action share."""
-
-    __slots__ = (
-        "kill_after",
-        "message",
-        "reentrant",
-        "shared",
-        "slots",
-        "stdin_devnull",
-        "timeout",
-        "token",
-        "wait",
-    )
-
-    def __init__(
-        self,
-        *,
-        wait: float | None = None,
-        timeout: float | None = None,
-        kill_after: float = 5.0,
-        shared: bool = False,
-        slots: int | None = None,
-        reentrant: bool = False,
-        stdin_devnull: bool = False,
-        message: str | None = None,
-        token: str | None = None,
-    ) -> None:
-        if slots is not None and (slots < 1 or shared):
-            raise NestingError("--slots needs a count of at least 1 and cannot be --shared")
-        self.wait, self.timeout, self.kill_after = wait, timeout, kill_after
-        self.shared, self.slots, self.reentrant = shared, slots, reentrant
-        self.stdin_devnull, self.message, self.token = stdin_devnull, message, token
 
 
 def progress_interval(env: Mapping[str, str]) -> float:
@@ -191,19 +113,23 @@ def run_locked(
             inside = command_env(lock if here is None else here[1], env, here is not None)
             return _run_inside(lock, pid, command, opts, inside, reporter, result, subreaper)
         progress = progress_interval(env) if reporter is not None else None
-        result.waited = _take(lock, opts, env, reporter, progress, command.text, None)
-        result.acquired = True
-        result.lock_file = lock.lock_file
         with SignalsHeld() as held:
-            outcome = supervise(
-                _spec(command, command_env(lock, env, True), opts),
-                keep_fds=lock.keep_fds(),
-                lock=lock,
-                reporter=reporter,
-                subreaper=subreaper,
-                held=held,
-                then=lambda: _release(lock, reporter),
-            )
+            try:
+                result.waited = _take(lock, opts, env, reporter, progress, command.text, None)
+                result.acquired, result.lock_file = True, lock.lock_file
+                outcome = supervise(
+                    _spec(command, command_env(lock, env, True), opts),
+                    keep_fds=lock.keep_fds(),
+                    lock=lock,
+                    reporter=reporter,
+                    subreaper=subreaper,
+                    held=held,
+                    then=lambda: _release(lock, reporter),
+                )
+            except BaseException:
+                held.letting_go = True
+                _let_go(lock)
+                raise
         _finish(result, outcome, lock.label, reporter, opts)
         return result
     finally:
@@ -282,6 +208,16 @@ def _release(lock: Lock, reporter: Reporter | None) -> None:
             reporter.warning(f"could not release {lock.label} cleanly: {exc}")
 
 
+def _let_go(lock: Lock) -> None:
+    """After a failure -- a stop signal once the lock was taken but before the command
+    started, an error of ours: a remote's lock outlives this process, so tell the remote.
+    A lock not (or no longer) held is left alone."""
+    try:
+        lock.release()
+    except LocalMutexError:
+        pass  # the failure itself is what gets reported; a lease or session ends anyway
+
+
 def _finish(
     result: RunResult,
     outcome: Outcome,
@@ -333,8 +269,8 @@ class Held:
         self.command, self.env, self.extra = command, env, extra
         self.reporter, self.watch = reporter, watch
         self.lock: Lock | None = None
-        self.waited = 0.0
         self.lost: LockLost | None = None
+        self.waited = 0.0
         self._key: tuple[str, str, bool, int] | None = None
         self._stop = False
 
@@ -352,6 +288,7 @@ class Held:
                 lock, self.opts, self.env, self.reporter, None, self.command, self.extra
             )
         except BaseException:
+            _let_go(lock)
             lock.close()
             raise
         _held_here[key] = ("s" if self.opts.shared else "x", lock)

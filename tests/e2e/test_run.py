@@ -140,3 +140,24 @@ def test_version_and_help() -> None:
     assert r.returncode == 0 and b"NAME COMMAND [LOCK_DIR]" in r.stdout
     r = run_cli(["run", "--help"])
     assert r.returncode == 0 and b"--timeout" in r.stdout
+
+
+def test_out_of_descriptors_for_the_supervisor_is_one_line_and_125(lock_dir: Path) -> None:
+    """Under a tiny descriptor limit the pipes to the supervisor cannot be made: one line,
+    exit 125 ("could not be started"), the lock let go -- not a traceback and exit 1."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "local_mutex", "fds", "true", str(lock_dir)]
+    statuses = []
+    for limit in (5, 6, 7):
+        r = subprocess.run(
+            ["sh", "-c", f'ulimit -n {limit} && exec "$@"', "sh", *argv],
+            capture_output=True,
+            timeout=60,
+        )
+        assert b"Traceback" not in r.stderr, r.stderr
+        assert r.returncode in (0, 125), r.stderr
+        statuses.append(r.returncode)
+    assert 125 in statuses  # the limit was really hit
+    assert run_cli(["--no-wait", "fds", "true", str(lock_dir)]).returncode == 0

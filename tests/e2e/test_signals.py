@@ -144,3 +144,24 @@ def test_ignored_sigint_stays_ignored_for_the_command(lock_dir: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout == b"alive\n"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_command_is_continued_to_act_on_the_signal(
+    procs: Procs, lock_dir: Path, marks: Path, sig: signal.Signals
+) -> None:
+    """The command's group was stopped (SIGSTOP, Ctrl-Z) when the caller was told to stop:
+    it is continued along with the signal (as timeout(1) does), so its trap runs. It used
+    to stay stopped until the grace ran out and SIGKILL ended it (exit 137, no cleanup)."""
+    cmd = (
+        f"trap 'touch \"{marks}/cleaned\"; exit 5' INT TERM; "
+        f"echo $$ > '{marks}/pid'; while :; do sleep 0.1; done"
+    )
+    holder = procs.start(["stopped", cmd, str(lock_dir)])
+    wait_for(marks / "pid")
+    group = int((marks / "pid").read_text())
+    os.killpg(group, signal.SIGSTOP)
+    wait_for(lambda: Path(f"/proc/{group}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"T")
+    holder.send_signal(sig)
+    assert holder.wait(30) == 5
+    assert (marks / "cleaned").exists()

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping
 
     from ..backends.base import Backend
-    from ..lifecycle import Command, Options
+    from ..runspec import Command, Options
     from ..ui.lines import Reporter
     from .argv import Parsed
 

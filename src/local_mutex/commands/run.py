@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 
 from ..errors import LocalMutexError
-from ..lifecycle import Command, Options, run_locked
+from ..lifecycle import run_locked
+from ..runspec import Command, Options
 from . import Failed, reporter_for, using
 
 TYPE_CHECKING = False

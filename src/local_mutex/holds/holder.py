@@ -20,7 +20,8 @@ from ..backends.flock.lock import FlockLock
 from ..backends.flock.share import SUPPORTED, Sharing
 from ..errors import LockLost, NotAcquired, RecordNotWritten, Unavailable, ValidationError
 from ..identity import job_identity, new_token, token_hash, utc_stamp
-from ..lifecycle import Held, Options
+from ..lifecycle import Held
+from ..runspec import Options
 from .start import ENV_READY_FD, ENV_SPEC
 
 TYPE_CHECKING = False

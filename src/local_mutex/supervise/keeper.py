@@ -24,12 +24,13 @@ from .. import _proc
 from .._fastsignal import signal
 from ..errors import LockLost, SpawnError
 from . import reaper, supervisor
+from .relay import Relay, SignalsHeld
 from .supervisor import FORWARDED, STOP_NOW, Spec
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
-    from types import FrameType
+    from typing import Any
 
     from ..backends.base import Lock
     from ..ui.lines import Reporter
@@ -80,64 +81,6 @@ class Outcome:
         )
 
 
-class _Relay:
-    """Signal handlers of the keeper: pass stop signals on to the supervisor."""
-
-    def __init__(self, child: int) -> None:
-        self.child = child
-        self.done = False
-        self.pending: list[int] = []
-        # Every stop signal passed on: one that reached the supervisor only after the
-        # command ended is in no report of its, yet it was a request to stop (``each``).
-        self.relayed: list[int] = []
-        self.saved: dict[int, object] = {}
-
-    def __call__(self, signum: int, frame: FrameType | None) -> None:
-        if self.done:
-            self.pending.append(signum)  # after the command: for ourselves, after release
-            return
-        self.relayed.append(signum)
-        try:
-            os.kill(self.child, signum)
-        except OSError:
-            pass
-
-    def install(self) -> None:
-        for sig in FORWARDED:
-            if signal.getsignal(sig) != signal.SIG_IGN:
-                self.saved[sig] = signal.signal(sig, self)
-        # The supervisor has a process group of its own, so a shell's ``fg`` (SIGCONT to
-        # our group) reaches it only through us.
-        self.saved[signal.SIGCONT] = signal.signal(signal.SIGCONT, self._continue)
-
-    def _continue(self, signum: int, frame: FrameType | None) -> None:
-        try:
-            os.kill(self.child, signal.SIGCONT)
-        except OSError:
-            pass
-
-    def restore(self) -> None:
-        for sig, handler in self.saved.items():
-            if handler is not None:
-                signal.signal(sig, handler)  # type: ignore[arg-type]
-
-
-class SignalsHeld:
-    """``with SignalsHeld():`` around ``supervise()`` and the lock's release: a stop signal
-    that arrives after the command ended waits until the lock is released."""
-
-    def __init__(self) -> None:
-        self.pending: list[int] = []
-
-    def __enter__(self) -> SignalsHeld:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
-        for sig in self.pending:
-            os.kill(os.getpid(), sig)
-
-
 def supervise(
     spec: Spec,
     *,
@@ -171,19 +114,14 @@ def supervise(
         if reaper.reap_strays():  # leftovers of earlier commands we adopted (``each``)
             spare = frozenset(_proc.children(os.getpid()))  # still running: not this one's
         subreaper = reaper.become_subreaper(prctl)  # a dead supervisor's orphans: ours
-    out_r, out_w = os.pipe()
-    life_r, life_w = os.pipe()
-    # A stop signal from now on must reach the command: it waits, blocked, until the relay
-    # (here) and the supervisor's handlers (there) are in place.
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, supervisor.HANDLED)
-    child = _fork()
+    out_r, out_w, life_r, life_w, mask, child = _start_supervisor()
     if child == 0:
         os.close(out_r)
         os.close(life_w)
         supervisor.main(spec, out_w, life_r, keep_fds, os.getppid(), mask, prctl)
     os.close(out_w)
     os.close(life_r)
-    relay = _Relay(child)
+    relay = Relay(child)
     relay.install()
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     ended = reaped = False  # the supervisor has said its last word (or died); reaped it
@@ -220,6 +158,31 @@ def supervise(
             os.close(out_r)
             os.close(life_w)
     return outcome
+
+
+def _start_supervisor() -> tuple[int, int, int, int, Any, int]:
+    """The two pipes and the fork: (out_r, out_w, life_r, life_w, the signal mask to put
+    back, the child's pid -- 0 in the child). From before the fork, a stop signal must
+    reach the command: it waits, blocked, until the relay (here) and the supervisor's
+    handlers (there) are in place. Out of descriptors or processes: SpawnError, nothing
+    left open."""
+    fds: list[int] = []
+    try:
+        fds.extend(os.pipe())
+        fds.extend(os.pipe())
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, supervisor.HANDLED)
+        try:
+            child = _fork()
+        except BaseException:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            raise
+    except BaseException as exc:
+        for fd in fds:
+            os.close(fd)
+        if isinstance(exc, OSError):  # EMFILE, EAGAIN (a process limit), ENOMEM
+            raise SpawnError(f"cannot start the command: {exc.strerror or exc}") from None
+        raise
+    return fds[0], fds[1], fds[2], fds[3], mask, child
 
 
 def _fork() -> int:
@@ -265,7 +228,7 @@ def _wait(
     life: int,
     lock: Lock | None,
     reporter: Reporter | None,
-    relay: _Relay,
+    relay: Relay,
     keep_fds: Sequence[int],
 ) -> tuple[Outcome, str, bool]:
     """Until the supervisor's last line (``done``), or its death: (outcome, that line, is

@@ -143,6 +143,8 @@ class Stopper:
         if self.pgid is not None:
             try:
                 os.killpg(self.pgid, sig)
+                if sig != signal.SIGKILL:
+                    os.killpg(self.pgid, signal.SIGCONT)  # a stopped group acts on it now
             except (ProcessLookupError, PermissionError):
                 pass
         if self.subreaper:

@@ -157,6 +157,9 @@ class _Supervisor:
             return
         try:
             os.killpg(self.pgid, sig)
+            # A stopped command (Ctrl-Z, SIGSTOP) would see it only once continued, after
+            # the grace, killed: continue it now, as timeout(1) does, so it can act on it.
+            os.killpg(self.pgid, signal.SIGCONT)
         except (ProcessLookupError, PermissionError):
             pass  # the group is already gone
 

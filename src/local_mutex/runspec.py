@@ -1,0 +1,92 @@
+"""What a run is: the command, the options it is taken and run with, and what happened.
+Shared by every verb, the action and the Python API; ``lifecycle`` carries it out."""
+
+from __future__ import annotations
+
+from .errors import LockLost, NestingError, ValidationError
+from .names import shell_quote, validate_command
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ["Command", "Options", "RunResult"]
+
+
+class RunResult:
+    """What happened: the exit status plus the numbers the action reports."""
+
+    __slots__ = (
+        "acquired",
+        "held",
+        "lock_file",
+        "lost",
+        "reentrant",
+        "status",
+        "stop_signal",
+        "timed_out",
+        "waited",
+    )
+
+    def __init__(self, lock_file: str) -> None:
+        self.lock_file = lock_file
+        self.status = 0
+        self.stop_signal = 0  # the first stop signal that reached us: we were asked to stop
+        self.acquired = self.reentrant = self.timed_out = False
+        self.lost: LockLost | None = None
+        self.waited = 0.0
+        self.held = 0.0
+
+
+class Command:
+    """What to run: a shell command (``/bin/sh -c``) or a program with its arguments."""
+
+    __slots__ = ("argv", "text")
+
+    def __init__(self, command: str | None = None, argv: Sequence[str] | None = None) -> None:
+        if (command is None) == (argv is None):
+            raise ValidationError("give a shell command or a program with its arguments")
+        if argv is not None:
+            if not argv or not argv[0]:
+                raise ValidationError("the program to run is missing after --")
+            self.argv = list(argv)
+            self.text = " ".join(shell_quote(a) for a in argv)
+        else:
+            assert command is not None
+            self.text = validate_command(command)
+            self.argv = ["sh", "-c", command]
+
+
+class Options:
+    """How to take the lock and run: the options every verb and the action share."""
+
+    __slots__ = (
+        "kill_after",
+        "message",
+        "reentrant",
+        "shared",
+        "slots",
+        "stdin_devnull",
+        "timeout",
+        "token",
+        "wait",
+    )
+
+    def __init__(
+        self,
+        *,
+        wait: float | None = None,
+        timeout: float | None = None,
+        kill_after: float = 5.0,
+        shared: bool = False,
+        slots: int | None = None,
+        reentrant: bool = False,
+        stdin_devnull: bool = False,
+        message: str | None = None,
+        token: str | None = None,
+    ) -> None:
+        if slots is not None and (slots < 1 or shared):
+            raise NestingError("--slots needs a count of at least 1 and cannot be --shared")
+        self.wait, self.timeout, self.kill_after = wait, timeout, kill_after
+        self.shared, self.slots, self.reentrant = shared, slots, reentrant
+        self.stdin_devnull, self.message, self.token = stdin_devnull, message, token

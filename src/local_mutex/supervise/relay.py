@@ -1,0 +1,93 @@
+"""The keeper's stop signals: before the command starts, after it ends, and in between.
+
+From taking the lock until the command has started, a stop signal means "let go: do not
+run it" (``SignalsHeld``); while the command runs, the keeper passes it on to the
+supervisor, which passes it to the command (``Relay``); after the command ended, it waits
+until the lock is released.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .._fastsignal import main_thread, signal
+from ..errors import Interrupted
+from .supervisor import FORWARDED
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import FrameType
+
+__all__ = ["Relay", "SignalsHeld"]
+
+
+class Relay:
+    """Signal handlers of the keeper: pass stop signals on to the supervisor."""
+
+    def __init__(self, child: int) -> None:
+        self.child = child
+        self.done = False
+        self.pending: list[int] = []
+        # Every stop signal passed on: one that reached the supervisor only after the
+        # command ended is in no report of its, yet it was a request to stop (``each``).
+        self.relayed: list[int] = []
+        self.saved: dict[int, object] = {}
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.done:
+            self.pending.append(signum)  # after the command: for ourselves, after release
+            return
+        self.relayed.append(signum)
+        try:
+            os.kill(self.child, signum)
+        except OSError:
+            pass
+
+    def install(self) -> None:
+        for sig in FORWARDED:
+            if signal.getsignal(sig) != signal.SIG_IGN:
+                self.saved[sig] = signal.signal(sig, self)
+        # The supervisor has a process group of its own, so a shell's ``fg`` (SIGCONT to
+        # our group) reaches it only through us.
+        self.saved[signal.SIGCONT] = signal.signal(signal.SIGCONT, self._continue)
+
+    def _continue(self, signum: int, frame: FrameType | None) -> None:
+        try:
+            os.kill(self.child, signal.SIGCONT)
+        except OSError:
+            pass
+
+    def restore(self) -> None:
+        for sig, handler in self.saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
+class SignalsHeld:
+    """``with SignalsHeld():`` from taking the lock to its release. Until the command has
+    started, a stop signal raises ``Interrupted`` (the caller lets go of what it took: a
+    remote lock is not freed by our death); then the relay passes it to the command; one
+    that arrives after the command ended waits until the lock is released."""
+
+    def __init__(self) -> None:
+        self.pending: list[int] = []
+        self.saved: dict[int, object] = {}
+        self.letting_go = False  # a second signal must not cut the release short
+
+    def _before_start(self, signum: int, frame: FrameType | None) -> None:
+        if not self.letting_go:
+            raise Interrupted(signum, before_start=True)
+
+    def __enter__(self) -> SignalsHeld:
+        if main_thread():
+            for sig in FORWARDED:
+                if signal.getsignal(sig) not in (signal.SIG_IGN, None):
+                    self.saved[sig] = signal.signal(sig, self._before_start)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+        for sig in self.pending:
+            os.kill(os.getpid(), sig)

@@ -1,0 +1,61 @@
+"""A stop signal after the lock was taken but before the command started: the caller lets
+go of the lock and exits 128+N saying the command did not run. A local lock the kernel
+would free anyway; a git remote's branch nobody frees but its lease (a run) or `release
+--force` (a hold). The signal is sent by an audit hook at the first import of ``_ctypes``,
+which a run makes right there (for prctl, just before it forks its supervisor), so the
+moment is exact on any machine."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from helpers import run_cli
+from helpers.gitserver import git_daemon
+
+pytestmark = pytest.mark.timeout(60)
+
+HOOK = """
+import os, sys
+def _stop(event, args, sig=int(os.environ["SIGNAL_AT_CTYPES"])):
+    if event == "import" and args[0] == "_ctypes":
+        os.kill(os.getpid(), sig)
+sys.addaudithook(_stop)
+"""
+
+
+def _env(tmp_path: Path, sig: int) -> dict[str, str]:
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(HOOK)
+    src = Path(__file__).resolve().parents[2] / "src"
+    return {"PYTHONPATH": f"{site}:{src}", "SIGNAL_AT_CTYPES": str(sig)}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_local_run_stopped_before_its_command_says_it_did_not_run(
+    tmp_path: Path, lock_dir: Path, sig: int
+) -> None:
+    ran = tmp_path / "ran"
+    r = run_cli(["n", f"touch '{ran}'", str(lock_dir)], env=_env(tmp_path, sig))
+    assert r.returncode == 128 + sig, r.stderr
+    assert b"the command did not run" in r.stderr and b"Traceback" not in r.stderr
+    assert not ran.exists()
+    assert run_cli(["--no-wait", "n", "true", str(lock_dir)]).returncode == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_remote_run_stopped_before_its_command_leaves_the_branch_free(
+    tmp_path: Path, sig: int
+) -> None:
+    with git_daemon(tmp_path / "server") as url:
+        ran = tmp_path / "ran"
+        r = run_cli(["--remote", url, "x", f"touch '{ran}'"], env=_env(tmp_path, sig))
+        assert r.returncode == 128 + sig, r.stderr
+        assert b"the command did not run" in r.stderr and b"Traceback" not in r.stderr
+        assert not ran.exists()
+        status = run_cli(["status", "x", "--remote", url, "--json"])
+        assert json.loads(status.stdout)["state"] == "free", status.stdout
