@@ -25,6 +25,16 @@ USE_PROC = (
 )
 
 
+def decimal(text: str, digits: int = 18) -> int | None:
+    """``text`` as a non-negative integer if it is nothing but ASCII digits, at most
+    ``digits`` of them; else None. For text from outside (an environment entry, a server's
+    row, a directory name): ``str.isdigit`` also takes digits ``int`` refuses ('¹'), and
+    ``int`` refuses more than 4300 digits."""
+    if 0 < len(text) <= digits and text.isascii() and text.isdigit():
+        return int(text)
+    return None
+
+
 def stat_fields(pid: int) -> list[bytes] | None:
     """Fields of /proc/PID/stat after the command name (which may hold spaces or ')')."""
     try:

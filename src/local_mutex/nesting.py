@@ -11,7 +11,7 @@ this one run of the command, while the process that took the lock may go on to t
 
 from __future__ import annotations
 
-from ._proc import holds_lock, is_ancestor, parent_of
+from ._proc import decimal, holds_lock, is_ancestor, parent_of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -42,8 +42,9 @@ def enclosing_hold(
     for item in env.get(ENV_HELD, "").split(";"):
         pid_text, _, rest = item.partition(":")
         item_key, _, mode = rest.rpartition(":")
-        if mode in ("s", "x") and pid_text.isdigit():
-            entries.append((int(pid_text), item_key, mode))
+        pid = decimal(pid_text)
+        if mode in ("s", "x") and pid is not None:
+            entries.append((pid, item_key, mode))
     for pid, item_key, mode in entries:
         if item_key == key and is_ancestor(pid):
             return pid, mode

@@ -7,6 +7,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from helpers import CLI, Procs, clean_env, hold_until, lock_file, run_cli, start_each, wait_for
 from helpers import procwatch as pw
 
@@ -238,3 +240,12 @@ def test_cli_shim_runs_from_a_tree_of_symlinked_files(lock_dir: Path, tmp_path: 
         timeout=60,
     )
     assert r.returncode == 0 and r.stdout == b"ok\n", r.stderr
+
+
+@pytest.mark.parametrize("pid", ["\u00b9", "\u0663", "1" * 5000])
+def test_a_garbled_entry_pid_is_ignored_not_a_traceback(lock_dir: Path, pid: str) -> None:
+    """``str.isdigit`` takes a superscript one or an Arabic-Indic three, which ``int``
+    refuses, and ``int`` refuses 5000 digits: such an entry is nobody's, the run runs."""
+    r = run_cli(["n", "true", str(lock_dir)], env={"LOCAL_MUTEX_HELD": f"{pid}:1:2:x"})
+    assert r.returncode == 0, r.stderr
+    assert b"Traceback" not in r.stderr

@@ -49,3 +49,13 @@ def test_only_our_gone_processes_directories_are_removed(tmp_path: Path) -> None
 
 def test_an_unreadable_tmpdir_is_no_error(tmp_path: Path) -> None:
     _sweep(str(tmp_path / "missing"), "1")
+
+
+@pytest.mark.parametrize("pid", ["\u00b9", "\u0663", "9" * 200])
+def test_a_planted_name_with_odd_digits_is_skipped(tmp_path: Path, pid: str) -> None:
+    """Anyone can create names in a shared TMPDIR: digits ``int`` refuses made the sweep
+    (and the remote call it runs in) fail with a traceback."""
+    planted = tmp_path / f"local-mutex-git-ns-{pid}-abc"
+    planted.mkdir()
+    _sweep(str(tmp_path), "ns")
+    assert planted.is_dir()

@@ -17,6 +17,7 @@ import time
 
 from ... import nesting
 from ..._fastsignal import interruptible
+from ..._proc import decimal
 from ...errors import Interrupted, LockLost, NotAcquired, Unavailable, Unsupported
 from ...identity import job_identity, run_url, token_hash
 from ...names import digest, display
@@ -75,7 +76,7 @@ class GitLock:
         pr = env.get("LOCAL_MUTEX_PULL_REQUEST_NUMBER", "")
         body: dict[str, Any] = {
             "github_actions_workflow_run_url": run_url(env) or "",
-            "pull_request_number": int(pr) if pr.isdigit() else None,
+            "pull_request_number": decimal(pr),
             "host": os.uname().nodename,
             "pid": os.getpid(),
         }

@@ -13,7 +13,7 @@ import tempfile
 import time
 from urllib.parse import urlsplit
 
-from ..._proc import exists
+from ..._proc import decimal, exists
 from ...errors import Unavailable
 from .spawn import run_git
 
@@ -124,13 +124,14 @@ def _sweep(parent: str, namespace: str) -> None:
         if not entry.name.startswith(_SCRATCH):
             continue
         parts = entry.name[len(_SCRATCH) :].split("-")
-        if len(parts) != 3 or parts[0] != namespace or not parts[1].isdigit():
+        pid = decimal(parts[1]) if len(parts) == 3 and parts[0] == namespace else None
+        if pid is None:
             continue
         try:
             st = entry.stat(follow_symlinks=False)
         except OSError:
             continue
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not exists(int(parts[1])):
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not exists(pid):
             shutil.rmtree(entry.path, ignore_errors=True)
 
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 import sys
 from urllib.parse import quote, quote_from_bytes, unquote, unquote_to_bytes
 
+from ..._proc import decimal
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -86,9 +88,10 @@ def parse_application_name(text: str | None) -> dict[str, Any] | None:
     if rest.startswith("hold "):
         out["hold"] = True
         rest = rest[5:]
-    pid, _, host = rest.partition("@")
-    if pid.isdigit():
-        out["pid"] = int(pid)
+    pid_text, _, host = rest.partition("@")
+    pid = decimal(pid_text)
+    if pid is not None:
+        out["pid"] = pid
     if host:
         out["host"] = host
     return out

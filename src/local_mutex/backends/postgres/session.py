@@ -16,6 +16,7 @@ import select
 import time
 from contextlib import contextmanager
 
+from ..._proc import decimal
 from ...errors import BadAddress, Unavailable
 from .address import MIN_SERVER, DropBound, load_driver, mask
 from .connect import (
@@ -297,6 +298,7 @@ def _bytes(setting: str) -> int:
     """``track_activity_query_size`` as shown ('1kB', '4096', '1MB') in bytes."""
     units = {"B": 1, "kB": 1024, "MB": 1024 * 1024}
     for unit, factor in sorted(units.items(), key=lambda kv: -len(kv[0])):
-        if setting.endswith(unit) and setting[: -len(unit)].strip().isdigit():
-            return int(setting[: -len(unit)]) * factor
-    return int(setting) if setting.isdigit() else 1024
+        number = decimal(setting[: -len(unit)].strip()) if setting.endswith(unit) else None
+        if number is not None:
+            return number * factor
+    return decimal(setting) or 1024
