@@ -252,3 +252,18 @@ def test_status_answers_for_the_plain_lock_and_with_slots_for_the_slots(
     assert a.wait(20) == 0
     assert run_cli(["status", *where, "--slots", "demo"], env=env).returncode == 0
     assert run_cli(["status", *where, "--slots", "never-slotted"], env=env).returncode == 0
+
+
+def test_each_with_slots_reports_only_the_summary_when_nothing_waited(lock_dir: Path) -> None:
+    """``each`` prints a line per item only when it waited, failed or was stopped; under
+    Actions each such line is an annotation. With ``--slots`` every item counted the
+    microseconds of its look at the slots as a wait, and so printed (and annotated) one."""
+    r = run_cli(
+        ["each", "--slots", "2", "--lock-dir", str(lock_dir), "s", "true"],
+        env={"GITHUB_ACTIONS": "true"},
+        input=b"1\n2\n3\n",
+    )
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.decode().splitlines()
+    assert [line for line in lines if "released" in line] == [], lines
+    assert any("3 items ran" in line for line in lines), lines

@@ -136,7 +136,8 @@ def take_slot(
                 delay = min(delay * 2, _POLL_MAX)
     finally:
         os.close(gate)  # the next in the queue becomes the head
-    waited = time.monotonic() - start
+    # A slot free at once is no wait, as for the plain lock (``each`` reports only waits).
+    waited = time.monotonic() - start if announced else 0.0
     if reporter is not None:
         if not announced:
             reporter.waiting(label, None)
