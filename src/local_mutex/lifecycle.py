@@ -190,7 +190,11 @@ def _run_inside(
     try:
         with SignalsHeld() as held:
             outcome = supervise(
-                _spec(command, child_env, opts), reporter=reporter, subreaper=subreaper, held=held
+                _spec(command, child_env, opts),
+                keep_fds=lock.keep_fds(),  # the hold's, if shared with us: the command's too
+                reporter=reporter,
+                subreaper=subreaper,
+                held=held,
             )
     finally:
         lock.close()

@@ -790,3 +790,33 @@ def test_a_crowd_of_silent_connections_does_not_hold_up_a_release(
     assert r.returncode == 0, r.stderr
     assert took < 5, f"release took {took:.1f}s"
     assert _free("crowd", lock_dir)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+@pytest.mark.parametrize("how", ["release", "ttl"])
+def test_a_run_inside_an_ended_hold_keeps_the_lock_when_keeper_and_supervisor_die(
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str], how: str
+) -> None:
+    """The hold ended under a `run --reentrant`, then its keeper and supervisor were killed
+    together (an OOM sweep): only the command was left, and it did not have the hold's
+    description, so a newcomer ran beside it. The command shares it now, as a plain run's
+    does: the lock is held until the command ends."""
+    cleanup.append("bare")
+    token = _hold("bare", lock_dir, *(["--ttl", "1"] if how == "ttl" else []))
+    holder_pid = _status("bare", lock_dir)["holders"][0]["pid"]
+    run = procs.start(
+        ["run", "--reentrant", "--lock-dir", str(lock_dir), "bare", hold_until(marks, "in")],
+        env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+    )
+    wait_for(marks / "in.held")
+    _end_hold(how, "bare", lock_dir, token, holder_pid)
+    supervisor = pw.supervisor_child(run.pid)
+    assert supervisor is not None
+    pw.signal_quietly([run.pid, supervisor])
+    assert pw.wait_gone([supervisor], 20) == []
+    run.wait(20)
+    r = run_cli(["--no-wait", "bare", f"touch '{marks}/newcomer'", str(lock_dir)])
+    assert r.returncode == 75, r.stderr
+    assert not (marks / "newcomer").exists()
+    (marks / "in.go").touch()  # the command ends; then the lock is free
+    wait_for(lambda: run_cli(["--no-wait", "bare", "true", str(lock_dir)]).returncode == 0, 30)

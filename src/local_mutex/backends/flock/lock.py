@@ -69,8 +69,7 @@ class FlockLock:
         return st.st_dev, st.st_ino
 
     def _key(self) -> str:
-        dev, ino = self._inode()
-        return f"{dev}:{ino}"
+        return ":".join(map(str, self._inode()))  # device:inode
 
     def enclosing(self, env: Mapping[str, str], slots: int | None = None) -> tuple[int, str] | None:
         if slots is None:
@@ -292,7 +291,8 @@ class FlockLock:
             )
 
     def keep_fds(self) -> tuple[int, ...]:
-        return tuple(self.descriptions())  # with the files put back at the path
+        # Inside a hold, the hold's that we joined (the command's too: they outlive us).
+        return tuple(self.joined[1]) if self.joined else tuple(self.descriptions())
 
     def check_interval(self) -> float | None:
         return WATCH_INTERVAL
