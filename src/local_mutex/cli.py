@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from .commands.argv import Parsed
+    from .ui.lines import Reporter
 
 COMPLETE_VAR = "_LOCAL_MUTEX_COMPLETE"
 # What click's shell completion sets it to; any other value (empty, stray) is no request
@@ -56,22 +57,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         ensure()
         from .commands.clicktree import show
 
-        return show(args)
+        try:
+            return show(args)
+        except OSError as exc:  # click ends quietly (exit 1) on EPIPE only: a full disk
+            from .errors import EXIT_IOERR
+
+            why = exc.strerror or type(exc).__name__
+            _reporter().error(f"could not print the help or completions ({why})")
+            return EXIT_IOERR
     if "--version" in args and all(a.startswith("-") for a in args):  # `-q --version` too
         from ._version import __version__
-        from .ui.output import out
+        from .ui.output import answer
 
-        out(f"local-mutex, version {__version__}")
-        return 0
+        return answer(f"local-mutex, version {__version__}", 0, _reporter())
     verb, rest = (args[0], args[1:]) if args[0] in VERBS else ("run", args)
     try:
         parsed = parse(verb, rest)
     except UsageError as exc:
-        from .nesting import ENV_HELD
-        from .ui.lines import Reporter
-
-        return Reporter(nested=bool(os.environ.get(ENV_HELD))).failure(exc)
+        return _reporter().failure(exc)
     return _command(verb)(parsed)
+
+
+def _reporter() -> Reporter:
+    """The stderr lines of what runs before a verb's own (help, --version, bad usage)."""
+    from .nesting import ENV_HELD
+    from .ui.lines import Reporter
+
+    return Reporter(nested=bool(os.environ.get(ENV_HELD)))
 
 
 def run_and_exit(entry: Callable[[], int]) -> None:
@@ -91,14 +103,36 @@ def run_and_exit(entry: Callable[[], int]) -> None:
     except KeyboardInterrupt:
         status = 130
     try:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                status = status or 1  # e.g. stdout closed by a pipe reader, as sys.exit says
+        status = _flush(status)
     except KeyboardInterrupt:  # a late Ctrl-C: the lock is released already
         status = 130
     os._exit(status)
+
+
+def _flush(status: int) -> int:
+    """Flush what is left in stdout and stderr; the status ``os._exit`` should leave.
+
+    Our answers are flushed as they are written (``ui.output.answer`` picked the status
+    when one failed); what is left here is the last of a failed write, or text that
+    bypassed it (click's help). A reader that went away (EPIPE) changes nothing: it
+    stopped reading on purpose, and a command's 0 must not become 1 for it. Anything else
+    (a full disk) lost output: 74, unless the status already says something went wrong.
+    stderr is best effort, as every diagnostic line is: its failure changes nothing."""
+    if sys.stdout is not None:  # None: closed, and no stand-in could be opened
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            pass
+        except (OSError, ValueError):
+            from .errors import EXIT_IOERR
+
+            status = status or EXIT_IOERR
+    if sys.stderr is not None:
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+    return status
 
 
 def _stand_in_for_closed_streams() -> None:

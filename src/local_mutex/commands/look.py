@@ -7,7 +7,7 @@ import os
 
 from ..errors import CannotTell, Unavailable
 from ..names import name_bytes
-from ..ui.output import describe_history, describe_status, out, out_json
+from ..ui.output import answer, answer_json, describe_history, describe_status
 from . import Failed, reporter_for, using
 
 TYPE_CHECKING = False
@@ -43,13 +43,13 @@ def status(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
     # --slots asks about the name's counting semaphore, a lock apart from the plain one.
     slots = len(st.slots) if parsed.flag("slotted") else None
     data = st.as_dict()
-    if parsed.flag("json"):
-        out_json(data)
-    else:
-        out(describe_status(data, name))
     if st.state not in ("free", "held"):
-        return CannotTell.exit_code
-    return EXIT_HELD if st.busy(slots) else EXIT_FREE
+        verdict = CannotTell.exit_code
+    else:
+        verdict = EXIT_HELD if st.busy(slots) else EXIT_FREE
+    if parsed.flag("json"):
+        return answer_json(data, verdict, reporter)
+    return answer(describe_status(data, name), verdict, reporter)
 
 
 def list_(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
@@ -68,12 +68,10 @@ def list_(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
     except Failed as exc:
         return exc.code
     if parsed.flag("json"):
-        out_json([s.as_dict() for s in found])
-    elif not found:
-        out("no lock files" if parsed.flag("include_free") else "no held locks")
-    else:
-        out("\n".join(describe_status(s.as_dict(), None) for s in found))
-    return 0
+        return answer_json([s.as_dict() for s in found], 0, reporter)
+    if not found:
+        return answer("no lock files" if include_free else "no held locks", 0, reporter)
+    return answer("\n".join(describe_status(s.as_dict(), None) for s in found), 0, reporter)
 
 
 def history(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
@@ -91,7 +89,5 @@ def history(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
     except Failed as exc:
         return exc.code
     if parsed.flag("json"):
-        out_json(rows)
-    else:
-        out(describe_history(rows, name, where))
-    return 0
+        return answer_json(rows, 0, reporter)
+    return answer(describe_history(rows, name, where), 0, reporter)

@@ -129,16 +129,24 @@ class Reporter:
         self._emit(line)
 
     def _emit(self, line: str) -> None:
+        """Best effort: a stderr that cannot be written (its reader went away, a full
+        disk, an I/O error, a closed stream) loses the line, never the run -- the command
+        must still run, and its status is worth more than a log line about it."""
         stream = self.stream if self.stream is not None else sys.stderr
-        buffer = getattr(stream, "buffer", None)
-        if buffer is not None:
-            # Names are arbitrary bytes (kept in surrogateescape form): write them verbatim.
-            stream.flush()
-            buffer.write(line.encode("utf-8", "surrogateescape"))
-            buffer.flush()
-        else:
-            stream.write(line)
-            stream.flush()
+        if stream is None:  # no stderr at all (closed, and no stand-in could be opened)
+            return
+        try:
+            buffer = getattr(stream, "buffer", None)
+            if buffer is not None:
+                # Names are arbitrary bytes (kept in surrogateescape form): write verbatim.
+                stream.flush()
+                buffer.write(line.encode("utf-8", "surrogateescape"))
+                buffer.flush()
+            else:
+                stream.write(line)
+                stream.flush()
+        except (OSError, ValueError):  # ValueError: a stream closed in this process
+            pass
 
     def _notable(self, notable: bool) -> str | None:
         """The kind of a bookend: a notice, unless ``waited`` mode and nothing happened."""

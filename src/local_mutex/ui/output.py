@@ -6,11 +6,14 @@ from __future__ import annotations
 import sys
 
 from .._json import dumps
+from ..errors import EXIT_IOERR
 from .lines import describe_holder, printable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
+
+    from .lines import Reporter
 
 # The standard streams (by descriptor) the caller had closed (``cmd >&-``): the CLI stands
 # /dev/null in for them, so an answer written there is lost without an error. ``hold``
@@ -33,6 +36,27 @@ def _inert(line: str) -> str:
 
 def out_json(value: Any) -> None:
     out(dumps(value))
+
+
+def answer(text: str, status: int, reporter: Reporter) -> int:
+    """Print an answer (``out``) and return the exit status it leaves: ``status`` once it
+    is written -- or once its reader went away (EPIPE: ``| head -1``, ``| grep -q``
+    stopped reading on purpose, as ripgrep or ``ls`` take it, and ``status`` keeps its
+    free/held verdict) -- else 74: a full disk or an I/O error lost an answer someone
+    meant to keep, which must not pass for one (an empty ``status --json >file``)."""
+    try:
+        out(text)
+    except BrokenPipeError:
+        return status
+    except (OSError, ValueError, AttributeError) as exc:  # AttributeError: no stdout at all
+        why = getattr(exc, "strerror", None) or type(exc).__name__
+        reporter.error(f"could not write the answer to standard output ({why})")
+        return EXIT_IOERR
+    return status
+
+
+def answer_json(value: Any, status: int, reporter: Reporter) -> int:
+    return answer(dumps(value), status, reporter)
 
 
 def describe_status(st: dict[str, Any], asked: str | None) -> str:
