@@ -31,9 +31,9 @@ Lock files live in LOCK_DIR or --lock-dir, else $LOCAL_MUTEX_LOCK_DIR, else /tmp
 
 \b
 Exit status: the command's own (128+N when killed by signal N); 2 bad usage or
-input; 69 remote unavailable or lock lost mid-run; 74 holder record not written;
-75 lock not acquired in time; 77 release refused; 124/137 run ceiling hit;
-125 the command could not start.
+input; 69 remote unavailable or lock lost mid-run; 70 internal error; 74 holder
+record or answer not written; 75 lock not acquired in time; 77 release refused;
+124/137 run ceiling hit; 125 the command could not start.
 """
 
 VERB_HELP = {
