@@ -73,6 +73,21 @@ def test_timeout_escalates_to_sigkill_137(lock_dir: Path) -> None:
     assert "SIGKILL" in r.stderr.decode()
 
 
+def test_timeout_counts_a_descendant_that_left_the_group_and_needed_sigkill(
+    lock_dir: Path, marks: Path
+) -> None:
+    """A descendant in a session of its own (``setsid``) that ignores SIGTERM is stopped
+    only by SIGKILL: that is 137, as for a member of the command's group. It said 124,
+    "stopped it with SIGTERM", because only the group was counted."""
+    daemon = f"setsid sh -c 'trap \"\" TERM; echo $$ > {marks}/d.pid; sleep 30' </dev/null"
+    r = run_cli(
+        ["--timeout", "0.5", "--kill-after", "0.5", "t", f"{daemon} & sleep 30", str(lock_dir)]
+    )
+    assert r.returncode == 137, r.stderr
+    assert "SIGKILL" in r.stderr.decode()
+    assert not Path(f"/proc/{(marks / 'd.pid').read_text().strip()}").exists()
+
+
 def test_timeout_does_not_count_queue_time(procs: Procs, lock_dir: Path, marks: Path) -> None:
     holder = procs.start(["q", hold_until(marks), str(lock_dir)])
     wait_for(marks / "h.held")

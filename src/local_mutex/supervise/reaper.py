@@ -186,6 +186,20 @@ class Stopper:
     def _group_left(self) -> bool:
         return self.pgid is not None and group_alive(self.pgid)
 
+    def anyone_left(self) -> bool:
+        """Does a process of the command still run: one of its group or, for a subreaper,
+        an adopted descendant that had left the group (``setsid``)? Zombies do not count;
+        nothing is reaped here (the top process's status is the caller's to collect)."""
+        if self._group_left():
+            return True
+        if not self.subreaper:
+            return False
+        for child in _proc.children(os.getpid()):
+            fields = _proc.stat_fields(child)
+            if child not in self.spare and fields and fields[0] not in b"ZX":
+                return True
+        return False
+
     def gave_up(self) -> bool:
         """A process outlived SIGKILL for a while: uninterruptible sleep; stop waiting."""
         return self.kill_at is not None and time.monotonic() > self.kill_at + GIVE_UP_AFTER_KILL

@@ -132,14 +132,11 @@ class _Supervisor:
                 self.stopping = True
                 self._schedule(now + self.spec.kill_after, signal.SIGKILL)
             if sig == signal.SIGKILL:
-                self.kill_sent = self.kill_sent or self._anyone_left()
+                self.kill_sent = self.kill_sent or self.stopper.anyone_left()
             self.stopper.send(sig)
         self._arm()
 
     # -- helpers -----------------------------------------------------------------------------
-
-    def _anyone_left(self) -> bool:
-        return self.pgid is not None and reaper.group_alive(self.pgid)
 
     def _schedule(self, when: float, sig: int, is_timeout: bool = False) -> None:
         self.events.append((when, sig, is_timeout))
