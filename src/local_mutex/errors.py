@@ -81,8 +81,8 @@ class Interrupted(LocalMutexError):
     taken but before the command started: it was let go again); the command never ran."""
 
     def __init__(self, signum: int, *, before_start: bool = False) -> None:
-        what = "let go of the lock" if before_start else "stopped waiting for the lock"
-        super().__init__(f"{what}: received signal {signum}; the command did not run")
+        when = "before the command started" if before_start else "waiting for the lock"
+        super().__init__(f"stopped {when}: received signal {signum}; the command did not run")
         self.signum = signum
         self.exit_code = 128 + signum
 

@@ -396,3 +396,76 @@ def test_a_nested_call_finds_a_python_hold_after_its_file_was_put_back(lock_dir:
     hold. It waited for the hold (here: --no-wait failed with 75)."""
     out = _script(PUT_BACK_IN_API_HOLD, lock_dir)
     assert out.stdout.splitlines() == ["0"], out.stderr
+
+
+SIGNAL_AT_THE_FORK = """
+import os, signal, sys, threading
+import local_mutex
+lock_dir, marks, inside = sys.argv[1], sys.argv[2], sys.argv[3] == "inside"
+idle = threading.Event()
+other = threading.Thread(target=idle.wait, daemon=True)
+other.start()
+sent = []
+def to_the_other_thread():
+    # The main thread has the stop signals blocked across the fork; another thread takes
+    # this one, and Python runs its handler in the main thread at the next bytecode.
+    if not sent:
+        sent.append(1)
+        signal.pthread_kill(other.ident, signal.SIGTERM)
+os.register_at_fork(after_in_parent=to_the_other_thread)
+command = (
+    f"trap 'touch {marks}/stopped; exit 7' TERM; touch {marks}/started; "
+    f"i=0; while [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done"
+)
+if inside:
+    with local_mutex.hold("fork", lock_dir=lock_dir):
+        r = local_mutex.run("fork", command=command, lock_dir=lock_dir)
+else:
+    r = local_mutex.run("fork", command=command, lock_dir=lock_dir)
+print(r.status)
+"""
+
+
+@pytest.mark.parametrize("where", ["plain", "inside"])
+def test_a_signal_at_the_fork_taken_by_another_thread_reaches_the_command(
+    lock_dir: Path, marks: Path, where: str
+) -> None:
+    """A stop signal that arrives as the supervisor is forked, taken by another thread of
+    the process (a hold's watcher is one), is the command's: it must not end the run with
+    "did not run" and let go of the lock while the supervisor starts the command anyway."""
+    out = _script(SIGNAL_AT_THE_FORK, lock_dir, marks, Path(where))
+    # 143: the signal came before the command's trap was set; 7: after.
+    assert out.stdout.splitlines() in (["7"], ["143"]), out.stderr
+
+
+SIGNAL_AT_THE_RELEASE = """
+import os, signal, sys, threading
+import local_mutex
+lock_dir, marks = sys.argv[1], sys.argv[2]
+idle = threading.Event()
+other = threading.Thread(target=idle.wait, daemon=True)
+other.start()
+done, sent = os.path.join(marks, "done"), os.path.join(marks, "sent")
+def at_release(event, args):
+    # The record is cleared as the lock is released: the command is over by then.
+    if event == "os.truncate" and os.path.exists(done) and not os.path.exists(sent):
+        open(sent, "w").close()
+        signal.pthread_kill(other.ident, signal.SIGINT)
+sys.addaudithook(at_release)
+try:
+    r = local_mutex.run("rel", command=f"touch {marks}/done", lock_dir=lock_dir)
+    print("returned", r.status)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt")
+except local_mutex.Interrupted as exc:
+    print("Interrupted", exc)
+"""
+
+
+def test_a_signal_during_the_release_is_not_a_did_not_run(lock_dir: Path, marks: Path) -> None:
+    """The command ran; a Ctrl-C taken by another thread while the lock is released waits
+    until it is, then acts as the caller's own handler says (KeyboardInterrupt) -- never
+    "stopped before the command started ... did not run"."""
+    out = _script(SIGNAL_AT_THE_RELEASE, lock_dir, marks)
+    assert (marks / "done").exists() and (marks / "sent").exists(), out.stderr
+    assert out.stdout.splitlines() in (["KeyboardInterrupt"], ["returned 0"]), out.stdout

@@ -114,6 +114,8 @@ def supervise(
         if reaper.reap_strays():  # leftovers of earlier commands we adopted (``each``)
             spare = frozenset(_proc.children(os.getpid()))  # still running: not this one's
         subreaper = reaper.become_subreaper(prctl)  # a dead supervisor's orphans: ours
+    if held is not None:
+        held.forking = True  # a stop signal from now on is the command's: see SignalsHeld
     out_r, out_w, life_r, life_w, mask, child = _start_supervisor()
     if child == 0:
         os.close(out_r)
@@ -123,6 +125,10 @@ def supervise(
     os.close(life_r)
     relay = Relay(child)
     relay.install()
+    if held is not None:  # what came while the relay was not yet in place
+        early, held.pending[:] = list(held.pending), []
+        for sig in early:
+            relay(sig, None)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     ended = reaped = False  # the supervisor has said its last word (or died); reaped it
     try:
@@ -133,7 +139,10 @@ def supervise(
             ended = True
             outcome.signals += [sig for sig in relay.relayed if sig not in outcome.signals]
             if outcome.supervisor_died is not None or text.startswith("error"):
-                _stop_orphaned(outcome, spec, subreaper, reporter, text, keep_fds, spare)
+                # Inside another's lock, its descriptions are shared with other runs: not a
+                # way to tell which processes are this command's.
+                ours = keep_fds if lock is not None else ()
+                _stop_orphaned(outcome, spec, subreaper, reporter, text, ours, spare)
         finally:
             relay.done = True
             signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)

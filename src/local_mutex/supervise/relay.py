@@ -64,18 +64,25 @@ class Relay:
 
 
 class SignalsHeld:
-    """``with SignalsHeld():`` from taking the lock to its release. Until the command has
-    started, a stop signal raises ``Interrupted`` (the caller lets go of what it took: a
-    remote lock is not freed by our death); then the relay passes it to the command; one
-    that arrives after the command ended waits until the lock is released."""
+    """``with SignalsHeld():`` from taking the lock to its release. Until the supervisor is
+    forked, a stop signal raises ``Interrupted`` (the caller lets go of what it took: a
+    remote lock is not freed by our death). From the fork on it never raises: the keeper
+    must not leave a supervisor and its command behind, nor let go of their lock. One that
+    comes before the relay is in place is queued in ``pending`` and relayed to the command
+    (another thread of the process may take it while ours has them blocked); one during the
+    command the relay passes on; one after the command ended waits in ``pending`` until
+    the lock is released."""
 
     def __init__(self) -> None:
         self.pending: list[int] = []
         self.saved: dict[int, object] = {}
         self.letting_go = False  # a second signal must not cut the release short
+        self.forking = False  # set just before the fork: queue, never raise, from then on
 
     def _before_start(self, signum: int, frame: FrameType | None) -> None:
-        if not self.letting_go:
+        if self.forking:
+            self.pending.append(signum)
+        elif not self.letting_go:
             raise Interrupted(signum, before_start=True)
 
     def __enter__(self) -> SignalsHeld:
