@@ -59,3 +59,35 @@ def test_a_remote_run_stopped_before_its_command_leaves_the_branch_free(
         assert not ran.exists()
         status = run_cli(["status", "x", "--remote", url, "--json"])
         assert json.loads(status.stdout)["state"] == "free", status.stdout
+
+
+AT_SCRATCH_REMOVAL = """
+import os, sys
+sent = []
+def _stop(event, args):
+    # The remote call is over (its scratch repository goes): the hold is taken. Once.
+    if event == "shutil.rmtree" and f"-{os.getpid()}-" in os.fspath(args[0]) and not sent:
+        sent.append(1)
+        os.kill(os.getpid(), int(os.environ["SIGNAL_AT_RMTREE"]))
+sys.addaudithook(_stop)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_remote_hold_stopped_before_its_token_is_printed_is_ended(
+    tmp_path: Path, sig: int
+) -> None:
+    """The branch was locked, then a stop signal came before the token was printed: the
+    hold lasted until a forced release (SIGTERM killed us outright) with nobody holding
+    its token. It is ended now, and the exit says so."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(AT_SCRATCH_REMOVAL)
+    src = Path(__file__).resolve().parents[2] / "src"
+    env = {"PYTHONPATH": f"{site}:{src}", "SIGNAL_AT_RMTREE": str(sig)}
+    with git_daemon(tmp_path / "server") as url:
+        r = run_cli(["hold", "x", "--remote", url], env=env)
+        assert r.returncode == 128 + sig, r.stderr
+        assert r.stdout == b"" and b"ended the hold" in r.stderr, r.stderr
+        status = run_cli(["status", "x", "--remote", url, "--json"])
+        assert json.loads(status.stdout)["state"] == "free", status.stdout

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 
+from .._fastsignal import interruptible
 from ..backends import Ending
-from ..errors import EXIT_IOERR, EXIT_USAGE
+from ..errors import EXIT_IOERR, EXIT_USAGE, Interrupted
 from ..names import name_bytes, shell_quote
 from ..nesting import ENV_REMOTE
 from ..ui.output import closed_by_caller, out
@@ -85,21 +86,34 @@ def hold(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
     values = {**parsed.values, "wait": parsed.wait()}
     values["remote_url"] = parsed.text("remote") or env.get(ENV_REMOTE)
     address = ""
+    taken: list[HoldInfo] = []
 
     def work(backend: Backend) -> HoldInfo:
         nonlocal address
         address = backend.address
-        return take_hold(backend, name, values, env)
+        taken.append(take_hold(backend, name, values, env))
+        return taken[0]
 
     try:
-        info = using(parsed, env, reporter, work)
-    except Failed as exc:
-        return exc.code
+        # Until the token is out, a stop signal ends what was taken: nobody else has the
+        # token, and a remote's hold would last until a forced release.
+        with interruptible():
+            info = using(parsed, env, reporter, work)
+            out(info.token)  # stdout only: logs (stderr, annotations) are read by many
+    except (Failed, Interrupted, OSError) as exc:
+        if isinstance(exc, Failed) and not taken:
+            return exc.code  # nothing taken (reported already)
+        if isinstance(exc, Interrupted):
+            why, code = f"received signal {exc.signum}", exc.exit_code
+        elif isinstance(exc, OSError):  # a closed pipe, a full disk: nobody has the token
+            why, code = exc.strerror or type(exc).__name__, EXIT_IOERR
+        else:  # a stop signal as the backend was closed, say
+            why, code = "stopped", exc.code
+        if not taken:
+            reporter.error(f"hold stopped ({why}); nothing was held")
+            return code
+        return _end_undelivered(parsed, env, reporter, name, taken[0].token, why, code)
     where = f"detached pid {info.pid}" if info.pid else info.lock_file
-    try:
-        out(info.token)  # stdout only: logs (stderr, annotations) are read by many
-    except OSError as exc:  # a closed pipe, a full disk: nobody has the token
-        return _end_undelivered(parsed, env, reporter, name, info.token, exc)
     reporter.notice(
         f"holding {info.name} in {where}; release with: {release_hint(name, parsed, address)}"
     )
@@ -107,11 +121,16 @@ def hold(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
 
 
 def _end_undelivered(
-    parsed: Parsed, env: Mapping[str, str], reporter: Reporter, name: str, token: str, exc: OSError
+    parsed: Parsed,
+    env: Mapping[str, str],
+    reporter: Reporter,
+    name: str,
+    token: str,
+    why: str,
+    code: int,
 ) -> int:
     """A hold whose token could not be printed would last until a forced release: end it
-    with that token and fail."""
-    why = exc.strerror or type(exc).__name__
+    with that token and fail with ``code``."""
     ending = Ending(env, token=token, slots=bool(parsed.count("slots")))
     try:
         using(parsed, env, reporter, lambda b: b.release_hold(name_bytes(name), ending))
@@ -119,7 +138,7 @@ def _end_undelivered(
         reporter.error(f"could not print the hold's token ({why}) nor end the hold")
         return failed.code
     reporter.error(f"could not print the hold's token ({why}); ended the hold")
-    return EXIT_IOERR
+    return code
 
 
 def release(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
