@@ -16,13 +16,16 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import signal
     from types import FrameType
+    from typing import TypeVar
+
+    _T = TypeVar("_T", bound="StopHandlers")
 else:
     try:
         import _signal as signal
     except ImportError:  # an interpreter without the C module split
         import signal
 
-__all__ = ["STOP_SIGNALS", "interruptible", "main_thread", "signal"]
+__all__ = ["STOP_SIGNALS", "StopHandlers", "interruptible", "main_thread", "quiet_stops", "signal"]
 
 # Signals that abandon a wait: the command has not started, so there is nothing to forward.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -46,29 +49,43 @@ def main_thread() -> bool:
     return threading is None or threading.current_thread() is threading.main_thread()
 
 
-class interruptible:  # noqa: N801 - used like a function: ``with interruptible():``
-    """SIGINT/SIGTERM/SIGHUP/SIGQUIT raise ``Interrupted`` inside the block (unless the
-    caller ignored them), so a waiter that is told to stop exits without running anything.
-    Outside the main thread, where Python cannot take signals, it does nothing."""
+class StopHandlers:
+    """Inside the block, SIGINT/SIGTERM/SIGHUP/SIGQUIT go to ``handle`` -- unless the caller
+    ignored them (``nohup``: its wish stands). Outside the main thread, where Python cannot
+    take signals, it does nothing. The previous handlers come back on the way out."""
 
     def __init__(self) -> None:
         self.previous: dict[int, object] = {}
 
-    @staticmethod
-    def _stop(signum: int, frame: FrameType | None) -> None:
-        raise Interrupted(signum)
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        raise NotImplementedError
 
-    def __enter__(self) -> None:
-        if not main_thread():
-            return
-        for sig in STOP_SIGNALS:
-            current = signal.getsignal(sig)
-            if current == signal.SIG_IGN or current is None:
-                continue  # e.g. nohup: the caller asked for this signal to be ignored
-            self.previous[sig] = current
-            signal.signal(sig, self._stop)
+    def __enter__(self: _T) -> _T:
+        if main_thread():
+            for sig in STOP_SIGNALS:
+                current = signal.getsignal(sig)
+                if current != signal.SIG_IGN and current is not None:
+                    self.previous[sig] = current
+                    signal.signal(sig, self.handle)
+        return self
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
         self.previous.clear()
+
+
+class interruptible(StopHandlers):  # noqa: N801 - used like a function
+    """``with interruptible():`` -- a stop signal raises ``Interrupted``, so a waiter that
+    is told to stop exits without running anything."""
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(signum)
+
+
+class quiet_stops(StopHandlers):  # noqa: N801 - used like a function
+    """``with quiet_stops():`` -- a stop signal does nothing: the first one is being acted
+    on, and cutting its bounded clean-up short would leave what it is there to undo."""
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        pass

@@ -18,7 +18,7 @@ import pytest
 
 from helpers import CLI, clean_env, run_cli, wait_for
 from helpers import procwatch as pw
-from helpers.gitserver import gate_pushes, git_daemon
+from helpers.gitserver import gate_pushes, git_daemon, lock_state
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -56,10 +56,7 @@ class Gated:
         return [e["event"] for e in json.loads(r.stdout)]  # oldest first
 
     def state(self, name: str) -> str:
-        r = run_cli(["status", name, "--remote", self.url, "--json"])
-        assert r.returncode in (0, 1), r.stderr
-        state: str = json.loads(r.stdout)["state"]
-        return state
+        return lock_state(self.url, name)
 
 
 @pytest.fixture

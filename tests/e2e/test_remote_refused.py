@@ -3,15 +3,14 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from helpers import Procs, hold_until, run_cli, wait_for
-from helpers.gitserver import git_daemon, refuse_once
+from helpers import Procs, hold_until, wait_for
+from helpers.gitserver import git_daemon, lock_state, refuse_once
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -31,10 +30,7 @@ class Server:
         (self.marks / "refuse.armed").touch()
 
     def state(self, name: str) -> str:
-        r = run_cli(["status", name, "--remote", self.url, "--json"])
-        assert r.returncode in (0, 1), r.stderr
-        state: str = json.loads(r.stdout)["state"]
-        return state
+        return lock_state(self.url, name)
 
 
 @pytest.fixture

@@ -128,3 +128,15 @@ def refuse_once(repo: Path, marks: Path) -> None:
         f"fi\n"
         f"exit 0\n",
     )
+
+
+def lock_state(url: str, name: str) -> str:
+    """``status --json``'s state of the remote lock NAME: "free" or "held"."""
+    import json
+
+    from helpers import run_cli
+
+    r = run_cli(["status", name, "--remote", url, "--json"])
+    assert r.returncode in (0, 1), r.stderr
+    state: str = json.loads(r.stdout)["state"]
+    return state

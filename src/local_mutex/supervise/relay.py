@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from .._fastsignal import main_thread, signal
+from .._fastsignal import StopHandlers, signal
 from ..errors import Interrupted
 from .supervisor import FORWARDED
 
@@ -63,7 +63,7 @@ class Relay:
                 signal.signal(sig, handler)  # type: ignore[arg-type]
 
 
-class SignalsHeld:
+class SignalsHeld(StopHandlers):
     """``with SignalsHeld():`` from taking the lock to its release. Until the supervisor is
     forked, a stop signal raises ``Interrupted`` (the caller lets go of what it took: a
     remote lock is not freed by our death). From the fork on it never raises: the keeper
@@ -74,27 +74,19 @@ class SignalsHeld:
     the lock is released."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.pending: list[int] = []
-        self.saved: dict[int, object] = {}
         self.letting_go = False  # a second signal must not cut the release short
         self.forking = False  # set just before the fork: queue, never raise, from then on
 
-    def _before_start(self, signum: int, frame: FrameType | None) -> None:
+    def handle(self, signum: int, frame: FrameType | None) -> None:
         if self.forking:
             self.pending.append(signum)
         elif not self.letting_go:
             raise Interrupted(signum, before_start=True)
 
-    def __enter__(self) -> SignalsHeld:
-        if main_thread():
-            for sig in FORWARDED:
-                if signal.getsignal(sig) not in (signal.SIG_IGN, None):
-                    self.saved[sig] = signal.signal(sig, self._before_start)
-        return self
-
     def __exit__(self, *exc: object) -> None:
-        for sig, handler in self.saved.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+        super().__exit__(*exc)  # the caller's own handlers, for what is pending
         signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
         for sig in self.pending:
             os.kill(os.getpid(), sig)

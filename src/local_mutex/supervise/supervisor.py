@@ -24,7 +24,7 @@ import fcntl
 import os
 import time
 
-from .._fastsignal import signal
+from .._fastsignal import STOP_SIGNALS, signal
 from ..nesting import ENV_HELD, handed_down
 from . import reaper, terminal
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from types import FrameType
 
 SHELL = "/bin/sh"
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+FORWARDED = STOP_SIGNALS  # passed on to the command
 # The keeper's "stop now": the lock was lost, or the keeper is gone.
 STOP_NOW = signal.SIGUSR1
 # Every signal the supervisor handles. They stay blocked from the fork until the command has

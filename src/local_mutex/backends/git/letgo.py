@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import time
 
-from ..._fastsignal import STOP_SIGNALS, main_thread, signal
+from ..._fastsignal import quiet_stops
 from ...errors import LocalMutexError, LockLost, Refused, Unavailable
 from ...identity import owned, utc_stamp
 from .protocol import RemoteState, describe, format_message, parse_message
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from types import FrameType
-
     from .lock import GitLock
 
 _ATTEMPTS = 5
@@ -146,31 +144,3 @@ def _fence(lock: GitLock, was: RemoteState, ours: RemoteState) -> bool:
         return False
     lock.backend.pushed[lock.ref] = parse_message(fence, text, lock.ref)
     return True
-
-
-class quiet_stops:  # noqa: N801 - used like a function: ``with quiet_stops():``
-    """Inside the block, SIGINT/SIGTERM/SIGHUP/SIGQUIT do nothing (unless ignored already):
-    the first one is being acted on, and cutting its bounded clean-up short would leave
-    the very lock it is there to remove. Main thread only, like every handler."""
-
-    def __init__(self) -> None:
-        self.previous: dict[int, object] = {}
-
-    @staticmethod
-    def _noted(signum: int, frame: FrameType | None) -> None:
-        pass
-
-    def __enter__(self) -> None:
-        if not main_thread():
-            return
-        for sig in STOP_SIGNALS:
-            current = signal.getsignal(sig)
-            if current == signal.SIG_IGN or current is None:
-                continue
-            self.previous[sig] = current
-            signal.signal(sig, self._noted)
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
-        self.previous.clear()
