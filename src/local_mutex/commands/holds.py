@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from .._fastsignal import interruptible
+from .._fastsignal import interruptible, quiet_stops
 from ..backends import Ending
 from ..errors import EXIT_IOERR, EXIT_USAGE, Interrupted
 from ..names import name_bytes, shell_quote
@@ -94,25 +94,25 @@ def hold(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
         taken.append(take_hold(backend, name, values, env))
         return taken[0]
 
+    def after_taking(exc: BaseException) -> BaseException:
+        if taken and isinstance(exc, Interrupted):  # say what it ends, not "did not run"
+            return Interrupted(exc.signum, hold_taken=True)
+        return exc
+
     try:
         # Until the token is out, a stop signal ends what was taken: nobody else has the
         # token, and a remote's hold would last until a forced release.
         with interruptible():
-            info = using(parsed, env, reporter, work)
+            info = using(parsed, env, reporter, work, translate=after_taking)
             out(info.token)  # stdout only: logs (stderr, annotations) are read by many
     except (Failed, Interrupted, OSError) as exc:
         if isinstance(exc, Failed) and not taken:
             return exc.code  # nothing taken (reported already)
-        if isinstance(exc, Interrupted):
-            why, code = f"received signal {exc.signum}", exc.exit_code
-        elif isinstance(exc, OSError):  # a closed pipe, a full disk: nobody has the token
-            why, code = exc.strerror or type(exc).__name__, EXIT_IOERR
-        else:  # a stop signal as the backend was closed, say
-            why, code = "stopped", exc.code
-        if not taken:
-            reporter.error(f"hold stopped ({why}); nothing was held")
-            return code
-        return _end_undelivered(parsed, env, reporter, name, taken[0].token, why, code)
+        if isinstance(exc, OSError):  # a closed pipe, a full disk: nobody has the token
+            why = exc.strerror or type(exc).__name__
+            return _end_undelivered(parsed, env, reporter, name, taken, why, EXIT_IOERR)
+        code = exc.exit_code if isinstance(exc, Interrupted) else exc.code
+        return _end_undelivered(parsed, env, reporter, name, taken, "", code)
     where = f"detached pid {info.pid}" if info.pid else info.lock_file
     reporter.notice(
         f"holding {info.name} in {where}; release with: {release_hint(name, parsed, address)}"
@@ -125,19 +125,24 @@ def _end_undelivered(
     env: Mapping[str, str],
     reporter: Reporter,
     name: str,
-    token: str,
+    taken: list[HoldInfo],
     why: str,
     code: int,
 ) -> int:
-    """A hold whose token could not be printed would last until a forced release: end it
-    with that token and fail with ``code``."""
-    ending = Ending(env, token=token, slots=bool(parsed.count("slots")))
-    try:
-        using(parsed, env, reporter, lambda b: b.release_hold(name_bytes(name), ending))
-    except Failed as failed:
-        reporter.error(f"could not print the hold's token ({why}) nor end the hold")
-        return failed.code
-    reporter.error(f"could not print the hold's token ({why}); ended the hold")
+    """A hold whose token was not printed (``why``), or whose ``hold`` was stopped by a
+    signal (no ``why``), would last until a forced release: end it with its token and
+    fail with ``code``. A second stop signal must not cut that short."""
+    if not taken:  # stopped before anything was taken
+        return code
+    what = f"could not print the hold's token ({why})" if why else "stopped"
+    ending = Ending(env, token=taken[0].token, slots=bool(parsed.count("slots")))
+    with quiet_stops():
+        try:
+            using(parsed, env, reporter, lambda b: b.release_hold(name_bytes(name), ending))
+        except Failed as failed:
+            reporter.error(f"{what}, and could not end the hold: see release --force")
+            return failed.code
+    reporter.error(f"{what}; ended the hold")
     return code
 
 
