@@ -25,7 +25,15 @@ else:
     except ImportError:  # an interpreter without the C module split
         import signal
 
-__all__ = ["STOP_SIGNALS", "StopHandlers", "interruptible", "main_thread", "quiet_stops", "signal"]
+__all__ = [
+    "STOP_SIGNALS",
+    "StopHandlers",
+    "deferred_stops",
+    "interruptible",
+    "main_thread",
+    "quiet_stops",
+    "signal",
+]
 
 # Signals that abandon a wait: the command has not started, so there is nothing to forward.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -81,6 +89,19 @@ class interruptible(StopHandlers):  # noqa: N801 - used like a function
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         raise Interrupted(signum)
+
+
+class deferred_stops(StopHandlers):  # noqa: N801 - used like a function
+    """``with deferred_stops() as stops:`` -- a stop signal is noted in ``stops.pending``
+    for the caller to act on after the block (waits inside it use ``interruptible`` and
+    raise as usual): what the block takes is never half-known when it is acted on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending: list[int] = []
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        self.pending.append(signum)
 
 
 class quiet_stops(StopHandlers):  # noqa: N801 - used like a function

@@ -80,14 +80,9 @@ class Interrupted(LocalMutexError):
     """A stop signal arrived while waiting for the lock (or, ``before_start``, once it was
     taken but before the command started: it was let go again); the command never ran."""
 
-    def __init__(
-        self, signum: int, *, before_start: bool = False, hold_taken: bool = False
-    ) -> None:
+    def __init__(self, signum: int, *, before_start: bool = False) -> None:
         when = "before the command started" if before_start else "waiting for the lock"
-        text = f"stopped {when}: received signal {signum}; the command did not run"
-        if hold_taken:
-            text = f"stopped with the hold taken: received signal {signum}; ending it"
-        super().__init__(text)
+        super().__init__(f"stopped {when}: received signal {signum}; the command did not run")
         self.signum = signum
         self.exit_code = 128 + signum
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from helpers import run_cli
+from helpers import CLI, clean_env, run_cli, wait_for
+from helpers import procwatch as pw
 from helpers.gitserver import git_daemon
 
 pytestmark = pytest.mark.timeout(60)
@@ -79,7 +81,8 @@ def test_a_remote_hold_stopped_before_its_token_is_printed_is_ended(
 ) -> None:
     """The branch was locked, then a stop signal came before the token was printed: the
     hold lasted until a forced release (SIGTERM killed us outright) with nobody holding
-    its token. It is ended now, and the exit says so."""
+    its token. The signal waits until the token is out, then ends the hold, and the exit
+    says so."""
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(AT_SCRATCH_REMOVAL)
@@ -88,6 +91,40 @@ def test_a_remote_hold_stopped_before_its_token_is_printed_is_ended(
     with git_daemon(tmp_path / "server") as url:
         r = run_cli(["hold", "x", "--remote", url], env=env)
         assert r.returncode == 128 + sig, r.stderr
-        assert r.stdout == b"" and b"ended the hold" in r.stderr, r.stderr
+        assert b"stopped by signal" in r.stderr and b"ended the hold" in r.stderr, r.stderr
         status = run_cli(["status", "x", "--remote", url, "--json"])
         assert json.loads(status.stdout)["state"] == "free", status.stdout
+
+
+def test_a_local_hold_stopped_while_it_waits_ends_its_holder(
+    tmp_path: Path, lock_dir: Path
+) -> None:
+    """`hold` waits while its detached holder waits for the lock. Stopped then, it exits
+    128+N and ends the holder at once -- which would otherwise take the lock later for
+    nobody (its token lost with us)."""
+    busy = subprocess.Popen(
+        [*CLI, "-q", "busy", f"touch '{tmp_path}/busy'; sleep 30", str(lock_dir)],
+        env=clean_env(),
+    )
+    hold = None
+    try:
+        wait_for(tmp_path / "busy")
+        hold = subprocess.Popen(
+            [*CLI, "hold", "busy", "--lock-dir", str(lock_dir)],
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        wait_for(lambda: pw.children(hold.pid) != [], what="the holder started")
+        holder = pw.children(hold.pid)[0]
+        wait_for(lambda: pw.state(holder) == "S", what="the holder waits")
+        hold.send_signal(signal.SIGTERM)
+        assert hold.wait(20) == 128 + signal.SIGTERM
+        assert b"stopped waiting for the lock" in hold.communicate()[1]
+        assert pw.wait_gone([holder], 10) == [], "the holder still waits for the lock"
+    finally:
+        busy.kill()
+        busy.wait()
+        if hold is not None and hold.poll() is None:
+            hold.kill()
+            hold.wait()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from .._fastsignal import interruptible, quiet_stops
+from .._fastsignal import deferred_stops, quiet_stops
 from ..backends import Ending
-from ..errors import EXIT_IOERR, EXIT_USAGE, Interrupted
+from ..errors import EXIT_IOERR, EXIT_USAGE
 from ..names import name_bytes, shell_quote
 from ..nesting import ENV_REMOTE
 from ..ui.output import closed_by_caller, out
@@ -94,25 +94,23 @@ def hold(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
         taken.append(take_hold(backend, name, values, env))
         return taken[0]
 
-    def after_taking(exc: BaseException) -> BaseException:
-        if taken and isinstance(exc, Interrupted):  # say what it ends, not "did not run"
-            return Interrupted(exc.signum, hold_taken=True)
-        return exc
-
+    stops = deferred_stops()
     try:
-        # Until the token is out, a stop signal ends what was taken: nobody else has the
-        # token, and a remote's hold would last until a forced release.
-        with interruptible():
-            info = using(parsed, env, reporter, work, translate=after_taking)
+        # Until the token is out, a stop signal waits (a wait for the lock stays
+        # interruptible): then it ends what was taken, which nobody else has the token of
+        # (a remote's hold would last until a forced release).
+        with stops:
+            info = using(parsed, env, reporter, work)
             out(info.token)  # stdout only: logs (stderr, annotations) are read by many
-    except (Failed, Interrupted, OSError) as exc:
-        if isinstance(exc, Failed) and not taken:
-            return exc.code  # nothing taken (reported already)
-        if isinstance(exc, OSError):  # a closed pipe, a full disk: nobody has the token
-            why = exc.strerror or type(exc).__name__
-            return _end_undelivered(parsed, env, reporter, name, taken, why, EXIT_IOERR)
-        code = exc.exit_code if isinstance(exc, Interrupted) else exc.code
-        return _end_undelivered(parsed, env, reporter, name, taken, "", code)
+    except Failed as exc:  # reported; if it came after the hold was taken, end it
+        return _end_undelivered(parsed, env, reporter, name, taken, "failed", exc.code)
+    except OSError as exc:  # a closed pipe, a full disk: nobody has the token
+        why = f"could not print the hold's token ({exc.strerror or type(exc).__name__})"
+        return _end_undelivered(parsed, env, reporter, name, taken, why, EXIT_IOERR)
+    if stops.pending:
+        sig = stops.pending[0]
+        why = f"stopped by signal {sig}"
+        return _end_undelivered(parsed, env, reporter, name, taken, why, 128 + sig)
     where = f"detached pid {info.pid}" if info.pid else info.lock_file
     reporter.notice(
         f"holding {info.name} in {where}; release with: {release_hint(name, parsed, address)}"
@@ -126,15 +124,14 @@ def _end_undelivered(
     reporter: Reporter,
     name: str,
     taken: list[HoldInfo],
-    why: str,
+    what: str,
     code: int,
 ) -> int:
-    """A hold whose token was not printed (``why``), or whose ``hold`` was stopped by a
-    signal (no ``why``), would last until a forced release: end it with its token and
-    fail with ``code``. A second stop signal must not cut that short."""
-    if not taken:  # stopped before anything was taken
+    """A hold whose ``hold`` failed once it was taken (``what``: its token not printed, a
+    stop signal) would last until a forced release: end it with its token and fail with
+    ``code``. A second stop signal must not cut that short. Nothing taken: just fail."""
+    if not taken:
         return code
-    what = f"could not print the hold's token ({why})" if why else "stopped"
     ending = Ending(env, token=taken[0].token, slots=bool(parsed.count("slots")))
     with quiet_stops():
         try:

@@ -12,6 +12,7 @@ import os
 import sys
 
 from .. import _proc
+from .._fastsignal import interruptible
 from .._json import dumps, loads_object
 from ..backends.base import HoldInfo
 from ..errors import NotAcquired, RecordNotWritten, SpawnError, Unavailable, ValidationError
@@ -35,6 +36,9 @@ _ANSWERS: dict[str, type[Exception]] = {
     "unavailable": Unavailable,
     "record": RecordNotWritten,
 }
+
+# How long a holder stopped while taking the lock may take to let go of it.
+_END_WAIT = 5.0
 
 
 def job_anchor(env: Mapping[str, str]) -> int | None:
@@ -98,8 +102,18 @@ def start_hold(
         raise SpawnError(f"cannot start the holder process: {exc.strerror}") from None
     finally:
         os.close(write_end)
-    with os.fdopen(read_end, "rb") as ready:
-        answer = ready.read().decode("utf-8", "surrogateescape")
+    try:
+        with os.fdopen(read_end, "rb") as ready, interruptible():
+            answer = ready.read().decode("utf-8", "surrogateescape")
+    except BaseException:
+        # Stopped while the holder waits (or just as it took the lock and said so): it
+        # is ours to end -- its SIGTERM lets go of whatever it holds.
+        proc.terminate()
+        try:
+            proc.wait(_END_WAIT)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # stuck: the kernel frees a lock of ours, a server ends a session
+        raise
     kind, _, rest = answer.partition(" ")
     if kind == "ok":
         token, waited, where = rest.split(" ", 2)
