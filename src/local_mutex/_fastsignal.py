@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from typing import TypeVar
 
     _T = TypeVar("_T", bound="StopHandlers")
+    _I = TypeVar("_I", bound="interruptible")
 else:
     try:
         import _signal as signal
@@ -89,6 +90,17 @@ class interruptible(StopHandlers):  # noqa: N801 - used like a function
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         raise Interrupted(signum)
+
+    def __enter__(self: _I) -> _I:
+        super().__enter__()
+        # A stop signal that a ``deferred_stops`` around us noted just before this wait
+        # began is one for the wait: waiting on would ignore it until the lock came.
+        for handler in self.previous.values():
+            outer = getattr(handler, "__self__", None)
+            if isinstance(outer, deferred_stops) and outer.pending:
+                self.__exit__()
+                raise Interrupted(outer.pending[0])
+        return self
 
 
 class deferred_stops(StopHandlers):  # noqa: N801 - used like a function

@@ -128,3 +128,37 @@ def test_a_local_hold_stopped_while_it_waits_ends_its_holder(
         if hold is not None and hold.poll() is None:
             hold.kill()
             hold.wait()
+
+
+AT_HOLDER_START = """
+import os, sys
+sent = []
+def _stop(event, args):
+    # The holder process is being started: its wait for the lock has not begun yet.
+    if event == "subprocess.Popen" and not sent:
+        sent.append(1)
+        os.kill(os.getpid(), int(os.environ["SIGNAL_AT_POPEN"]))
+sys.addaudithook(_stop)
+"""
+
+
+def test_a_hold_stopped_just_before_its_wait_does_not_wait(tmp_path: Path, lock_dir: Path) -> None:
+    """A stop signal noted (deferred) just before the wait for a busy lock began: the wait
+    must end at once, not ignore it until the lock comes."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(AT_HOLDER_START)
+    src = Path(__file__).resolve().parents[2] / "src"
+    busy = subprocess.Popen(
+        [*CLI, "-q", "early", f"touch '{tmp_path}/busy'; sleep 60", str(lock_dir)],
+        env=clean_env(),
+    )
+    try:
+        wait_for(tmp_path / "busy")
+        env = {"PYTHONPATH": f"{site}:{src}", "SIGNAL_AT_POPEN": str(signal.SIGTERM)}
+        r = run_cli(["hold", "early", "--lock-dir", str(lock_dir)], env=env, timeout=30)
+        assert r.returncode == 128 + signal.SIGTERM, r.stderr
+        assert b"stopped waiting for the lock" in r.stderr
+    finally:
+        busy.kill()
+        busy.wait()
