@@ -34,7 +34,7 @@ def _env(tmp_path: Path, sig: int) -> dict[str, str]:
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(HOOK)
     src = Path(__file__).resolve().parents[2] / "src"
-    return {"PYTHONPATH": f"{site}:{src}", "SIGNAL_AT_CTYPES": str(sig)}
+    return {"PYTHONPATH": f"{site}:{src}", "SIGNAL_AT_CTYPES": str(int(sig))}
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
@@ -87,7 +87,7 @@ def test_a_remote_hold_stopped_before_its_token_is_printed_is_ended(
     site.mkdir()
     (site / "sitecustomize.py").write_text(AT_SCRATCH_REMOVAL)
     src = Path(__file__).resolve().parents[2] / "src"
-    env = {"PYTHONPATH": f"{site}:{src}", "SIGNAL_AT_RMTREE": str(sig)}
+    env = {"PYTHONPATH": f"{site}:{src}", "SIGNAL_AT_RMTREE": str(int(sig))}
     with git_daemon(tmp_path / "server") as url:
         r = run_cli(["hold", "x", "--remote", url], env=env)
         assert r.returncode == 128 + sig, r.stderr
@@ -155,7 +155,7 @@ def test_a_hold_stopped_just_before_its_wait_does_not_wait(tmp_path: Path, lock_
     )
     try:
         wait_for(tmp_path / "busy")
-        env = {"PYTHONPATH": f"{site}:{src}", "SIGNAL_AT_POPEN": str(signal.SIGTERM)}
+        env = {"PYTHONPATH": f"{site}:{src}", "SIGNAL_AT_POPEN": str(int(signal.SIGTERM))}
         r = run_cli(["hold", "early", "--lock-dir", str(lock_dir)], env=env, timeout=30)
         assert r.returncode == 128 + signal.SIGTERM, r.stderr
         assert b"stopped waiting for the lock" in r.stderr
