@@ -112,22 +112,39 @@ def open_files(pid: int) -> Iterator[tuple[str, os.stat_result]]:
             continue
 
 
-def holds_lock(pid: int, files: Container[tuple[int, int]], *, sockets: bool = False) -> bool:
+def holds_lock(
+    pid: int,
+    files: Container[tuple[int, int]],
+    *,
+    sockets: bool = False,
+    locks: Container[str] | None = None,
+) -> bool:
     """Does ``pid`` hold a lock through a descriptor of one of ``files`` (device, inode)
     -- a flock granted on it, not merely the file open (Linux; elsewhere: no)? With
-    ``sockets``, a socket among them counts as held (a database session)."""
+    ``sockets``, a socket among them counts as held (a database session). With ``locks``,
+    only those granted locks count (see ``granted``): one open file description's, not
+    any shared lock on the same file."""
     for name, st in open_files(pid):
         if (st.st_dev, st.st_ino) not in files:
             continue
         if sockets and stat.S_ISSOCK(st.st_mode):
             return True
-        try:
-            with open(f"{PROC}/{pid}/fdinfo/{name}", encoding="ascii", errors="replace") as f:
-                if any(line.startswith("lock:") for line in f):
-                    return True
-        except OSError:
-            continue
+        mine = granted(pid, name)
+        if mine and (locks is None or any(lock in locks for lock in mine)):
+            return True
     return False
+
+
+def granted(pid: int, fd: int | str) -> frozenset[str]:
+    """The flocks granted through one descriptor of ``pid``, as its fdinfo shows them:
+    kind, mode, the pid that took it, device:inode. A description shared by inheritance
+    shows the same lines; two shared locks on one file, taken by two processes, differ."""
+    try:
+        with open(f"{PROC}/{pid}/fdinfo/{fd}", encoding="ascii", errors="replace") as f:
+            # "lock:\t1: FLOCK  ADVISORY  READ 4242 fe:00:2152344 0 EOF": drop the ordinal
+            return frozenset(" ".join(ln.split()[2:]) for ln in f if ln.startswith("lock:"))
+    except OSError:
+        return frozenset()
 
 
 def peer(conn: socket.socket) -> tuple[int, int]:

@@ -74,7 +74,7 @@ def _enclosing(backend: Backend, lock: Lock, opts: Options, env: Mapping[str, st
     if found is None and opts.reentrant:
         ours = getattr(lock, "held_by_our_hold", None)
         token = opts.token or env.get(ENV_TOKEN)
-        pid = ours(env, token, opts.slots) if ours is not None else None
+        pid = ours(env, token, opts.slots, opts.wait) if ours is not None else None
         if pid is not None and getattr(lock, "join_failed", False):
             raise NestingError(
                 f"hold {pid} of lock {lock.label} did not share its lock (another user's or "

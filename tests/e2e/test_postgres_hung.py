@@ -252,7 +252,8 @@ def test_no_wait_is_a_ceiling_on_connecting_to_a_hung_server(pg: PgServer, tmp_p
     """--no-wait (1 s of grace) and --wait 0.5 against a server that accepts connections
     but never answers: the whole connection ends by the ceiling, not after libpq's floor of
     2 s per host. Measured in this process for one host (no interpreter start-up in it);
-    as the CLI for an address that lists the host three times (6 s before)."""
+    as the CLI for an address that lists the host three times (6 s before). A
+    ``--reentrant`` run's look for a hold of this job keeps to the ceiling too (10 s before)."""
     hosts = ",".join([f"127.0.0.1:{pg.port}"] * 3)
     url = f"postgresql://postgres@{hosts}/postgres"
     backend = PostgresBackend(pg.url, env=_env(pg))
@@ -262,6 +263,10 @@ def test_no_wait_is_a_ceiling_on_connecting_to_a_hung_server(pg: PgServer, tmp_p
             "--no-wait": _spawn(pg, tmp_path / "n.err", "--remote", url, "--no-wait", "c", "true"),
             "--wait 0.5": _spawn(
                 pg, tmp_path / "w.err", "--remote", url, "--wait", "0.5", "c", "true"
+            ),
+            # Its look for a hold of this job is bounded by the same ceiling.
+            "--reentrant --no-wait": _spawn(
+                pg, tmp_path / "r.err", "--remote", url, "--reentrant", "--no-wait", "c", "true"
             ),
         }
         try:
@@ -273,7 +278,7 @@ def test_no_wait_is_a_ceiling_on_connecting_to_a_hung_server(pg: PgServer, tmp_p
             assert took < 1.9, f"--no-wait gave up connecting after {took:.2f}s"
             for what, proc in clis.items():
                 code, _ = _ended_within(proc, max(started + 1.5 + 3 - time.monotonic(), 0.1))
-                text = (tmp_path / ("n.err" if what == "--no-wait" else "w.err")).read_text()
+                text = (tmp_path / f"{what.split()[0].strip('-')[0]}.err").read_text()  # n/w/r
                 assert code == 69 and "cannot reach" in text, (what, text)
             print(f"in process {took:.2f}s; the CLIs {time.monotonic() - started:.1f}s")
         finally:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import fcntl
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import wait_for
 from local_mutex.supervise.reaper import group_holding
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/fdinfo").is_dir(), reason="reads /proc")
@@ -43,3 +45,35 @@ def test_the_command_is_the_group_that_holds_our_lock(tmp_path: Path) -> None:
 
 def test_nothing_without_descriptors() -> None:
     assert group_holding([]) is None
+
+
+def test_another_runs_shared_lock_on_the_same_file_is_not_ours(tmp_path: Path) -> None:
+    """Two ``--shared`` runs of one lock, started from one shell: each holds its own
+    description of the same file. The other run's command must never be taken for ours."""
+    path = tmp_path / "l.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    marker = tmp_path / "other-holds"
+    taker = (
+        "import fcntl, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+        "fcntl.flock(fd, fcntl.LOCK_SH)\n"
+        "open(sys.argv[2], 'w').close()\n"
+        "time.sleep(30)\n"
+    )
+    other = subprocess.Popen(
+        [sys.executable, "-c", taker, str(path), str(marker)],
+        preexec_fn=os.setpgrp,  # noqa: PLW1509
+    )
+    command = None
+    try:
+        wait_for(marker, timeout=20)
+        assert group_holding([fd]) is None
+        command = _leader(fd)
+        assert group_holding([fd]) == command.pid
+    finally:
+        for p in (other, command):
+            if p is not None:
+                p.kill()
+                p.wait()
+        os.close(fd)

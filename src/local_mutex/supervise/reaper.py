@@ -71,17 +71,21 @@ def reap_strays() -> bool:
 def group_holding(fds: Sequence[int]) -> int | None:
     """The command's process group, found the way the kernel sees it, for when the
     supervisor died before it could tell us: a group leader in our session, started after
-    us, that holds one of our lock's descriptions (a socket we share, or a file open with a
-    lock granted on it -- a mere waiter on the same file has none). None without /proc."""
+    us, that holds one of our lock's descriptions (a socket we share, or a file open with
+    our lock granted on it -- a waiter on the same file has none, and another run's shared
+    lock is another description's). None without /proc."""
     if not fds or not _proc.USE_PROC:
         return None
-    wanted = set()
+    wanted: set[tuple[int, int]] = set()
+    locks: set[str] = set()
     for fd in fds:
         try:
             st = os.fstat(fd)
         except OSError:
             continue
         wanted.add((st.st_dev, st.st_ino))
+        # Our description's own locks: another run's shared lock on the same file is not ours.
+        locks.update(_proc.granted(os.getpid(), fd))
     me, session = os.getpid(), os.getsid(0)
     mine = _proc.stat_fields(me)
     born = int(mine[19]) if mine else 0
@@ -96,7 +100,7 @@ def group_holding(fds: Sequence[int]) -> int | None:
                 continue
         except (ValueError, IndexError):
             continue
-        if _proc.holds_lock(pid, wanted, sockets=True):
+        if _proc.holds_lock(pid, wanted, sockets=True, locks=locks):
             return pid
     return None
 

@@ -92,14 +92,13 @@ class FlockLock:
         return [slot_path(self.path, i) for i in range(min(slots, MAX_SLOTS))]
 
     def held_by_our_hold(
-        self, env: Mapping[str, str], token: str | None, slots: int | None = None
+        self, env: Mapping[str, str], token: str | None, slots: int | None = None, _: object = None
     ) -> int | None:
         """The pid of a ``hold`` of this very job (or token) that has this lock busy (with
         ``slots``: one of those slots); the hold's descriptions of the lock are then ours
         too while we are open (``share``). A hold that ends while we ask is asked again,
-        and is then gone: None. Where it is still there yet did not share
-        (``join_failed``), running inside it would hold nothing: the caller takes the lock
-        as anyone else would."""
+        and is then gone: None. Where it did not share (``join_failed``), the caller takes
+        the lock as anyone else would. Local files: no wait ceiling (``_``) to keep."""
         paths = [self.path] if slots is None else self._slot_paths(slots)
         for path in paths:
             for _ in range(_JOIN_TRIES):

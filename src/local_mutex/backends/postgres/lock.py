@@ -85,16 +85,26 @@ class PostgresLock:
         return enclosing_entry(env, domain(self.url), self.key)
 
     def held_by_our_hold(
-        self, env: Mapping[str, str], token: str | None, slots: int | None = None
+        self,
+        env: Mapping[str, str],
+        token: str | None,
+        slots: int | None = None,
+        wait: float | None = None,
     ) -> int | None:
-        """The pid of a ``hold`` of this very job (or token) that has this lock, if any."""
+        """The pid of a ``hold`` of this very job (or token) that has this lock, if any.
+        Asked within the run's wait ceiling (plus the grace), else the read bound."""
         from ...identity import owned
 
         if slots is not None:
             return None  # a hold of the plain lock is not one of the slots
 
         # Bounded as status is: a server that stopped answering must not hang the run.
-        limit = time.monotonic() + observe.READ_SECONDS
+        bound = (
+            observe.READ_SECONDS
+            if wait is None
+            else min(max(wait, 0.0) + _GRACE, observe.READ_SECONDS)
+        )
+        limit = time.monotonic() + bound
         try:
             session = self._connect(limit)
             try:
