@@ -165,3 +165,19 @@ def test_a_stopped_command_is_continued_to_act_on_the_signal(
     holder.send_signal(sig)
     assert holder.wait(30) == 5
     assert (marks / "cleaned").exists()
+
+
+def test_a_stop_signal_reaches_a_stopped_supervisor(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """A SIGSTOPped supervisor left SIGTERM to the keeper unanswered until somebody sent
+    SIGCONT: the runner's cancel (SIGKILL 10 s after SIGINT) came first."""
+    cmd = f"echo $$ > '{marks}/cmd.pid'; " + hold_until(marks)
+    keeper = procs.start(["-q", "c", cmd, str(lock_dir)])
+    wait_for(marks / "h.held")
+    command = int((marks / "cmd.pid").read_text())
+    supervisor = int(Path(f"/proc/{command}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+    os.kill(supervisor, signal.SIGSTOP)
+    keeper.send_signal(signal.SIGTERM)
+    assert keeper.wait(15) == 128 + signal.SIGTERM, procs.stderr(keeper)
+    assert not _alive(command)

@@ -109,6 +109,7 @@ def supervise(
     # ctypes' C half, for prctl: loaded here, before the fork, so that the supervisor
     # imports nothing (see _fork) and is a subreaper before the command exists.
     prctl = reaper.load_prctl()
+    chld_ignored = reaper.keep_exit_statuses()
     spare: frozenset[int] = frozenset()
     if subreaper:
         if reaper.reap_strays():  # leftovers of earlier commands we adopted (``each``)
@@ -116,7 +117,11 @@ def supervise(
         subreaper = reaper.become_subreaper(prctl)  # a dead supervisor's orphans: ours
     if held is not None:
         held.forking = True  # a stop signal from now on is the command's: see SignalsHeld
-    out_r, out_w, life_r, life_w, mask, child = _start_supervisor()
+    try:
+        out_r, out_w, life_r, life_w, mask, child = _start_supervisor()
+    except BaseException:
+        reaper.ignore_exit_statuses(chld_ignored)
+        raise
     if child == 0:
         os.close(out_r)
         os.close(life_w)
@@ -166,6 +171,7 @@ def supervise(
             # Only now: the supervisor would read the end of its pipe as our death.
             os.close(out_r)
             os.close(life_w)
+        reaper.ignore_exit_statuses(chld_ignored)
     return outcome
 
 
@@ -280,7 +286,10 @@ def _wait(
                 handed = set(kept)  # files still open: a closed one's inode may come back
             next_check = time.monotonic() + (interval or 0.0)
             _tell_deadline(lock, life)
-    _, status = os.waitpid(child, 0)
+    try:
+        _, status = os.waitpid(child, 0)
+    except ChildProcessError:  # reaped by someone else (an embedding program's os.wait)
+        status = 0
     outcome.supervisor_died = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
     outcome.status = 128 + outcome.supervisor_died if outcome.supervisor_died else 70
     return outcome, text, True

@@ -54,6 +54,22 @@ def become_subreaper(prctl: int | None) -> bool:
         return False
 
 
+def keep_exit_statuses() -> bool:
+    """Exit statuses need SIGCHLD at its default: a caller that ignores it (bash's
+    ``trap '' CHLD``, inherited across exec) has the kernel reap our children unasked, and
+    every status -- the supervisor's, the command's -- would be lost. Put back to the
+    default (a run starts from the main thread only); True if it was ignored."""
+    if signal.getsignal(signal.SIGCHLD) != signal.SIG_IGN:
+        return False
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    return True
+
+
+def ignore_exit_statuses(was_ignored: bool) -> None:
+    if was_ignored:
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+
+
 def reap_strays() -> bool:
     """Reap adopted children that have ended (only for a process that has no children of
     its own to wait for: the CLI's keeper); are any left, still running?"""

@@ -40,6 +40,9 @@ class Relay:
         self.relayed.append(signum)
         try:
             os.kill(self.child, signum)
+            # A stopped supervisor (SIGSTOP, a debugger let go) would act on it only when
+            # continued: too late for the runner's 10 s cancel window.
+            os.kill(self.child, signal.SIGCONT)
         except OSError:
             pass
 

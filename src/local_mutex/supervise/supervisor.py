@@ -335,7 +335,10 @@ def _run(
     _write(out, f"pid {pid}\n")  # first: should we die now, the keeper knows whom to stop
     terminal.give_terminal(tty, pid)  # the child took it already; this resumes it too
     _thread.start_new_thread(_watch_keeper, (sup, life))  # born with HANDLED blocked
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # now requests reach the main thread
+    # Now requests reach the main thread: the caller's mask, but never blocking what we
+    # handle (a caller that blocks SIGALRM or SIGUSR1 would disarm --timeout and our
+    # "stop now"; the command still gets the caller's mask as it was).
+    signal.pthread_sigmask(signal.SIG_SETMASK, set(mask) - set(HANDLED))
     status = _wait_command(sup, pid, tty, home)
     if sup.stopping or os.WIFSIGNALED(status):
         # Killed by a signal nobody here sent (OOM, kill -9), or ended after a stop was

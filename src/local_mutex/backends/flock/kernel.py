@@ -82,6 +82,7 @@ class _AlarmIn:
         self.previous: object = None
         self.theirs = (0.0, 0.0)  # a timer our caller had set: (delay, interval)
         self.start = 0.0
+        self.mask: set[int | signal.Signals] = set()
 
     def _fire(self, signum: int, frame: FrameType | None) -> None:
         if self.armed:
@@ -92,10 +93,14 @@ class _AlarmIn:
         self.previous = signal.signal(signal.SIGALRM, self._fire)
         self.start = time.monotonic()
         self.theirs = signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        # A caller that blocks SIGALRM (inherited across exec) would make the ceiling wait
+        # for the lock instead: it is unblocked for the wait.
+        self.mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
 
     def __exit__(self, *exc: object) -> None:
         self.armed = False  # a SIGALRM still in flight must not raise past this point
         signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
         signal.signal(signal.SIGALRM, self.previous)  # type: ignore[arg-type]
         delay, interval = self.theirs
         if delay > 0:  # an embedding program's own timer: late at worst, never lost
