@@ -11,7 +11,7 @@ this one run of the command, while the process that took the lock may go on to t
 
 from __future__ import annotations
 
-from ._proc import decimal, holds_lock, is_ancestor, parent_of
+from ._proc import USE_PROC, decimal, holds_lock, is_ancestor, parent_of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -46,7 +46,10 @@ def enclosing_hold(
         if mode in ("s", "x") and pid is not None:
             entries.append((pid, item_key, mode))
     for pid, item_key, mode in entries:
-        if item_key == key and is_ancestor(pid):
+        # A pid that came back (the supervisor's, reused by a leftover job's child after
+        # the pid space wrapped) is an ancestor yet holds nothing: where /proc can tell,
+        # the lock on the file must really be held there.
+        if item_key == key and is_ancestor(pid) and (file is None or _holds_here(pid, file)):
             return pid, mode
     if file is None:
         return None
@@ -54,6 +57,10 @@ def enclosing_hold(
         if is_ancestor(pid) and _held_from(pid, file):
             return pid, mode
     return None
+
+
+def _holds_here(pid: int, file: tuple[int, int]) -> bool:
+    return not USE_PROC or _held_from(pid, file)
 
 
 def _held_from(pid: int, file: tuple[int, int]) -> bool:

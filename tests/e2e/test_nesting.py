@@ -249,3 +249,29 @@ def test_a_garbled_entry_pid_is_ignored_not_a_traceback(lock_dir: Path, pid: str
     r = run_cli(["n", "true", str(lock_dir)], env={"LOCAL_MUTEX_HELD": f"{pid}:1:2:x"})
     assert r.returncode == 0, r.stderr
     assert b"Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(
+    not Path("/proc/self/fdinfo").is_dir(), reason="without /proc an ancestor's locks are unseen"
+)
+def test_an_entry_naming_an_ancestor_that_holds_nothing_waits(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """An entry whose pid is our ancestor but holds no lock on the file: what a leftover
+    job of an earlier run sees once the pid space wrapped and its dead supervisor's pid
+    went to one of its own children. It must wait for the current holder, not run inside."""
+    holder = procs.start(["-q", "n", hold_until(marks), str(lock_dir)])
+    try:
+        wait_for(marks / "h.held")
+        st = os.stat(lock_file(lock_dir, "n"))
+        # $$ (this shell) is the nested call's parent: an ancestor, holding nothing.
+        script = (
+            f'LOCAL_MUTEX_HELD="$$:{st.st_dev}:{st.st_ino}:x" "$@" --no-wait -q n '
+            f"'touch {marks}/ran-inside' {lock_dir}; exit $?"
+        )
+        r = subprocess.run(["sh", "-c", script, "sh", *CLI], env=clean_env(), timeout=60)
+        assert r.returncode == 75
+        assert not (marks / "ran-inside").exists()
+    finally:
+        (marks / "h.go").touch()
+        holder.wait(20)
