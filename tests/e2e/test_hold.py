@@ -820,3 +820,16 @@ def test_a_run_inside_an_ended_hold_keeps_the_lock_when_keeper_and_supervisor_di
     assert not (marks / "newcomer").exists()
     (marks / "in.go").touch()  # the command ends; then the lock is free
     wait_for(lambda: run_cli(["--no-wait", "bare", "true", str(lock_dir)]).returncode == 0, 30)
+
+
+def test_a_hold_inside_a_run_of_the_same_lock_is_refused(lock_dir: Path) -> None:
+    """It used to wait for itself: forever without --wait. Another name is fine."""
+    cmd = (
+        '"$LOCAL_MUTEX_CLI" hold n; echo "same $?"; '
+        't=$("$LOCAL_MUTEX_CLI" hold other) && echo "other $?" && '
+        '"$LOCAL_MUTEX_CLI" release other --token "$t"'
+    )
+    r = run_cli(["-q", "n", cmd, str(lock_dir)], timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode().split("\n")[:2] == ["same 2", "other 0"], r.stdout
+    assert b"would wait for itself" in r.stderr

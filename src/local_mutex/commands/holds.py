@@ -6,7 +6,7 @@ import os
 
 from .._fastsignal import deferred_stops, quiet_stops
 from ..backends import Ending
-from ..errors import EXIT_IOERR, EXIT_USAGE
+from ..errors import EXIT_IOERR, EXIT_USAGE, NestingError
 from ..names import name_bytes, shell_quote
 from ..nesting import ENV_REMOTE
 from ..ui.output import closed_by_caller, out
@@ -32,6 +32,8 @@ def take_hold(
     raw = name_bytes(name)
     wait, ttl = parsed_values.get("wait"), parsed_values.get("ttl")
     message = parsed_values.get("message")
+    if parsed_values.get("slots") is None:  # a hold of another slot need not wait for ours
+        _refuse_inside_itself(backend, raw, env)
     if backend.persistent_holds:
         return backend.hold_persistent(raw, wait=wait, ttl=ttl, message=message)
     from ..holds.start import start_hold
@@ -46,6 +48,20 @@ def take_hold(
         slots=parsed_values.get("slots"),
         env=env,
     )
+
+
+def _refuse_inside_itself(backend: Backend, raw: bytes, env: Mapping[str, str]) -> None:
+    """A hold of the lock that an enclosing run of ours holds would wait for itself."""
+    lock = backend.lock(raw)
+    try:
+        found = lock.enclosing(env)
+    finally:
+        lock.close()
+    if found is not None:
+        raise NestingError(
+            f"lock {lock.label} is held by enclosing pid {found[0]}, which this hold runs "
+            "inside: it would wait for itself forever; nothing was held"
+        )
 
 
 def backend_spec(backend: Backend, values: Mapping[str, Any]) -> dict[str, Any]:
