@@ -15,6 +15,7 @@ import pytest
 
 import local_mutex
 from helpers import CLI, Procs, clean_env, hold_until, lock_file, lock_is_free, wait_for
+from helpers import procwatch as pw
 
 # argv[1] is "ignore:SIG" or "block:SIG"; the rest is the program to exec in that state.
 LAUNCH = """
@@ -30,18 +31,6 @@ os.execv(sys.argv[2], sys.argv[2:])
 
 def _in(state: str, *args: str) -> list[str]:
     return [sys.executable, "-c", LAUNCH, state, *CLI, *args]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in (b"Z", b"X")
-
-
-def _parent(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
 
 
 needs_proc = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
@@ -74,9 +63,11 @@ def test_an_ignored_sigchld_still_lets_the_keeper_stop_a_command_whose_superviso
     try:
         wait_for(marks / "h.held")
         command = int((marks / "cmd.pid").read_text())
-        os.kill(_parent(command), signal.SIGKILL)  # the supervisor
+        supervisor = pw.ppid(command)
+        assert supervisor is not None and supervisor > 1
+        os.kill(supervisor, signal.SIGKILL)
         assert keeper.wait(30) == 128 + signal.SIGKILL, err.read_text()
-        assert not _alive(command), "the keeper ended with the command still running"
+        assert not pw.alive(command), "the keeper ended with the command still running"
         assert lock_is_free(lock_file(lock_dir, "c"))
         assert "Traceback" not in err.read_text()
     finally:
@@ -129,7 +120,7 @@ def test_a_blocked_sigusr1_does_not_keep_the_supervisor_from_stopping_the_comman
         command = int((marks / "cmd.pid").read_text())
         keeper.kill()
         keeper.wait()
-        wait_for(lambda: not _alive(command), 20, "the supervisor to stop the command")
+        wait_for(lambda: not pw.alive(command), 20, "the supervisor to stop the command")
     finally:
         (marks / "h.go").touch()
 

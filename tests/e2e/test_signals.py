@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from helpers import Procs, hold_until, lock_file, lock_is_free, wait_for
+from helpers import procwatch as pw
 
 
 def test_sigkill_to_the_keeper_stops_the_command_before_the_lock_frees(
@@ -176,7 +177,8 @@ def test_a_stop_signal_reaches_a_stopped_supervisor(
     keeper = procs.start(["-q", "c", cmd, str(lock_dir)])
     wait_for(marks / "h.held")
     command = int((marks / "cmd.pid").read_text())
-    supervisor = int(Path(f"/proc/{command}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+    supervisor = pw.ppid(command)
+    assert supervisor is not None and supervisor > 1
     os.kill(supervisor, signal.SIGSTOP)
     keeper.send_signal(signal.SIGTERM)
     assert keeper.wait(15) == 128 + signal.SIGTERM, procs.stderr(keeper)
