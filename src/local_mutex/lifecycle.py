@@ -110,10 +110,7 @@ def run_locked(
         pid = _enclosing(backend, lock, opts, env)
         if pid is not None:
             here = _held_here.get(_here_key(backend, lock, opts.slots)) if _held_here else None
-            # The command's own nested calls run inside too (the entry names our supervisor,
-            # which holds what the hold shared with us; a slot's is not our plain lock's).
-            ours = here is not None or opts.slots is None
-            inside = command_env(lock if here is None else here[1], env, ours)
+            inside = command_env(lock if here is None else here[1], env, here is not None)
             return _run_inside(lock, pid, command, opts, inside, reporter, result, subreaper)
         progress = progress_interval(env) if reporter is not None else None
         with SignalsHeld() as held:

@@ -833,26 +833,3 @@ def test_a_hold_inside_a_run_of_the_same_lock_is_refused(lock_dir: Path) -> None
     assert r.returncode == 0, r.stderr
     assert r.stdout.decode().split("\n")[:2] == ["same 2", "other 0"], r.stdout
     assert b"would wait for itself" in r.stderr
-
-
-def test_a_run_inside_a_hold_lets_its_commands_nested_calls_in_too(
-    lock_dir: Path, cleanup: list[str]
-) -> None:
-    """A plain nested call (no --reentrant) from the command of a ``run --reentrant``
-    waited for the hold its own run was inside: 75 after --wait, forever without it."""
-    cleanup.append("n")
-    token = _hold("n", lock_dir)
-    r = run_cli(
-        [
-            "run",
-            "--reentrant",
-            "--lock-dir",
-            str(lock_dir),
-            "n",
-            '"$LOCAL_MUTEX_CLI" -q --wait 5 n "echo inner ran"',
-        ],
-        env={"LOCAL_MUTEX_HOLD_TOKEN": token},
-        timeout=60,
-    )
-    assert r.returncode == 0, r.stderr
-    assert r.stdout == b"inner ran\n"

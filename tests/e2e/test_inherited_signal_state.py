@@ -17,7 +17,7 @@ import local_mutex
 from helpers import CLI, Procs, clean_env, hold_until, lock_file, lock_is_free, wait_for
 from helpers import procwatch as pw
 
-# argv[1] is "ignore:SIG" or "block:SIG"; the rest is the program to exec in that state.
+# argv[1] is "ignore:SIG", "block:SIG" or "pending:SIG"; then the program to exec so.
 LAUNCH = """
 import os, signal, sys
 how, name = sys.argv[1].split(":")
@@ -25,6 +25,8 @@ if how == "ignore":
     signal.signal(getattr(signal, name), signal.SIG_IGN)
 else:
     signal.pthread_sigmask(signal.SIG_BLOCK, {getattr(signal, name)})
+    if how == "pending":  # blocked, and one already sent: it survives exec
+        signal.raise_signal(getattr(signal, name))
 os.execv(sys.argv[2], sys.argv[2:])
 """
 
@@ -136,3 +138,25 @@ def test_the_api_collects_statuses_under_an_ignored_sigchld_and_puts_it_back(
     finally:
         signal.signal(signal.SIGCHLD, before)
     assert lock_is_free(lock_file(lock_dir, "api"))
+
+
+def test_a_sigalrm_pending_at_exec_is_not_taken_for_the_wait_ceiling(
+    procs: Procs, lock_dir: Path, marks: Path, tmp_path: Path
+) -> None:
+    """Unblocked for the wait, the caller's pending SIGALRM must not end a --wait 30 at 0 s."""
+    holder = procs.start(["-q", "c", hold_until(marks), str(lock_dir)])
+    err = tmp_path / "waiter.err"
+    try:
+        wait_for(marks / "h.held")
+        with open(err, "wb") as f:
+            waiter = subprocess.Popen(
+                _in("pending:SIGALRM", "--wait", "30", "c", "true", str(lock_dir)),
+                env=clean_env(),
+                stderr=f,
+            )
+        wait_for(lambda: b"waiting for lock c" in err.read_bytes(), 20, "the waiting line")
+        (marks / "h.go").touch()
+        assert waiter.wait(30) == 0, err.read_text()
+    finally:
+        (marks / "h.go").touch()
+        holder.wait(20)

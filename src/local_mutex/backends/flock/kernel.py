@@ -89,13 +89,14 @@ class _AlarmIn:
             raise _Alarm
 
     def __enter__(self) -> None:
-        self.armed = True
         self.previous = signal.signal(signal.SIGALRM, self._fire)
+        # A caller that blocks SIGALRM (inherited across exec) would make the ceiling wait
+        # for the lock instead: it is unblocked for the wait -- before we arm, so that one
+        # already pending is not taken for ours.
+        self.mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
         self.start = time.monotonic()
         self.theirs = signal.setitimer(signal.ITIMER_REAL, self.seconds)
-        # A caller that blocks SIGALRM (inherited across exec) would make the ceiling wait
-        # for the lock instead: it is unblocked for the wait.
-        self.mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
+        self.armed = True
 
     def __exit__(self, *exc: object) -> None:
         self.armed = False  # a SIGALRM still in flight must not raise past this point
