@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -20,7 +19,7 @@ import pytest
 
 from helpers import CLI, Procs, clean_env, run_cli, wait_for
 from helpers import procwatch as pw
-from helpers.gitserver import git_daemon
+from helpers.gitserver import Silent, git_daemon
 from helpers.witnessed import witnessed
 
 pytestmark = pytest.mark.timeout(90)
@@ -96,47 +95,6 @@ class Server:
         oid = self.tip(branch)
         assert oid is not None
         return oid
-
-
-class Hang:
-    """Takes the dead daemon's port: accepts every connection and never answers."""
-
-    def __init__(self, url: str) -> None:
-        port = int(url.split(":")[2].split("/", maxsplit=1)[0])
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        deadline = time.monotonic() + 10
-        while True:  # until the killed daemon's last connection lets go of the port
-            try:
-                self.sock.bind(("127.0.0.1", port))
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        self.sock.listen(16)
-        self.held: list[socket.socket] = []
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.held.append(conn)
-
-    def close(self) -> None:
-        """Stop answering at all: refuse new connections, drop the ones held."""
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() in the thread
-        except OSError:
-            pass
-        self.sock.close()
-        self.thread.join(5)  # so no connection is accepted after the ones below are dropped
-        for conn in self.held:
-            conn.close()
 
 
 @pytest.fixture
@@ -274,7 +232,8 @@ def test_a_holder_that_cannot_renew_stops_its_command_before_the_lease_expires(
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     server.kill()
-    hang = Hang(server.url) if failure == "hung" else None
+    # A hung server: it takes the dead daemon's port and never answers.
+    hang = Silent(int(server.url.split(":")[2].split("/")[0])) if failure == "hung" else None
     killed_at = time.time()
     # The newest lease the server ever acknowledged (read from its repository on disk).
     expires = float(server.body("lock__renew")["expires_at"])  # type: ignore[arg-type]

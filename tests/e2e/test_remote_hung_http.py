@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import threading
 import uuid
 from collections.abc import Iterator
 
@@ -16,43 +14,13 @@ import pytest
 
 from helpers import CLI, clean_env, wait_for
 from helpers import procwatch as pw
+from helpers.gitserver import Silent
 from local_mutex.backends.git.plumbing import Git
 from local_mutex.errors import Unavailable
 
 pytestmark = pytest.mark.timeout(60)
 
 TAG = "LOCAL_MUTEX_TEST_RUN"  # in every process of the run's environment, helpers included
-
-
-class Silent:
-    """A loopback HTTP "server" that accepts every connection and never says a word."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/locks.git"
-        self.held: list[socket.socket] = []
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.held.append(conn)
-
-    def close(self) -> None:
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
-        self.thread.join(5)
-        for conn in self.held:
-            conn.close()
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -140,3 +141,45 @@ def lock_state(url: str, name: str) -> str:
     assert r.returncode in (0, 1), r.stderr
     state: str = json.loads(r.stdout)["state"]
     return state
+
+
+class Silent:
+    """A loopback "server" that accepts every connection and never says a word: on a free
+    port, or on ``port`` (a killed daemon's, once its last connection lets go of it)."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.sock.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/locks.git"
+        self.held: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+
+    def close(self) -> None:
+        """Stop answering at all: refuse new connections, drop the ones held."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() in the thread
+        except OSError:
+            pass
+        self.sock.close()
+        self.thread.join(5)  # so no connection is accepted after the ones below are dropped
+        for conn in self.held:
+            conn.close()
