@@ -21,14 +21,21 @@ def clean_env() -> dict[str, str]:
 
 
 def compile_package() -> None:
-    """A regular install has bytecode compiled by pip; an editable one may not (and
-    PYTHONDONTWRITEBYTECODE keeps it that way), which would time the compiler instead."""
+    """A regular install has bytecode compiled by pip, and its first plain run writes the
+    plain run's module cache; an editable one may have neither (PYTHONDONTWRITEBYTECODE
+    keeps it that way), which would time the compiler and the import system instead."""
+    import tempfile
+
     import local_mutex
 
     subprocess.run(
         [sys.executable, "-m", "compileall", "-q", os.path.dirname(local_mutex.__file__)],
         check=True,
     )
+    env = clean_env()
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    with tempfile.TemporaryDirectory() as lock_dir:
+        subprocess.run([*cli(), "-q", "warm-up", "true", lock_dir], env=env, check=True)
 
 
 def seconds(

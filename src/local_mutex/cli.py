@@ -24,6 +24,9 @@ _COMPLETIONS = {
 }
 # See run_and_exit.
 _GC_THRESHOLD = 25_000
+# Verbs other than ``run``: they do not read the plain run's module cache (``_startup``).
+OTHER_VERBS = frozenset({"each", "hold", "release", "status", "list", "history"})
+_STARTUP = f"{__package__}._startup"
 
 
 def _command(verb: str) -> Callable[[Parsed], int]:
@@ -45,13 +48,19 @@ def _command(verb: str) -> Callable[[Parsed], int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    completing = os.environ.get(COMPLETE_VAR) in _COMPLETIONS
+    if args and args[0] not in OTHER_VERBS and not completing:
+        from . import _startup
+
+        _startup.load()  # very likely a plain run: its modules in one read
+    from .backends import remote_address
     from .commands.argv import parse, verb_first, wants_help
     from .commands.options import VERBS, UsageError
 
-    args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0].startswith("-"):
         args = verb_first(args)
-    if os.environ.get(COMPLETE_VAR) in _COMPLETIONS or not args or wants_help(args):
+    if completing or not args or wants_help(args):
         from ._site import ensure
 
         ensure()
@@ -75,6 +84,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parsed = parse(verb, rest)
     except UsageError as exc:
         return _reporter().failure(exc)
+    if _STARTUP in sys.modules and verb == "run":
+        from . import _startup
+
+        # What a plain run (a local lock) imports belongs in the cache.
+        _startup.plain_run = remote_address(parsed.text("remote"), os.environ) is None
     return _command(verb)(parsed)
 
 
@@ -104,9 +118,19 @@ def run_and_exit(entry: Callable[[], int]) -> None:
         status = 130
     try:
         status = _flush(status)
+        _save_startup_cache()
     except KeyboardInterrupt:  # a late Ctrl-C: the lock is released already
         status = 130
     os._exit(status)
+
+
+def _save_startup_cache() -> None:
+    """After the answer is out: a plain run that imported modules the usual way writes them
+    to the plain run's cache (``_startup``) for the runs after it."""
+    if _STARTUP in sys.modules:
+        from . import _startup
+
+        _startup.save()
 
 
 def _flush(status: int) -> int:

@@ -77,3 +77,10 @@ def test_a_heavy_import_would_be_caught(tmp_path: Path) -> None:
     env = _env(PYTHONPATH=str(SRC))
     loaded = _imported([sys.executable, "-X", "importtime", "-c", code], tmp_path, env)
     assert "click" in loaded
+
+
+def test_the_verbs_that_skip_the_plain_run_cache_are_all_but_run() -> None:
+    from local_mutex.cli import OTHER_VERBS
+    from local_mutex.commands.options import RUN, VERBS
+
+    assert set(VERBS) - {RUN} == OTHER_VERBS

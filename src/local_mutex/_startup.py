@@ -1,0 +1,217 @@
+"""A plain run's modules from one file, as CPython's own start-up modules are frozen.
+
+A plain ``local-mutex NAME CMD`` imports some 30 modules of ours. Through the import
+system each costs ~60 us beyond its own code (finders, stat calls, a .pyc file to open
+and check): ~2 ms a run, about a fifth of a bare interpreter's start, paid again by every
+nested call in a loop. This cache holds their code objects in the order they finished
+importing, each with its source file's size and mtime; ``load()`` reads it in one go,
+checks every source as the import system checks a .pyc, and runs them straight into
+``sys.modules`` with the specs the import system would have given them.
+
+A missing, stale, damaged or foreign file (another interpreter, another ``-O``) is not
+used; every module then imports as usual, and a run that may write bytecode (as for .pyc
+files: not under ``-B`` or PYTHONDONTWRITEBYTECODE) writes the file again at its end, from
+what it imported. The file lives in the package's own ``__pycache__``, so it is trusted
+exactly as the .pyc files beside it are.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import CodeType, ModuleType
+    from typing import Any
+
+    Entry = tuple[str, bool, str, int, int, CodeType]
+
+# Bumped whenever the layout below changes.
+_FORMAT = 1
+_PACKAGE = __name__.rpartition(".")[0]
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_PARENT = os.path.dirname(_HERE)
+_OURS = f"{_PACKAGE}."
+# Never cached: what only help, completion and the remote backends use (a plain run would
+# execute them for nothing), and what is imported before the cache is read.
+_NOT_CACHED = (
+    f"{_PACKAGE}.backends.git",
+    f"{_PACKAGE}.backends.postgres",
+    f"{_PACKAGE}.commands.clicktree",
+    f"{_PACKAGE}._site",
+    __name__,
+)
+
+_CODE = type((lambda: None).__code__)
+_loaded: list[Entry] = []  # what this run took from the file, in its order
+_recorder: _Recorder | None = None
+# Set by the CLI once it knows this is a plain run (``run``, a local lock): only such a
+# run's imports are saved; help, other verbs and remote locks would bloat the cache.
+plain_run = False
+
+
+def cache_path() -> str | None:
+    """Where the cache of this interpreter (and optimization level) lives, if anywhere."""
+    tag = sys.implementation.cache_tag
+    if tag is None or sys.pycache_prefix is not None:
+        return None  # no bytecode cache at all, or one kept elsewhere: stay out of it
+    opt = f".opt-{sys.flags.optimize}" if sys.flags.optimize else ""
+    return os.path.join(_HERE, "__pycache__", f"plain-run.{tag}{opt}.marshal")
+
+
+def load() -> None:
+    """Run the cached modules, if the cache is valid; then, where bytecode may be written,
+    note what still imports the usual way, for ``save()``."""
+    path = cache_path()
+    if path is None:
+        return
+    entries = _read(path)
+    if entries:
+        _run(entries)
+    if not sys.dont_write_bytecode:
+        global _recorder
+        _recorder = _Recorder()
+        sys.meta_path.insert(0, _recorder)
+
+
+def _read(path: str) -> list[Entry]:
+    try:
+        with open(path, "rb") as f:
+            header, entries = marshal.loads(f.read())
+        format_, magic, optimize = header
+        if format_ != _FORMAT or optimize != sys.flags.optimize or magic != _magic():
+            return []
+        for name, _is_pkg, rel, mtime_ns, size, code in entries:
+            if type(name) is not str or type(rel) is not str or type(code) is not _CODE:
+                return []
+            st = os.stat(os.path.join(_PARENT, rel))
+            if st.st_mtime_ns != mtime_ns or st.st_size != size:
+                return []
+    except (OSError, ValueError, EOFError, TypeError):
+        return []  # missing, unreadable, damaged, or a source gone: the usual imports
+    return list(entries)
+
+
+def _magic() -> bytes:
+    # The import system's own copy, without importing importlib.util for it.
+    external: ModuleType = sys.modules["_frozen_importlib_external"]
+    return bytes(external.MAGIC_NUMBER)
+
+
+def _run(entries: list[Entry]) -> None:
+    """Each module as the import system runs it: registered before its code runs, dropped
+    again if that code fails, bound on its parent package once it is done. One whose
+    package is not there yet (an order the file cannot serve) ends the cache's part: the
+    usual imports load the rest."""
+    import _imp
+
+    bootstrap: ModuleType = sys.modules["_frozen_importlib"]
+    external: ModuleType = sys.modules["_frozen_importlib_external"]
+    for entry in entries:
+        name, is_pkg, rel, _mtime, _size, code = entry
+        if name in sys.modules:
+            continue
+        parent, _, child = name.rpartition(".")
+        if parent not in sys.modules:
+            return
+        origin = os.path.join(_PARENT, rel)
+        spec = bootstrap.ModuleSpec(
+            name, external.SourceFileLoader(name, origin), origin=origin, is_package=is_pkg
+        )
+        spec.has_location = True
+        if is_pkg:
+            spec.submodule_search_locations = [os.path.dirname(origin)]
+        module = bootstrap.module_from_spec(spec)
+        # As for a .pyc: the tree may have moved since the file was written.
+        _imp._fix_co_filename(code, origin)  # type: ignore[attr-defined]
+        sys.modules[name] = module
+        try:
+            exec(code, module.__dict__)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
+        setattr(sys.modules[parent], child, module)
+        _loaded.append(entry)
+
+
+class _Recorder:
+    """A finder first in ``sys.meta_path`` that finds nothing itself: it notes which of our
+    modules the usual finders load, in the order their code finishes running."""
+
+    def __init__(self) -> None:
+        self.done: list[str] = []
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> Any:
+        if not name.startswith(_OURS) or name.startswith(_NOT_CACHED):
+            return None
+        external: Any = sys.modules["_frozen_importlib_external"]
+        spec = external.PathFinder.find_spec(name, path, target)
+        if spec is not None and isinstance(spec.loader, external.SourceFileLoader):
+            spec.loader = _Noting(spec.loader, self.done)
+        return spec
+
+
+class _Noting:
+    """The module's own loader, noting when its code has run (then it steps aside)."""
+
+    def __init__(self, loader: Any, done: list[str]) -> None:
+        self.loader, self.done = loader, done
+
+    def create_module(self, spec: object) -> None:
+        return None
+
+    def exec_module(self, module: Any) -> None:
+        module.__loader__ = module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        self.done.append(module.__name__)
+
+
+def save() -> None:
+    """Write the cache again if this run imported any of our modules the usual way: the
+    modules from the file first, in their order, then those, in the order they finished.
+    Best effort: a read-only install or a full disk leaves things as they are."""
+    if not plain_run or _recorder is None or not _recorder.done:
+        return
+    path = cache_path()
+    if path is None:
+        return
+    entries = list(_loaded)
+    try:
+        for name in _recorder.done:
+            module = sys.modules.get(name)
+            origin = getattr(getattr(module, "__spec__", None), "origin", None)
+            if not isinstance(origin, str) or not origin.endswith(".py"):
+                continue
+            st = os.stat(origin)
+            loader = module.__spec__.loader  # type: ignore[union-attr]
+            code = loader.get_code(name)  # type: ignore[union-attr]
+            rel = os.path.relpath(origin, _PARENT)
+            is_pkg = os.path.basename(origin) == "__init__.py"
+            entries.append((name, is_pkg, rel, st.st_mtime_ns, st.st_size, code))
+        _write(path, marshal.dumps(((_FORMAT, _magic(), sys.flags.optimize), entries)))
+    except (OSError, ImportError, ValueError):
+        pass
+
+
+def _write(path: str, data: bytes) -> None:
+    """Atomically, as the import system writes a .pyc: a file of our own, then a rename."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temp = f"{path}.{os.getpid()}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        fd = os.open(temp, flags, 0o644)
+    except FileExistsError:  # left by a writer of our pid that was killed: it is ours
+        os.unlink(temp)
+        fd = os.open(temp, flags, 0o644)
+    try:
+        with open(fd, "wb") as f:
+            f.write(data)
+        os.replace(temp, path)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise

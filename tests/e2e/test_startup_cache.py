@@ -1,0 +1,215 @@
+"""The plain run's module cache (``_startup``): used when valid, never trusted when not.
+
+Each test runs a copy of the package in its own directory, so the cache it writes, edits
+or damages is its own."""
+
+from __future__ import annotations
+
+import marshal
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import clean_env
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "local_mutex"
+TAG = sys.implementation.cache_tag
+# What imports the usual way even with a valid cache: the package, its entry and the cache.
+ENTRY = {"local_mutex", "local_mutex.cli", "local_mutex._startup"}
+
+
+def _copy(tmp_path: Path, name: str = "tree") -> Path:
+    root = tmp_path / name
+    shutil.copytree(SRC, root / "local_mutex", ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+def _cache(root: Path) -> Path:
+    return root / "local_mutex" / "__pycache__" / f"plain-run.{TAG}.marshal"
+
+
+def _cli(
+    root: Path, args: list[str], *, write: bool = True, flags: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    env = clean_env({"PYTHONPATH": str(root)})
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    if not write:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return subprocess.run(
+        [sys.executable, *flags, "-m", "local_mutex", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _plain(root: Path, tmp_path: Path, **kw: object) -> subprocess.CompletedProcess[str]:
+    """A plain run whose command leaves a mark, so a run that did nothing cannot pass."""
+    mark = tmp_path / "ran"
+    mark.unlink(missing_ok=True)
+    r = _cli(root, ["cached", f"touch {mark}", str(tmp_path)], **kw)  # type: ignore[arg-type]
+    assert r.returncode == 0, r.stderr
+    assert mark.exists()
+    return r
+
+
+def _imported_normally(root: Path, tmp_path: Path) -> set[str]:
+    """Our modules a plain run loads through the import system (not from the cache)."""
+    r = _plain(root, tmp_path, write=False, flags=("-X", "importtime"))
+    names = {ln.rsplit("|", 1)[1].strip() for ln in r.stderr.splitlines() if "|" in ln}
+    return {n for n in names if n.split(".")[0] == "local_mutex"}
+
+
+def _names(cache: Path) -> list[str]:
+    _header, entries = marshal.loads(cache.read_bytes())
+    return [entry[0] for entry in entries]
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return _copy(tmp_path)
+
+
+def test_a_plain_run_writes_the_cache_and_the_next_loads_from_it(
+    root: Path, tmp_path: Path
+) -> None:
+    assert "local_mutex.lifecycle" in _imported_normally(root, tmp_path)  # no cache yet
+    assert not _cache(root).exists()  # and a run that may not write bytecode wrote none
+    _plain(root, tmp_path)
+    names = _names(_cache(root))
+    for module in ("lifecycle", "supervise.keeper", "supervise.supervisor", "backends.flock.lock"):
+        assert f"local_mutex.{module}" in names
+    assert not {n for n in names if ".git" in n or ".postgres" in n or "clicktree" in n}
+    # The whole plain path comes from the cache: nothing of ours beyond the entry imports.
+    assert _imported_normally(root, tmp_path) <= ENTRY
+
+
+def test_a_module_from_the_cache_is_the_module_an_import_gives(root: Path, tmp_path: Path) -> None:
+    _plain(root, tmp_path)
+    moved = tmp_path / "moved"
+    shutil.copytree(root, moved)  # copy2 keeps mtimes: the cache stays valid after a move
+    probe = (
+        "import sys, inspect; from local_mutex import _startup; _startup.load()\n"
+        "m = sys.modules['local_mutex.lifecycle']\n"
+        "k = sys.modules['local_mutex.supervise.keeper']\n"
+        "print(m.__file__); print(type(m.__loader__).__name__); print(m.__spec__.parent)\n"
+        "print(m.run_locked.__code__.co_filename)\n"
+        "print(m.supervise is k.supervise, sys.modules['local_mutex'].supervise.keeper is k)\n"
+        "print('def run_locked' in inspect.getsource(m))\n"
+        "print(len(_startup._loaded) > 20)\n"
+    )
+    env = clean_env({"PYTHONPATH": str(moved), "PYTHONDONTWRITEBYTECODE": "1"})
+    r = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    expected = str(moved / "local_mutex" / "lifecycle.py")
+    assert r.stdout.split("\n")[:7] == [
+        expected,
+        "SourceFileLoader",
+        "local_mutex",
+        expected,  # tracebacks name the moved tree's file
+        "True True",
+        "True",
+        "True",  # it really came from the cache
+    ]
+
+
+def test_an_edited_source_runs_as_edited_and_the_cache_follows(root: Path, tmp_path: Path) -> None:
+    _plain(root, tmp_path)
+    lines = root / "local_mutex" / "ui" / "lines.py"
+    text = lines.read_text()
+    assert "released {" in text
+    st = lines.stat()
+    lines.write_text(text.replace("released {", "RELEASED {"))  # the same size
+    # Only the mtime tells: whole seconds, as a .pyc (which also stands in between) sees it.
+    os.utime(lines, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))
+    assert "RELEASED cached" in _plain(root, tmp_path, write=False).stderr
+    assert "local_mutex.ui.lines" in _imported_normally(root, tmp_path)  # stale: not used
+    assert "RELEASED cached" in _plain(root, tmp_path).stderr  # rewritten by this one
+    assert _imported_normally(root, tmp_path) <= ENTRY
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["truncated", "garbage", "empty", "foreign interpreter", "source replaced", "not code"],
+)
+def test_a_damaged_or_foreign_cache_is_not_used(root: Path, tmp_path: Path, damage: str) -> None:
+    _plain(root, tmp_path)
+    cache = _cache(root)
+    data = cache.read_bytes()
+    header, entries = marshal.loads(data)
+    if damage == "truncated":
+        cache.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        cache.write_bytes(os.urandom(4096))
+    elif damage == "empty":
+        cache.write_bytes(b"")
+    elif damage == "foreign interpreter":
+        cache.write_bytes(marshal.dumps(((header[0], b"\x00\x00\r\n", header[2]), entries)))
+    elif damage == "not code":
+        entries[3] = (*entries[3][:5], "print('not code')")
+        cache.write_bytes(marshal.dumps((header, entries)))
+    else:  # a module the cache names was replaced by another file
+        gone = root / entries[-1][2]
+        gone.rename(gone.with_suffix(".moved"))
+        shutil.copy2(gone.with_suffix(".moved"), gone)  # back, but not the same file time
+        os.utime(gone, ns=(0, 0))
+    _plain(root, tmp_path)  # runs, the usual way, and writes a good cache again
+    assert _imported_normally(root, tmp_path) <= ENTRY
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status", "cached", "{dir}"],
+        ["--help"],
+        ["--wait", "soon", "cached", "true", "{dir}"],  # a usage error
+        ["-q", "list", "--lock-dir", "{dir}"],
+    ],
+)
+def test_only_a_plain_run_writes_the_cache(root: Path, tmp_path: Path, args: list[str]) -> None:
+    r = _cli(root, [a.replace("{dir}", str(tmp_path)) for a in args])
+    assert r.returncode in (0, 1, 2), r.stderr
+    assert not _cache(root).exists()
+
+
+def test_no_cache_is_written_where_bytecode_may_not_be(root: Path, tmp_path: Path) -> None:
+    _plain(root, tmp_path, write=False)
+    _plain(root, tmp_path, flags=("-B",))
+    assert not _cache(root).exists()
+    _plain(root, tmp_path, flags=("-O",))  # its own file: -O code differs
+    assert not _cache(root).exists()
+    assert _cache(root).with_name(f"plain-run.{TAG}.opt-1.marshal").exists()
+
+
+def test_a_writer_killed_mid_write_leaves_nothing_that_stops_the_next(
+    root: Path, tmp_path: Path
+) -> None:
+    """A temporary file of a killed writer whose pid came back is taken over, not fatal."""
+    cache = _cache(root)
+    cache.parent.mkdir()
+    probe = (
+        "import os, sys; from local_mutex import _startup\n"
+        "open(_startup.cache_path() + '.' + str(os.getpid()), 'wb').write(b'half')\n"
+        "from local_mutex.cli import main, run_and_exit\n"
+        "run_and_exit(main)\n"
+    )
+    env = clean_env({"PYTHONPATH": str(root)})
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    r = subprocess.run(
+        [sys.executable, "-c", probe, "cached", "true", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "local_mutex.lifecycle" in _names(cache)
+    assert [p.name for p in cache.parent.iterdir() if "marshal" in p.name] == [cache.name]
