@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import wait_for
+from helpers import run_cli, wait_for
 from helpers.pgserver import PASSWORD, PgServer, ServerUnavailable
 
 psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg) is not installed")
@@ -342,6 +342,30 @@ def test_progress_lines_while_queued_and_reentry_through_our_hold(
     assert f"held by pid {holder.proc.pid}" in lines[0]
     still = [line for line in lines if "still waiting for lock progress" in line]
     assert len(still) >= 2 and "position 1 of 1" in still[0], lines
+
+
+def test_a_reentrant_run_inside_a_hold_of_its_job_runs_inside_it(
+    pg: PgServer, env: dict[str, str], tmp_path: Path
+) -> None:
+    """``run --reentrant`` with the hold's token runs within the hold (it has no session of
+    its own to hand its command), and the hold stays held until it is released."""
+    r = run_cli(["hold", "--remote", pg.url, "pg-inside"], env=env, timeout=30)
+    assert r.returncode == 0, r.stderr
+    job = {**env, "LOCAL_MUTEX_HOLD_TOKEN": r.stdout.decode().strip()}
+    try:
+        mark = tmp_path / "ran"
+        inside = run_cli(
+            ["run", "--remote", pg.url, "--reentrant", "--no-wait", "pg-inside", f"touch {mark}"],
+            env=job,
+            timeout=30,
+        )
+        assert inside.returncode == 0, inside.stderr
+        assert mark.exists()
+        assert b"running inside it" in inside.stderr
+        assert _held(pg, name_key(b"pg-inside"))  # still the hold's
+    finally:
+        rel = run_cli(["release", "--remote", pg.url, "pg-inside"], env=job, timeout=30)
+    assert rel.returncode == 0, rel.stderr
 
 
 def test_wait_ceiling_on_the_server_leaves_nothing_behind(

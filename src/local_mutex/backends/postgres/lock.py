@@ -268,7 +268,8 @@ class PostgresLock:
             raise RecordNotWritten(str(exc)) from None
 
     def keep_fds(self) -> tuple[int, ...]:
-        return (self._held().fileno(),)
+        # None inside a hold of this job's (``--reentrant``): that session is the hold's.
+        return () if self.session is None else (self.session.fileno(),)
 
     def check_interval(self) -> float | None:
         return 0.5
