@@ -298,6 +298,12 @@ def test_hint_keeps_every_word_after_an_unknown_option() -> None:
     assert "(local-mutex n -- sed -i.bak -e s/a/b/ f.txt)" in msg
 
 
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_help_after_a_name_behind_dashes_is_not_called_unknown(flag: str) -> None:
+    msg = refused(RUN, ["--", "NAME", flag])
+    assert msg == f"{flag} after -- is no request for help: see local-mutex run --help"
+
+
 def test_unknown_option_before_the_command_has_no_hint() -> None:
     msg = refused(RUN, ["--bogus", "n", "c"])
     assert msg == "no such option: '--bogus' (see local-mutex run --help)"

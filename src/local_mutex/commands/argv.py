@@ -201,6 +201,8 @@ def _unknown(verb: str, arg: str, parsed: Parsed, rest: Sequence[str]) -> UsageE
         return UsageError(
             _quote_hint(verb, parsed, f"unknown option {arg!r} after the command", arg, *rest)
         )
+    if arg in ("-h", "--help"):  # after `-- NAME`: the caller took the -- for the end
+        return UsageError(f"{arg} after -- is no request for help: see local-mutex {verb} --help")
     return UsageError(f"no such option: {arg!r} (see local-mutex {verb} --help)")
 
 
