@@ -67,7 +67,9 @@ def describe_status(st: dict[str, Any], asked: str | None) -> str:
     lines = []
     slots = st.get("slots") or []
     if st["state"] == "free" and slots:
-        lines.append(f"{label}: free; {st.get('slots_in_use', 0)} of {len(slots)} slots in use")
+        # Slot files come as callers use them: their count is no caller's N.
+        files = f"{len(slots)} slot file{'s' if len(slots) != 1 else ''}"
+        lines.append(f"{label}: free; slots held: {st.get('slots_in_use', 0)} of {files}")
     elif st["state"] == "free":
         lines.append(f"{label}: free")
     elif st["state"] == "held":
