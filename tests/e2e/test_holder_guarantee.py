@@ -389,7 +389,9 @@ def test_the_file_put_back_is_held_by_the_supervisor_too(
     assert not (marks / "newcomer.ran").exists()
     (marks / "a.go").touch()
     assert pw.wait_gone([supervisor], 20) == []
-    r = run_cli(["--no-wait", "back", "true", str(lock_dir)])
+    # Free once the command's own lock is gone (the guardian of the file put back looks
+    # every half second).
+    r = run_cli(["--wait", "10", "back", "true", str(lock_dir)])
     assert r.returncode == 0, r.stderr
 
 
@@ -417,6 +419,62 @@ def test_files_put_back_again_and_again_are_not_kept_open(
     assert _lock_files_open(supervisor, lock_dir) <= 2
     (marks / "a.go").touch()
     assert keeper.wait(20) == 0, procs.stderr(keeper)
+
+
+def _openers(path: Path) -> list[int]:
+    """Every process that has the file at ``path`` open."""
+    return [pid for pid in pw.all_pids() if _holds_open(pid, path)]
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="the guardian watches /proc/locks")
+def test_keeper_and_supervisor_both_killed_after_a_put_back_do_not_free_the_lock(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """After a put-back the command holds only the deleted file's lock; the file at the
+    path was held by the keeper and the supervisor alone, and killing both (``kill -9``,
+    ``pkill -9 -f local-mutex``) let a newcomer in while the command ran. The guardian
+    holds it until the command's lock is gone, and its command line names no local-mutex."""
+    keeper = procs.start(["both", hold_until(marks, "a"), str(lock_dir)])
+    wait_for(marks / "a.held")
+    supervisor = pw.supervisor_child(keeper.pid)
+    assert supervisor is not None
+    path = lock_file(lock_dir, "both")
+    delete_until_put_back(path)
+    wait_for(lambda: _holds_open(supervisor, path), 10, "the supervisor holding it too")
+    os.kill(keeper.pid, signal.SIGKILL)
+    os.kill(supervisor, signal.SIGKILL)
+    keeper.wait(10)
+    assert pw.wait_gone([supervisor], 10) == []
+    left = [_cmdline(p) for p in _openers(path)]
+    assert left and not [c for c in left if "local_mutex" in c or "local-mutex" in c], left
+    r = run_cli(["--no-wait", "both", f"touch '{marks}/newcomer.ran'", str(lock_dir)])
+    assert r.returncode == 75, r.stderr
+    assert not (marks / "newcomer.ran").exists()
+    (marks / "a.go").touch()  # the command ends: its lock, and the guardian, with it
+    r = run_cli(["--wait", "10", "both", "true", str(lock_dir)])
+    assert r.returncode == 0, r.stderr
+    assert _openers(path) == []  # the guardian went with the command's lock
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc/PID/fd")
+def test_a_run_that_put_its_file_back_leaves_nothing_running(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """The guardian goes with the run: at its release, and at each new put-back."""
+    keeper = procs.start(["tidy", hold_until(marks, "a"), str(lock_dir)])
+    wait_for(marks / "a.held")
+    path = lock_file(lock_dir, "tidy")
+    for _ in range(3):
+        delete_until_put_back(path)
+    supervisor = pw.supervisor_child(keeper.pid)
+    assert supervisor is not None
+    wait_for(lambda: _holds_open(supervisor, path), 10, "the supervisor holding it too")
+    others = [p for p in _openers(path) if p not in (keeper.pid, supervisor)]
+    assert len(others) <= 1, others  # one guardian at most, for the file now at the path
+    (marks / "a.go").touch()
+    assert keeper.wait(20) == 0, procs.stderr(keeper)
+    assert _openers(path) == []
+    assert pw.children(keeper.pid) == []
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc/PID/fd")

@@ -18,7 +18,7 @@ from ...errors import NotAcquired, UnsafeLockFile
 from ...names import display, lock_filename
 from ...ui.lines import describe_holder, duration
 from . import kernel, record
-from .lockdir import ENV_LOCK_DIR, create_exclusive, names_inode, open_lock_file, refusal_for
+from .lockdir import ENV_LOCK_DIR, names_inode, open_lock_file
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -58,6 +58,7 @@ class FlockLock:
         self.record: dict[str, Any] | None = None
         self.spares: list[int] = []  # files we put back at the path while holding
         self.lost_to: int | None = None  # pid that took a replacement file before us
+        self.guardian: int | None = None  # holds the file put back too (``guardian``)
         # Inside a hold: its descriptions of the lock, and our connection to its holder.
         self.joined: tuple[socket.socket, list[int]] | None = None
         self.join_failed = False  # a hold's holder that could not share its lock with us
@@ -298,47 +299,9 @@ class FlockLock:
 
     def check(self) -> str | None:
         """Put a locked file back at the path if ours was deleted or renamed."""
-        if self.lost_to is not None:
-            return None
-        try:
-            st = os.stat(self.path, follow_symlinks=False)
-        except FileNotFoundError:
-            st = None
-        except OSError:
-            return None
-        for held_fd in (self.fd, *self.spares):
-            mine = os.fstat(held_fd)
-            if st is not None and (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
-                return None
-        fd: int | None = create_exclusive(self.path) if st is None else _open_quietly(self.path)
-        if fd is None:
-            # Nothing to lock at the path: its directory is gone (a tmp cleaner), or a file
-            # came and went. Nobody else can take the lock there either; look next tick.
-            return None
-        if refusal_for(os.fstat(fd), self.path, self.allow_other_owner):
-            os.close(fd)  # never write into a file that may be someone else's (which
-            return None  # a newcomer refuses as well): look again next tick
-        if kernel.try_lock(fd, shared=self.shared):
-            for stale in self.spares:  # files we put back before, gone from the path again
-                os.close(stale)
-            self.spares = [fd]
-            if self.record is not None:
-                try:
-                    record.write_record(fd, self.record, self.path)
-                except Exception:
-                    pass
-            return (
-                f"lock file {self.path!r} of {self.label} was deleted or replaced while held; "
-                "put a locked file back at the path"
-            )
-        os.close(fd)  # the file now at the path is locked: somebody took it first
-        other = self.busy_holder() or {}
-        self.lost_to = other.get("pid") if isinstance(other.get("pid"), int) else -1
-        return (
-            f"lock file {self.path!r} of {self.label} was deleted or replaced while pid "
-            f"{os.getpid()} held it, and pid {other.get('pid', '?')} took the new file first: "
-            "both now run"
-        )
+        from .putback import put_back
+
+        return put_back(self)
 
     # -- letting go ----------------------------------------------------------------------
 
@@ -368,6 +331,11 @@ class FlockLock:
                 except OSError:
                     pass
         self.fd, self.spares = -1, []
+        if self.guardian is not None:
+            from .guardian import end
+
+            end(self.guardian)
+            self.guardian = None
         if self.joined is not None:
             conn, fds = self.joined
             self.joined = None
@@ -385,13 +353,6 @@ class FlockLock:
                 env, nesting.entry(os.getpid(), self._key(), self.shared)
             )
         return out
-
-
-def _open_quietly(path: str) -> int | None:
-    try:
-        return os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return None
 
 
 def _not_acquired_text(label: str, waited: float, holder: Mapping[str, Any] | None) -> str:

@@ -1,0 +1,72 @@
+"""A held lock file deleted or renamed (a tmp cleaner): put a locked file back at the path.
+
+A newcomer cannot tell a deleted holder's path from a free one, so the holder must notice
+first: ``FlockLock.check`` runs this every tick while the lock is held. The file put back is
+held by the keeper, handed down to the supervisor (``supervise.handdown``), and held by a
+``guardian`` for as long as the command's own lock (on the deleted file) lives.
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import guardian, kernel, record
+from .lockdir import create_exclusive, refusal_for
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .lock import FlockLock
+
+
+def put_back(lock: FlockLock) -> str | None:
+    """Nothing if the path still names a file we hold; else a warning saying what we did:
+    put a locked file back, or found that a newcomer took the new file first."""
+    if lock.lost_to is not None:
+        return None
+    try:
+        st = os.stat(lock.path, follow_symlinks=False)
+    except FileNotFoundError:
+        st = None
+    except OSError:
+        return None
+    for held_fd in (lock.fd, *lock.spares):
+        mine = os.fstat(held_fd)
+        if st is not None and (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
+            return None
+    fd: int | None = create_exclusive(lock.path) if st is None else _open_quietly(lock.path)
+    if fd is None:
+        # Nothing to lock at the path: its directory is gone (a tmp cleaner), or a file
+        # came and went. Nobody else can take the lock there either; look next tick.
+        return None
+    if refusal_for(os.fstat(fd), lock.path, lock.allow_other_owner):
+        os.close(fd)  # never write into a file that may be someone else's (which
+        return None  # a newcomer refuses as well): look again next tick
+    if kernel.try_lock(fd, shared=lock.shared):
+        lock.guardian = guardian.replace(lock.guardian, fd, lock.fd)
+        for stale in lock.spares:  # files we put back before, gone from the path again
+            os.close(stale)
+        lock.spares = [fd]
+        if lock.record is not None:
+            try:
+                record.write_record(fd, lock.record, lock.path)
+            except Exception:
+                pass
+        return (
+            f"lock file {lock.path!r} of {lock.label} was deleted or replaced while held; "
+            "put a locked file back at the path"
+        )
+    os.close(fd)  # the file now at the path is locked: somebody took it first
+    other = lock.busy_holder() or {}
+    lock.lost_to = other.get("pid") if isinstance(other.get("pid"), int) else -1
+    return (
+        f"lock file {lock.path!r} of {lock.label} was deleted or replaced while pid "
+        f"{os.getpid()} held it, and pid {other.get('pid', '?')} took the new file first: "
+        "both now run"
+    )
+
+
+def _open_quietly(path: str) -> int | None:
+    try:
+        return os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
