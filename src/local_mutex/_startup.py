@@ -2,23 +2,26 @@
 
 A plain ``local-mutex NAME CMD`` imports some 30 modules of ours. Through the import
 system each costs ~60 us beyond its own code (finders, stat calls, a .pyc file to open
-and check): ~2 ms a run, about a fifth of a bare interpreter's start, paid again by every
-nested call in a loop. This cache holds their code objects in the order they finished
-importing, each with its source file's size and mtime; ``load()`` reads it in one go,
-checks every source as the import system checks a .pyc, and runs them straight into
-``sys.modules`` with the specs the import system would have given them.
+and check): ~1.5-2 ms a run, paid again by every nested call in a loop. This cache holds
+their code objects in the order they finished importing, each with its source file's size,
+mtime and ctime; ``load()`` reads it in one go, checks every source (an edit, or an mtime
+put back after one, changes the ctime), and runs them straight into ``sys.modules`` with
+the specs the import system would have given them.
 
-A missing, stale, damaged or foreign file (another interpreter, another ``-O``) is not
-used; every module then imports as usual, and a run that may write bytecode (as for .pyc
-files: not under ``-B`` or PYTHONDONTWRITEBYTECODE) writes the file again at its end, from
-what it imported. The file lives in the package's own ``__pycache__``, so it is trusted
-exactly as the .pyc files beside it are.
+A missing, stale, unreadable or foreign file (another interpreter, another ``-O``) is not
+used: every module then imports as usual. A plain run that did not wait and exited 0
+writes it again at its end -- compiled from the sources, with what it imported the usual
+way -- where bytecode may be written (as for .pyc files: not under ``-B`` or
+PYTHONDONTWRITEBYTECODE) and the directory is writable. The file lives in the package's own
+``__pycache__``, so it is trusted exactly as the .pyc files beside it are, and damage that
+still unmarshals can do what a damaged .pyc does.
 """
 
 from __future__ import annotations
 
 import marshal
 import os
+import stat
 import sys
 
 TYPE_CHECKING = False
@@ -26,14 +29,17 @@ if TYPE_CHECKING:
     from types import CodeType, ModuleType
     from typing import Any
 
-    Entry = tuple[str, bool, str, int, int, CodeType]
+    Entry = tuple[str, bool, str, tuple[int, int, int], CodeType]
 
 # Bumped whenever the layout below changes.
-_FORMAT = 1
+_FORMAT = 2
 _PACKAGE = __name__.rpartition(".")[0]
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _PARENT = os.path.dirname(_HERE)
 _OURS = f"{_PACKAGE}."
+# Imported only by a run that found the lock busy: such a run's imports are not the plain
+# path's (what waiting needs would be run by every uncontended run after it).
+_WAITED = f"{_PACKAGE}.ui.progress"
 # Never cached: what only help, completion and the remote backends use (a plain run would
 # execute them for nothing), and what is imported before the cache is read.
 _NOT_CACHED = (
@@ -70,28 +76,43 @@ def load() -> None:
     entries = _read(path)
     if entries:
         _run(entries)
-    if not sys.dont_write_bytecode:
+    if not sys.dont_write_bytecode and _writable(path):
         global _recorder
         _recorder = _Recorder()
         sys.meta_path.insert(0, _recorder)
 
 
+def _writable(path: str) -> bool:
+    """Could a run write the file? Asked first, so a read-only install pays nothing more."""
+    pycache = os.path.dirname(path)
+    return os.access(pycache if os.path.isdir(pycache) else _HERE, os.W_OK)
+
+
 def _read(path: str) -> list[Entry]:
     try:
-        with open(path, "rb") as f:
+        # O_NONBLOCK: a FIFO planted at the path must not hang the run.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return []
             header, entries = marshal.loads(f.read())
         format_, magic, optimize = header
         if format_ != _FORMAT or optimize != sys.flags.optimize or magic != _magic():
             return []
-        for name, _is_pkg, rel, mtime_ns, size, code in entries:
+        for name, _is_pkg, rel, stamp, code in entries:
             if type(name) is not str or type(rel) is not str or type(code) is not _CODE:
                 return []
-            st = os.stat(os.path.join(_PARENT, rel))
-            if st.st_mtime_ns != mtime_ns or st.st_size != size:
+            if _stamp(os.stat(os.path.join(_PARENT, rel))) != stamp:
                 return []
-    except (OSError, ValueError, EOFError, TypeError):
-        return []  # missing, unreadable, damaged, or a source gone: the usual imports
+    except Exception:  # missing, unreadable, damaged (marshal raises SystemError too),
+        return []  # or a source gone: the usual imports
     return list(entries)
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int, int]:
+    """What tells a source changed. The ctime too: nobody can set it, so an edit whose
+    mtime was put back (a checkout with normalized times) still shows."""
+    return st.st_mtime_ns, st.st_size, st.st_ctime_ns
 
 
 def _magic() -> bytes:
@@ -110,7 +131,7 @@ def _run(entries: list[Entry]) -> None:
     bootstrap: ModuleType = sys.modules["_frozen_importlib"]
     external: ModuleType = sys.modules["_frozen_importlib_external"]
     for entry in entries:
-        name, is_pkg, rel, _mtime, _size, code = entry
+        name, is_pkg, rel, _, code = entry
         if name in sys.modules:
             continue
         parent, _, child = name.rpartition(".")
@@ -168,31 +189,30 @@ class _Noting:
         self.done.append(module.__name__)
 
 
-def save() -> None:
-    """Write the cache again if this run imported any of our modules the usual way: the
-    modules from the file first, in their order, then those, in the order they finished.
-    Best effort: a read-only install or a full disk leaves things as they are."""
-    if not plain_run or _recorder is None or not _recorder.done:
+def save(status: int) -> None:
+    """After a plain run that did not wait and exited 0, write the cache again if the run
+    imported any of our modules the usual way: the modules from the file first, in their
+    order, then those, in the order they finished, each compiled from the source bytes
+    its stamp describes. Best effort: nothing here changes the run's outcome."""
+    if not plain_run or status != 0 or _recorder is None or not _recorder.done:
         return
     path = cache_path()
-    if path is None:
+    if path is None or _WAITED in sys.modules:
         return
     entries = list(_loaded)
     try:
         for name in _recorder.done:
-            module = sys.modules.get(name)
-            origin = getattr(getattr(module, "__spec__", None), "origin", None)
+            origin = getattr(getattr(sys.modules.get(name), "__spec__", None), "origin", None)
             if not isinstance(origin, str) or not origin.endswith(".py"):
                 continue
-            st = os.stat(origin)
-            loader = module.__spec__.loader  # type: ignore[union-attr]
-            code = loader.get_code(name)  # type: ignore[union-attr]
-            rel = os.path.relpath(origin, _PARENT)
+            with open(origin, "rb") as f:
+                source, st = f.read(), os.fstat(f.fileno())
+            code = compile(source, origin, "exec", dont_inherit=True)
             is_pkg = os.path.basename(origin) == "__init__.py"
-            entries.append((name, is_pkg, rel, st.st_mtime_ns, st.st_size, code))
+            entries.append((name, is_pkg, os.path.relpath(origin, _PARENT), _stamp(st), code))
         _write(path, marshal.dumps(((_FORMAT, _magic(), sys.flags.optimize), entries)))
-    except (OSError, ImportError, ValueError):
-        pass
+    except Exception:  # a source edited mid-run into a SyntaxError, a full disk, a
+        pass  # read-only tree: the run's outcome is the command's
 
 
 def _write(path: str, data: bytes) -> None:
@@ -215,3 +235,18 @@ def _write(path: str, data: bytes) -> None:
         except OSError:
             pass
         raise
+    _sweep(path)
+
+
+def _sweep(path: str) -> None:
+    """Remove what writers killed mid-write left (``<file>.<pid>`` of a pid now gone)."""
+    from . import _proc
+
+    folder, base = os.path.split(path)
+    for entry in os.listdir(folder):
+        pid = entry[len(base) + 1 :]
+        if entry.startswith(f"{base}.") and pid.isdigit() and not _proc.exists(int(pid)):
+            try:
+                os.unlink(os.path.join(folder, entry))
+            except OSError:
+                pass

@@ -118,19 +118,19 @@ def run_and_exit(entry: Callable[[], int]) -> None:
         status = 130
     try:
         status = _flush(status)
-        _save_startup_cache()
+        _save_startup_cache(status)
     except KeyboardInterrupt:  # a late Ctrl-C: the lock is released already
         status = 130
     os._exit(status)
 
 
-def _save_startup_cache() -> None:
+def _save_startup_cache(status: int) -> None:
     """After the answer is out: a plain run that imported modules the usual way writes them
     to the plain run's cache (``_startup``) for the runs after it."""
     if _STARTUP in sys.modules:
         from . import _startup
 
-        _startup.save()
+        _startup.save(status)
 
 
 def _flush(status: int) -> int:
