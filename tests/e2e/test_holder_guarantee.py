@@ -389,8 +389,7 @@ def test_the_file_put_back_is_held_by_the_supervisor_too(
     assert not (marks / "newcomer.ran").exists()
     (marks / "a.go").touch()
     assert pw.wait_gone([supervisor], 20) == []
-    # Free once the command's own lock is gone (the guardian of the file put back looks
-    # every half second).
+    # Free once the command's own lock is gone (the guardian of the file put back goes then).
     r = run_cli(["--wait", "10", "back", "true", str(lock_dir)])
     assert r.returncode == 0, r.stderr
 
@@ -426,23 +425,33 @@ def _openers(path: Path) -> list[int]:
     return [pid for pid in pw.all_pids() if _holds_open(pid, path)]
 
 
-@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="the guardian watches /proc/locks")
+@pytest.mark.parametrize("order", ["keeper first", "supervisor first"])
 def test_keeper_and_supervisor_both_killed_after_a_put_back_do_not_free_the_lock(
-    procs: Procs, lock_dir: Path, marks: Path
+    procs: Procs, lock_dir: Path, marks: Path, order: str
 ) -> None:
     """After a put-back the command holds only the deleted file's lock; the file at the
     path was held by the keeper and the supervisor alone, and killing both (``kill -9``,
     ``pkill -9 -f local-mutex``) let a newcomer in while the command ran. The guardian
-    holds it until the command's lock is gone, and its command line names no local-mutex."""
-    keeper = procs.start(["both", hold_until(marks, "a"), str(lock_dir)])
+    holds it until the command's lock is gone, and its command line names no local-mutex.
+    (Supervisor first: the keeper, stopping the orphaned command, must spare it.)"""
+    # Deaf to the keeper's SIGTERM, but saying it came.
+    cmd = f"trap 'touch {marks}/term' TERM; {hold_until(marks, 'a')}"
+    keeper = procs.start(["--kill-after", "60", "both", cmd, str(lock_dir)])
     wait_for(marks / "a.held")
     supervisor = pw.supervisor_child(keeper.pid)
     assert supervisor is not None
     path = lock_file(lock_dir, "both")
     delete_until_put_back(path)
     wait_for(lambda: _holds_open(supervisor, path), 10, "the supervisor holding it too")
-    os.kill(keeper.pid, signal.SIGKILL)
-    os.kill(supervisor, signal.SIGKILL)
+    (guardian,) = [c for c in pw.children(keeper.pid) if c != supervisor]
+    if order == "keeper first":
+        os.kill(keeper.pid, signal.SIGKILL)
+        os.kill(supervisor, signal.SIGKILL)
+    else:
+        os.kill(supervisor, signal.SIGKILL)
+        wait_for(marks / "term")  # the keeper is stopping the orphaned command
+        assert pw.wait_gone([guardian], 1.0) == [guardian]  # and left the guardian be
+        os.kill(keeper.pid, signal.SIGKILL)
     keeper.wait(10)
     assert pw.wait_gone([supervisor], 10) == []
     left = [_cmdline(p) for p in _openers(path)]
@@ -454,6 +463,68 @@ def test_keeper_and_supervisor_both_killed_after_a_put_back_do_not_free_the_lock
     r = run_cli(["--wait", "10", "both", "true", str(lock_dir)])
     assert r.returncode == 0, r.stderr
     assert _openers(path) == []  # the guardian went with the command's lock
+
+
+# PID 1 of a fresh PID namespace, reaping as a container's init does. A dead owner's locks
+# vanish from that namespace's /proc/locks once it is reaped, which is why the guardian
+# must not go by /proc/locks.
+IN_A_CONTAINER = """
+import json, os, signal, subprocess, sys, time
+cli, lock_dir, marks, path, out = sys.argv[1:6]
+cli = json.loads(cli)
+def until(check):
+    deadline = time.monotonic() + 20
+    while not check():
+        assert time.monotonic() < deadline
+        try:
+            os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.02)
+def opened(pid):
+    try:
+        return any(os.readlink(f"/proc/{pid}/fd/{fd}") == path
+                   for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return False
+cmd = f"touch {marks}/a.held; while [ ! -e {marks}/a.go ]; do sleep 0.05; done"
+keeper = subprocess.Popen([*cli, "box", cmd, lock_dir], stderr=subprocess.DEVNULL)
+until(lambda: os.path.exists(f"{marks}/a.held"))
+children = open(f"/proc/{keeper.pid}/task/{keeper.pid}/children").read().split()
+supervisor = int(children[0])
+ino = os.stat(path).st_ino
+os.unlink(path)
+until(lambda: os.path.exists(path) and os.stat(path).st_ino != ino and opened(supervisor))
+os.kill(keeper.pid, signal.SIGKILL)
+os.kill(supervisor, signal.SIGKILL)
+until(lambda: not os.path.exists(f"/proc/{supervisor}") and keeper.poll() is not None)
+probe = [subprocess.run([*cli, "--no-wait", "box", f"touch {marks}/newcomer.ran", lock_dir])]
+time.sleep(1.5)  # the command runs on: still held a while later (not a wait for anything)
+probe.append(subprocess.run([*cli, "--no-wait", "box", f"touch {marks}/newcomer.ran", lock_dir]))
+open(f"{marks}/a.go", "w").close()
+after = subprocess.run([*cli, "--wait", "10", "box", "true", lock_dir])
+json.dump({"probe": [p.returncode for p in probe], "after": after.returncode}, open(out, "w"))
+"""
+
+
+def test_a_file_put_back_stays_held_in_a_container_after_keeper_and_supervisor_died(
+    lock_dir: Path, marks: Path, tmp_path: Path
+) -> None:
+    """In a PID namespace whose init reaps them, killed keeper and supervisor leave no
+    trace in /proc/locks: a guardian watching it let a newcomer in."""
+    if not _unshare_works():
+        pytest.skip("unshare -fp --mount-proc needs root and user/PID namespaces here")
+    out = tmp_path / "out.json"
+    args = [json.dumps(CLI), str(lock_dir), str(marks), str(lock_file(lock_dir, "box")), str(out)]
+    r = subprocess.run(
+        ["unshare", "-fp", "--mount-proc", PY, "-c", IN_A_CONTAINER, *args],
+        env=clean_env(),
+        capture_output=True,
+        timeout=50,
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text()) == {"probe": [75, 75], "after": 0}
+    assert not (marks / "newcomer.ran").exists()
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc/PID/fd")

@@ -147,6 +147,7 @@ def supervise(
                 # Inside another's lock, its descriptions are shared with other runs: not a
                 # way to tell which processes are this command's.
                 ours = keep_fds if lock is not None else ()
+                spare |= _guardian_of(lock)
                 _stop_orphaned(outcome, spec, subreaper, reporter, text, ours, spare)
         finally:
             relay.done = True
@@ -221,6 +222,13 @@ def _alone() -> bool:
         return count == 1
     threading = sys.modules.get("threading")
     return threading is None or threading.active_count() == 1
+
+
+def _guardian_of(lock: Lock | None) -> frozenset[int]:
+    """Our child that holds a lock file put back (``backends.flock.guardian``): it is to
+    outlive us as long as the command does, not to be stopped as one of its orphans."""
+    pid = getattr(lock, "guardian", None)
+    return frozenset({pid}) if isinstance(pid, int) else frozenset()
 
 
 def _tell_deadline(lock: Lock, life: int) -> None:

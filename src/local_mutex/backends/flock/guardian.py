@@ -3,61 +3,88 @@
 The command holds the description of the file it was started under. Once a tmp cleaner
 deleted that file, the file put back at the path is held by the keeper and the supervisor
 alone: were both killed (``kill -9`` of both, ``pkill -9 -f local-mutex``), a newcomer would
-take the path's file while the command still ran. The guardian is a small shell loop that
-inherits the description put back and lives as long as the deleted file's lock does: until
-the run lets go, or the command's last process ends (then half a second more at most: it
-looks at /proc/locks every half second). It has a session of its own (no job-control signal
-or hangup meant for the command's terminal reaches it, and it is no group of the
-command's), /dev/null for its standard streams (a reader of our output gets its end of
-file), and a command line that names no local-mutex, so ``pkill -f local-mutex`` leaves it
-be.
+take the path's file while the command still ran. The guardian is a tiny interpreter that
+inherits the description put back, opens a description of its own of the deleted file and
+asks the kernel for an exclusive flock on it: granted the instant the last holder of the
+command's lock on that file is gone, the guardian then exits and lets the file put back go.
+No polling, and no view of /proc/locks (a container's pid namespace hides a dead owner's
+locks there); holding the deleted inode open also keeps its number from being reused.
+
+It runs the base interpreter (not a virtualenv's, whose path may name local-mutex, so
+``pkill -f local-mutex`` leaves it be), in a session of its own (no job-control signal or
+hangup meant for the command's terminal reaches it, and it is no group of the command's),
+with /dev/null for its standard streams (a reader of our output gets its end of file) and
+no descriptor of ours but the two it needs.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import sys
 
 from ..._fastsignal import STOP_SIGNALS, signal
 from ..._proc import PROC, USE_PROC
 
-# $1: the deleted file's MAJ:MIN:INODE as /proc/locks prints it. Only granted locks count
-# (a waiter's line has "->" where FLOCK is). Read by the shell itself: only `sleep` is
-# started, every half second, without the lock's descriptor (3 or 4).
-_LOOP = (
-    'held() { while read -r _ kind rest; do case "$kind $rest" in "FLOCK "*" $1 "*) return 0'
-    ";; esac; done < /proc/locks; return 1; }; "
-    'while held "$1"; do sleep 0.5 3>&- 4>&- || sleep 1 3>&- 4>&-; done'
-)
+# fd 3: the file put back (held); fd 4: our own description of the command's deleted file.
+_WAIT = "import fcntl\nfcntl.flock(4, fcntl.LOCK_EX)"
+_FIRST_FREE = 10  # dup2 sources above the targets, so neither clobbers the other
+
+
+def _interpreter() -> str:
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    return os.path.realpath(base)
 
 
 def replace(previous: int | None, put_back: int, watched: int) -> int | None:
     """End the guardian of an earlier put-back, if any, and start one that holds
-    ``put_back`` while the lock on ``watched``'s file (the command's) lives: its pid, or
-    None where there is no /proc/locks to watch or it could not start."""
+    ``put_back`` while the command's lock on ``watched``'s file lives: its pid, or None
+    where it cannot (no /proc to open a deleted file through, out of processes)."""
     end(previous)
-    if not USE_PROC or not os.path.exists(os.path.join(PROC, "locks")):
+    if not USE_PROC:
         return None
-    st = os.fstat(watched)
-    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    actions = [
-        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-        (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
-        (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
-        # dup2 onto another number clears close-on-exec; onto the same one it may not.
-        (os.POSIX_SPAWN_DUP2, put_back, 3 if put_back != 3 else 4),
-    ]
+    opened: list[int] = []
     try:
+        # A description of our own of the (deleted) file: /proc/self/fd reopens it.
+        fresh = os.open(f"{PROC}/self/fd/{watched}", os.O_RDONLY | os.O_CLOEXEC)
+        opened.append(fresh)
+        sources = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _FIRST_FREE) for fd in (put_back, fresh)]
+        opened += sources
         return os.posix_spawn(
-            "/bin/sh",
-            ["sh", "-c", _LOOP, "sh", key],
-            {"PATH": os.environ.get("PATH") or os.defpath},
-            file_actions=actions,
+            _interpreter(),
+            [os.path.basename(_interpreter()), "-I", "-S", "-c", _WAIT],
+            {},
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
+                (os.POSIX_SPAWN_DUP2, sources[0], 3),
+                (os.POSIX_SPAWN_DUP2, sources[1], 4),
+                *((os.POSIX_SPAWN_CLOSE, fd) for fd in _inherited()),
+            ],
             setsid=True,
             setsigmask=(),
             setsigdef=(*STOP_SIGNALS, signal.SIGPIPE),
         )
     except OSError:
-        return None  # out of processes: the keeper and the supervisor still hold it
+        return None  # the keeper and the supervisor still hold it
+    finally:
+        for fd in opened:
+            os.close(fd)
+
+
+def _inherited() -> list[int]:
+    """Descriptors above 4 a spawned process would inherit (our caller's, without
+    close-on-exec): the guardian must not keep a pipe or a socket of theirs open."""
+    found = []
+    for name in os.listdir(f"{PROC}/self/fd"):
+        fd = int(name)
+        try:
+            if fd > 4 and os.get_inheritable(fd):
+                found.append(fd)
+        except OSError:
+            continue  # the listing's own descriptor, closed by now
+    return found
 
 
 def end(pid: int | None) -> None:
