@@ -465,6 +465,75 @@ def test_keeper_and_supervisor_both_killed_after_a_put_back_do_not_free_the_lock
     assert _openers(path) == []  # the guardian went with the command's lock
 
 
+def _guardian(keeper: int, supervisor: int) -> int:
+    (pid,) = [c for c in pw.children(keeper) if c != supervisor]
+    return pid
+
+
+def _put_back_and_kill_both(
+    procs: Procs, keeper: subprocess.Popen[bytes], path: Path, *, then_kill: bool = True
+) -> int:
+    """Delete the held file, wait until keeper and supervisor hold the one put back; the
+    supervisor's pid (both killed and gone, with ``then_kill``)."""
+    supervisor = pw.supervisor_child(keeper.pid)
+    assert supervisor is not None
+    delete_until_put_back(path)
+    wait_for(lambda: _holds_open(supervisor, path), 10, "the supervisor holding it too")
+    if then_kill:
+        os.kill(keeper.pid, signal.SIGKILL)
+        os.kill(supervisor, signal.SIGKILL)
+        keeper.wait(10)
+        assert pw.wait_gone([supervisor], 10) == []
+    return supervisor
+
+
+def _still_excludes_then_frees(name: str, lock_dir: Path, marks: Path) -> None:
+    r = run_cli(["--no-wait", name, f"touch '{marks}/newcomer.ran'", str(lock_dir)])
+    assert r.returncode == 75, r.stderr
+    assert not (marks / "newcomer.ran").exists()
+    (marks / "a.go").touch()
+    r = run_cli(["--wait", "10", name, "true", str(lock_dir)])
+    assert r.returncode == 0, r.stderr
+
+
+def test_the_guardian_starts_from_any_working_directory(
+    procs: Procs, lock_dir: Path, marks: Path, tmp_path: Path
+) -> None:
+    """It was started by its bare name, so the interpreter looked for its library in the
+    working directory: from / (systemd, cron, a hold's holder) it died on the wrong
+    one, and from a directory someone had prepared it ran their code."""
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    planted = tmp_path / "planted" / "lib" / version
+    (planted / "encodings").mkdir(parents=True)
+    (planted / "os.py").write_text("")
+    (planted / "encodings" / "__init__.py").write_text(
+        f"open({str(marks / 'planted.ran')!r}, 'w').close()\n"
+    )
+    keeper = procs.start(["cwd", hold_until(marks, "a"), str(lock_dir)], cwd=tmp_path / "planted")
+    wait_for(marks / "a.held")
+    _put_back_and_kill_both(procs, keeper, lock_file(lock_dir, "cwd"))
+    assert not (marks / "planted.ran").exists()
+    _still_excludes_then_frees("cwd", lock_dir, marks)
+
+
+def test_a_killed_guardian_is_started_again(procs: Procs, lock_dir: Path, marks: Path) -> None:
+    keeper = procs.start(["again2", hold_until(marks, "a"), str(lock_dir)])
+    wait_for(marks / "a.held")
+    path = lock_file(lock_dir, "again2")
+    supervisor = _put_back_and_kill_both(procs, keeper, path, then_kill=False)
+    first = _guardian(keeper.pid, supervisor)
+    os.kill(first, signal.SIGKILL)
+    procs.wait_stderr(keeper, f"the guardian (pid {first})")
+    assert "started another" in procs.stderr(keeper)
+    wait_for(lambda: len(pw.children(keeper.pid)) == 2, 10, "a new guardian")
+    assert _guardian(keeper.pid, supervisor) != first
+    os.kill(keeper.pid, signal.SIGKILL)
+    os.kill(supervisor, signal.SIGKILL)
+    keeper.wait(10)
+    assert pw.wait_gone([supervisor], 10) == []
+    _still_excludes_then_frees("again2", lock_dir, marks)
+
+
 # PID 1 of a fresh PID namespace, reaping as a container's init does. A dead owner's locks
 # vanish from that namespace's /proc/locks once it is reaped, which is why the guardian
 # must not go by /proc/locks.

@@ -22,50 +22,70 @@ from __future__ import annotations
 import fcntl
 import os
 import sys
+import time
 
 from ..._fastsignal import STOP_SIGNALS, signal
 from ..._proc import PROC, USE_PROC
 
-# fd 3: the file put back (held); fd 4: our own description of the command's deleted file.
-_WAIT = "import fcntl\nfcntl.flock(4, fcntl.LOCK_EX)"
+# fd 3: the file put back (held); fd 4: our own description of the command's deleted file;
+# fd 5: a pipe to say it runs (it could not import, start or find its libraries otherwise).
+_WAIT = "import fcntl, os\nos.write(5, b'.')\nos.close(5)\nfcntl.flock(4, fcntl.LOCK_EX)"
 _FIRST_FREE = 10  # dup2 sources above the targets, so neither clobbers the other
+_STARTED_WITHIN = 5.0  # seconds; an interpreter starts in ~10 ms
+SUPPORTED = USE_PROC  # Linux: a deleted file can be opened again through /proc/self/fd
 
 
-def _interpreter() -> str:
-    base = getattr(sys, "_base_executable", None) or sys.executable
-    return os.path.realpath(base)
+def _interpreter() -> str | None:
+    """The base interpreter, by its full path: argv[0] is where it looks for its own
+    library, and a bare name would have it look in the working directory. None inside a
+    program that embeds Python (its executable is that program)."""
+    for candidate in (getattr(sys, "_base_executable", None), sys.executable):
+        if candidate:
+            real = os.path.realpath(candidate)
+            if os.path.basename(real).startswith("python") and os.access(real, os.X_OK):
+                return real
+    return None
 
 
-def replace(previous: int | None, put_back: int, watched: int) -> int | None:
-    """End the guardian of an earlier put-back, if any, and start one that holds
-    ``put_back`` while the command's lock on ``watched``'s file lives: its pid, or None
-    where it cannot (no /proc to open a deleted file through, out of processes)."""
-    end(previous)
-    if not USE_PROC:
+def start(put_back: int, watched: int) -> int | None:
+    """A guardian that holds ``put_back`` while the command's lock on ``watched``'s file
+    lives: its pid once it runs, or None where it cannot (no /proc to open a deleted file
+    through, no interpreter to run, out of processes, or it did not start)."""
+    python = _interpreter()
+    if not SUPPORTED or python is None:
         return None
     opened: list[int] = []
     try:
         # A description of our own of the (deleted) file: /proc/self/fd reopens it.
         fresh = os.open(f"{PROC}/self/fd/{watched}", os.O_RDONLY | os.O_CLOEXEC)
         opened.append(fresh)
-        sources = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _FIRST_FREE) for fd in (put_back, fresh)]
+        said, says = os.pipe()
+        opened += [said, says]
+        sources = [
+            fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _FIRST_FREE) for fd in (put_back, fresh, says)
+        ]
         opened += sources
-        return os.posix_spawn(
-            _interpreter(),
-            [os.path.basename(_interpreter()), "-I", "-S", "-c", _WAIT],
-            {},
+        pid = os.posix_spawn(
+            python,
+            [python, "-I", "-S", "-c", _WAIT],
+            dict(os.environ),  # -I ignores PYTHON*; what the interpreter itself needs stays
             file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                 (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
                 (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
-                (os.POSIX_SPAWN_DUP2, sources[0], 3),
-                (os.POSIX_SPAWN_DUP2, sources[1], 4),
+                *((os.POSIX_SPAWN_DUP2, src, 3 + i) for i, src in enumerate(sources)),
                 *((os.POSIX_SPAWN_CLOSE, fd) for fd in _inherited()),
             ],
             setsid=True,
             setsigmask=(),
             setsigdef=(*STOP_SIGNALS, signal.SIGPIPE),
         )
+        os.close(says)
+        opened.remove(says)
+        if _said_it_runs(said):
+            return pid
+        end(pid)
+        return None
     except OSError:
         return None  # the keeper and the supervisor still hold it
     finally:
@@ -73,18 +93,50 @@ def replace(previous: int | None, put_back: int, watched: int) -> int | None:
             os.close(fd)
 
 
+def _said_it_runs(said: int) -> bool:
+    import select
+
+    poller = select.poll()
+    poller.register(said, select.POLLIN)
+    deadline = time.monotonic() + _STARTED_WITHIN
+    while True:
+        try:
+            if poller.poll(max(deadline - time.monotonic(), 0.0) * 1000):
+                return os.read(said, 1) == b"."  # b"": it ended first
+        except InterruptedError:
+            continue
+        if time.monotonic() >= deadline:
+            return False
+
+
 def _inherited() -> list[int]:
-    """Descriptors above 4 a spawned process would inherit (our caller's, without
+    """Descriptors above 5 a spawned process would inherit (our caller's, without
     close-on-exec): the guardian must not keep a pipe or a socket of theirs open."""
     found = []
     for name in os.listdir(f"{PROC}/self/fd"):
         fd = int(name)
         try:
-            if fd > 4 and os.get_inheritable(fd):
+            if fd > 5 and os.get_inheritable(fd):
                 found.append(fd)
         except OSError:
             continue  # the listing's own descriptor, closed by now
     return found
+
+
+def ended(pid: int) -> int | None:
+    """None while our guardian runs; else how it ended (a wait status; -1 if no child of
+    ours has that pid any more). Collected now, if it was ours to collect."""
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return -1
+    return None if done == 0 else status
+
+
+def replace(previous: int | None, put_back: int, watched: int) -> int | None:
+    """End the guardian of an earlier put-back, if any, and start one for this one."""
+    end(previous)
+    return start(put_back, watched)
 
 
 def end(pid: int | None) -> None:

@@ -23,6 +23,10 @@ def put_back(lock: FlockLock) -> str | None:
     put a locked file back, or found that a newcomer took the new file first."""
     if lock.lost_to is not None:
         return None
+    if lock.guardian is not None:
+        warning = _guardian_gone(lock, lock.guardian)
+        if warning is not None:
+            return warning
     try:
         st = os.stat(lock.path, follow_symlinks=False)
     except FileNotFoundError:
@@ -53,7 +57,7 @@ def put_back(lock: FlockLock) -> str | None:
                 pass
         return (
             f"lock file {lock.path!r} of {lock.label} was deleted or replaced while held; "
-            "put a locked file back at the path"
+            f"put a locked file back at the path{_unguarded(lock)}"
         )
     os.close(fd)  # the file now at the path is locked: somebody took it first
     other = lock.busy_holder() or {}
@@ -62,6 +66,31 @@ def put_back(lock: FlockLock) -> str | None:
         f"lock file {lock.path!r} of {lock.label} was deleted or replaced while pid "
         f"{os.getpid()} held it, and pid {other.get('pid', '?')} took the new file first: "
         "both now run"
+    )
+
+
+def _guardian_gone(lock: FlockLock, pid: int) -> str | None:
+    """A guardian that was killed is started again (one that ended by itself did so
+    because the command's lock is gone: nothing left to guard)."""
+    status = guardian.ended(pid)
+    if status is None:
+        return None
+    lock.guardian = None
+    if status == -1 or not os.WIFSIGNALED(status) or not lock.spares:
+        return None
+    lock.guardian = guardian.start(lock.spares[0], lock.fd)
+    return (
+        f"the guardian (pid {pid}) of lock file {lock.path!r} put back was killed; "
+        f"started another{_unguarded(lock)}"
+    )
+
+
+def _unguarded(lock: FlockLock) -> str:
+    if lock.guardian is not None or not guardian.SUPPORTED:
+        return ""
+    return (
+        " (no guardian could start: until the command ends, that file is held by pid "
+        f"{os.getpid()} and the supervisor alone)"
     )
 
 
