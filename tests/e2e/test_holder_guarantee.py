@@ -438,30 +438,20 @@ def test_keeper_and_supervisor_both_killed_after_a_put_back_do_not_free_the_lock
     cmd = f"trap 'touch {marks}/term' TERM; {hold_until(marks, 'a')}"
     keeper = procs.start(["--kill-after", "60", "both", cmd, str(lock_dir)])
     wait_for(marks / "a.held")
-    supervisor = pw.supervisor_child(keeper.pid)
-    assert supervisor is not None
     path = lock_file(lock_dir, "both")
-    delete_until_put_back(path)
-    wait_for(lambda: _holds_open(supervisor, path), 10, "the supervisor holding it too")
-    (guardian,) = [c for c in pw.children(keeper.pid) if c != supervisor]
+    supervisor = _put_back_and_kill_both(procs, keeper, path, then_kill=False)
+    guardian = _guardian(keeper.pid, supervisor)
     if order == "keeper first":
-        os.kill(keeper.pid, signal.SIGKILL)
-        os.kill(supervisor, signal.SIGKILL)
+        _kill_both(keeper, supervisor)
     else:
         os.kill(supervisor, signal.SIGKILL)
         wait_for(marks / "term")  # the keeper is stopping the orphaned command
         assert pw.wait_gone([guardian], 1.0) == [guardian]  # and left the guardian be
         os.kill(keeper.pid, signal.SIGKILL)
-    keeper.wait(10)
-    assert pw.wait_gone([supervisor], 10) == []
+        keeper.wait(10)
     left = [_cmdline(p) for p in _openers(path)]
     assert left and not [c for c in left if "local_mutex" in c or "local-mutex" in c], left
-    r = run_cli(["--no-wait", "both", f"touch '{marks}/newcomer.ran'", str(lock_dir)])
-    assert r.returncode == 75, r.stderr
-    assert not (marks / "newcomer.ran").exists()
-    (marks / "a.go").touch()  # the command ends: its lock, and the guardian, with it
-    r = run_cli(["--wait", "10", "both", "true", str(lock_dir)])
-    assert r.returncode == 0, r.stderr
+    _still_excludes_then_frees("both", lock_dir, marks)
     assert _openers(path) == []  # the guardian went with the command's lock
 
 
@@ -480,11 +470,15 @@ def _put_back_and_kill_both(
     delete_until_put_back(path)
     wait_for(lambda: _holds_open(supervisor, path), 10, "the supervisor holding it too")
     if then_kill:
-        os.kill(keeper.pid, signal.SIGKILL)
-        os.kill(supervisor, signal.SIGKILL)
-        keeper.wait(10)
-        assert pw.wait_gone([supervisor], 10) == []
+        _kill_both(keeper, supervisor)
     return supervisor
+
+
+def _kill_both(keeper: subprocess.Popen[bytes], supervisor: int) -> None:
+    os.kill(keeper.pid, signal.SIGKILL)
+    os.kill(supervisor, signal.SIGKILL)
+    keeper.wait(10)
+    assert pw.wait_gone([supervisor], 10) == []
 
 
 def _still_excludes_then_frees(name: str, lock_dir: Path, marks: Path) -> None:
@@ -527,10 +521,7 @@ def test_a_killed_guardian_is_started_again(procs: Procs, lock_dir: Path, marks:
     assert "started another" in procs.stderr(keeper)
     wait_for(lambda: len(pw.children(keeper.pid)) == 2, 10, "a new guardian")
     assert _guardian(keeper.pid, supervisor) != first
-    os.kill(keeper.pid, signal.SIGKILL)
-    os.kill(supervisor, signal.SIGKILL)
-    keeper.wait(10)
-    assert pw.wait_gone([supervisor], 10) == []
+    _kill_both(keeper, supervisor)
     _still_excludes_then_frees("again2", lock_dir, marks)
 
 
