@@ -59,6 +59,8 @@ if TYPE_CHECKING:
         # Optional, for leased locks: ``stop_deadline() -> float | None``, the monotonic
         # time by which the command must be stopped unless a newer deadline follows; the
         # supervisor enforces it on its own, so a frozen keeper cannot overrun the lease.
+        # Optional: ``guardian: int | None``, a child of the keeper that holds the lock too
+        # (a lock file put back: ``flock.guardian``), never stopped as the command's orphan.
 
         def check(self) -> str | None:
             """Runs while held, from the process that took the lock. Renew a lease, watch

@@ -225,8 +225,8 @@ def _alone() -> bool:
 
 
 def _guardian_of(lock: Lock | None) -> frozenset[int]:
-    """Our child that holds a lock file put back (``backends.flock.guardian``): it is to
-    outlive us as long as the command does, not to be stopped as one of its orphans."""
+    """The lock's guardian (optional in the ``Lock`` protocol): our child, to outlive us as
+    long as the command does, not to be stopped as one of its orphans."""
     pid = getattr(lock, "guardian", None)
     return frozenset({pid}) if isinstance(pid, int) else frozenset()
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import fcntl
 import os
 import sys
-import time
 
 from ..._fastsignal import STOP_SIGNALS, signal
 from ..._proc import PROC, USE_PROC
@@ -96,17 +95,9 @@ def start(put_back: int, watched: int) -> int | None:
 def _said_it_runs(said: int) -> bool:
     import select
 
-    poller = select.poll()
+    poller = select.poll()  # retried on a signal, with the time left (PEP 475)
     poller.register(said, select.POLLIN)
-    deadline = time.monotonic() + _STARTED_WITHIN
-    while True:
-        try:
-            if poller.poll(max(deadline - time.monotonic(), 0.0) * 1000):
-                return os.read(said, 1) == b"."  # b"": it ended first
-        except InterruptedError:
-            continue
-        if time.monotonic() >= deadline:
-            return False
+    return bool(poller.poll(_STARTED_WITHIN * 1000)) and os.read(said, 1) == b"."  # b"": died
 
 
 def _inherited() -> list[int]:
