@@ -438,6 +438,68 @@ def test_a_signal_at_the_fork_taken_by_another_thread_reaches_the_command(
     assert out.stdout.splitlines() in (["7"], ["143"]), out.stderr
 
 
+SIGNAL_TO_ANOTHER_THREAD_MID_RUN = """
+import os, signal, sys, threading, time
+import local_mutex
+lock_dir, marks, inside = sys.argv[1], sys.argv[2], sys.argv[3] == "inside"
+started = os.path.join(marks, "started")
+def send_once_started():
+    # A signal this thread takes while the keeper sleeps: only the main thread runs the
+    # handler, and nothing else would wake it before the command's end.
+    while not os.path.exists(started):
+        time.sleep(0.01)
+    time.sleep(0.2)
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+    time.sleep(60)
+threading.Thread(target=send_once_started, daemon=True).start()
+command = f"trap 'exit 7' TERM; touch {started}; sleep 8 & wait"
+if inside:
+    with local_mutex.hold("mid", lock_dir=lock_dir):
+        r = local_mutex.run("mid", command=command, lock_dir=lock_dir)
+else:
+    r = local_mutex.run("mid", command=command, lock_dir=lock_dir)
+print(r.status, round(r.held))
+"""
+
+
+@pytest.mark.parametrize("where", ["plain", "inside"])
+def test_a_signal_another_thread_takes_mid_run_reaches_the_command_at_once(
+    lock_dir: Path, marks: Path, where: str
+) -> None:
+    """A stop signal taken by a thread other than the main one while the command runs
+    (Linux picks another thread when the main one has a signal pending or blocked) is
+    relayed then, not when the command ends by itself."""
+    out = _script(SIGNAL_TO_ANOTHER_THREAD_MID_RUN, lock_dir, marks, Path(where))
+    status, held = out.stdout.split()
+    assert status == "7", out.stderr
+    assert int(held) < 6, "the signal was handled only once the command was over"
+
+
+THEIR_WAKEUP_FD = """
+import os, signal, sys
+import local_mutex
+lock_dir = sys.argv[1]
+r, w = os.pipe()
+os.set_blocking(w, False)
+signal.signal(signal.SIGUSR2, lambda *_: None)  # as an event loop's add_signal_handler does
+signal.set_wakeup_fd(w)
+run = local_mutex.run("wake", command=f"kill -USR2 {os.getpid()}", lock_dir=lock_dir)
+os.set_blocking(r, False)
+try:
+    got = os.read(r, 16)
+except BlockingIOError:
+    got = b""
+print(run.status, signal.set_wakeup_fd(-1) == w, got == bytes([signal.SIGUSR2]))
+"""
+
+
+def test_the_callers_wakeup_fd_gets_its_signals_and_comes_back(lock_dir: Path) -> None:
+    """The keeper borrows the interpreter's wakeup fd while the command runs; an event
+    loop's signals that arrive meanwhile still reach its wakeup fd, which is its own again
+    afterwards."""
+    assert _script(THEIR_WAKEUP_FD, lock_dir).stdout.split() == ["0", "True", "True"]
+
+
 SIGNAL_AT_THE_RELEASE = """
 import os, signal, sys, threading, time
 import local_mutex

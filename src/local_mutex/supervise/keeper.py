@@ -40,6 +40,8 @@ __all__ = ["Outcome", "SignalsHeld", "Spec", "supervise"]
 # How much later than the keeper the supervisor enforces a lease's stop deadline; less
 # than the margin the lifecycle adds to --kill-after (lifecycle.STOP_MARGIN).
 _SUPERVISOR_LATE = 1.0
+# How often to wake for a signal another thread took, without the interpreter's wakeup fd.
+_NO_WAKEUP_FD = 0.1
 
 
 class Outcome:
@@ -264,10 +266,15 @@ def _wait(
     next_check = time.monotonic() + (interval or 0.0)
     poller = select.poll()  # not select(): a caller may hold descriptors past FD_SETSIZE
     poller.register(out, select.POLLIN)
+    if relay.wake is not None:
+        poller.register(relay.wake, select.POLLIN)
     while True:
         timeout = max(next_check - time.monotonic(), 0.0) if interval is not None else None
+        if relay.wake is None:  # to run the handler of a signal another thread took
+            timeout = _NO_WAKEUP_FD if timeout is None else min(timeout, _NO_WAKEUP_FD)
         ready = poller.poll(None if timeout is None else int(timeout * 1000) + 1)
-        if ready:
+        relay.drain()
+        if any(fd == out for fd, _ in ready):
             data = os.read(out, 4096)
             if not data:
                 break

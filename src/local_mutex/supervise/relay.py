@@ -32,6 +32,10 @@ class Relay:
         # command ended is in no report of its, yet it was a request to stop (``each``).
         self.relayed: list[int] = []
         self.saved: dict[int, object] = {}
+        # Our end of the interpreter's wakeup fd, and the caller's (asyncio's) it replaced.
+        self.wake: int | None = None
+        self._wake_w = -1
+        self._theirs = -1
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         if self.done:
@@ -53,6 +57,39 @@ class Relay:
         # The supervisor has a process group of its own, so a shell's ``fg`` (SIGCONT to
         # our group) reaches it only through us.
         self.saved[signal.SIGCONT] = signal.signal(signal.SIGCONT, self._continue)
+        self._wake_up_on_signals()
+
+    def _wake_up_on_signals(self) -> None:
+        """A stop signal that another thread of the process takes (ours has them blocked
+        across the fork) runs its handler here only when this thread next runs Python
+        code; the keeper sleeps in poll() until the command's end. The interpreter's
+        wakeup fd, written by whichever thread takes a signal, ends that sleep."""
+        try:
+            self.wake, self._wake_w = os.pipe()
+        except OSError:  # out of descriptors: the keeper's poll falls back to a short timeout
+            return
+        os.set_blocking(self.wake, False)
+        os.set_blocking(self._wake_w, False)
+        self._theirs = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+
+    def drain(self) -> None:
+        """Empty the wakeup pipe (the handlers run as this thread returns to Python code);
+        the signals that are not ours go on to the caller's wakeup fd (an event loop's)."""
+        if self.wake is None:
+            return
+        while True:
+            try:
+                data = os.read(self.wake, 512)
+            except OSError:  # EAGAIN: empty
+                return
+            if not data:
+                return
+            theirs = bytes(b for b in data if b not in self.saved)
+            if theirs and self._theirs >= 0:
+                try:
+                    os.write(self._theirs, theirs)
+                except OSError:
+                    pass
 
     def _continue(self, signum: int, frame: FrameType | None) -> None:
         try:
@@ -64,6 +101,12 @@ class Relay:
         for sig, handler in self.saved.items():
             if handler is not None:
                 signal.signal(sig, handler)  # type: ignore[arg-type]
+        if self.wake is not None:
+            signal.set_wakeup_fd(self._theirs)
+            self.drain()
+            os.close(self.wake)
+            os.close(self._wake_w)
+            self.wake = None
 
 
 class SignalsHeld(StopHandlers):
