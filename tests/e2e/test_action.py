@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CLI, clean_env, hold_until, lock_file, lock_is_free, wait_for
+from helpers import CLI, clean_env, hold_until, lock_file, lock_is_free, read_pid, wait_for
 from helpers.actions import needs_act, run_act, start_act, workflow
 
 pytestmark = [needs_act, pytest.mark.timeout(300)]
@@ -330,9 +330,8 @@ def test_cancel_signal_to_the_entry_process_frees_the_lock(tmp_path: Path) -> No
         """),
     )
     try:
-        wait_for(marks / "child.pid", 120)
+        child = read_pid(marks / "child.pid", 120)
         entry = int((marks / "entry.pid").read_text())
-        child = int((marks / "child.pid").read_text())
         with open(f"/proc/{entry}/cmdline", "rb") as f:
             assert b"bootstrap.py" in f.read()  # the step's shell exec'd the supervisor
         os.kill(entry, signal.SIGINT)

@@ -500,6 +500,127 @@ def test_the_callers_wakeup_fd_gets_its_signals_and_comes_back(lock_dir: Path) -
     assert _script(THEIR_WAKEUP_FD, lock_dir).stdout.split() == ["0", "True", "True"]
 
 
+STALE_WAKEUP_FD = """
+import os, signal, socket, sys
+import local_mutex
+lock_dir = sys.argv[1]
+a, b = socket.socketpair()
+b.setblocking(False)
+signal.set_wakeup_fd(b.fileno())
+a.close()
+b.close()  # left set, now closed: the run's own descriptors may take its number
+fds = len(os.listdir("/proc/self/fd"))
+run = local_mutex.run("stale", command="true", lock_dir=lock_dir)
+print(run.status, len(os.listdir("/proc/self/fd")) - fds, signal.set_wakeup_fd(-1))
+"""
+
+
+def test_a_stale_wakeup_fd_of_the_callers_does_not_break_the_run(lock_dir: Path) -> None:
+    """The caller's wakeup fd, closed since it was set, cannot be put back: the run still
+    ends normally, leaks nothing, and leaves no wakeup fd of ours behind."""
+    assert _script(STALE_WAKEUP_FD, lock_dir).stdout.split() == ["0", "0", "-1"]
+
+
+ERROR_AT_THE_FORK = """
+import os, signal, sys, time
+import local_mutex
+lock_dir, marks = sys.argv[1], sys.argv[2]
+r, w = os.pipe()
+os.set_blocking(w, False)
+signal.set_wakeup_fd(w)
+class Alarm(Exception):
+    pass
+def alarm(*_):
+    raise Alarm
+signal.signal(signal.SIGALRM, alarm)
+sent = []
+def at_fork():
+    # Blocked across the fork: the caller's handler runs, and raises, as the keeper sets
+    # up the relay.
+    if not sent:
+        sent.append(1)
+        os.kill(os.getpid(), signal.SIGALRM)
+os.register_at_fork(after_in_parent=at_fork)
+fds = len(os.listdir("/proc/self/fd"))
+try:
+    local_mutex.run("fork", command=f"echo $$ > {marks}/pid; sleep 5; touch {marks}/ran",
+                    lock_dir=lock_dir)
+except Alarm:
+    print("Alarm")
+state = local_mutex.status("fork", lock_dir=lock_dir).state
+for _ in range(100):  # a command still running has written its pid by then
+    if os.path.exists(os.path.join(marks, "pid")):
+        break
+    time.sleep(0.01)
+try:
+    with open(os.path.join(marks, "pid")) as f:
+        os.kill(int(f.read()), 0)
+    command = "running"
+except (FileNotFoundError, ValueError, ProcessLookupError):
+    command = "gone"  # never started, or stopped
+print(state, command, len(os.listdir("/proc/self/fd")) - fds, signal.set_wakeup_fd(-1) == w)
+"""
+
+
+def test_an_error_as_the_relay_is_set_up_stops_the_command_before_the_release(
+    lock_dir: Path, marks: Path
+) -> None:
+    """An exception from the caller's own handler just after the supervisor was forked
+    ends the run only once the command is stopped (never a free lock with the command
+    still running), with nothing leaked and the caller's wakeup fd back."""
+    out = _script(ERROR_AT_THE_FORK, lock_dir, marks)
+    lines = out.stdout.splitlines()
+    assert lines[0] == "Alarm", out.stderr
+    assert lines[1].split() == ["free", "gone", "0", "True"], out.stderr
+
+
+QUIET_WAKEUP_FD = """
+import os, signal, sys
+import local_mutex
+lock_dir = sys.argv[1]
+r, w = os.pipe()
+os.set_blocking(w, False)
+try:
+    while True:
+        os.write(w, b"x" * 4096)
+except BlockingIOError:
+    pass
+signal.signal(signal.SIGUSR2, lambda *_: None)
+signal.set_wakeup_fd(w, warn_on_full_buffer=False)  # a full pipe is no news to this caller
+local_mutex.run("quiet", command="true", lock_dir=lock_dir)
+signal.raise_signal(signal.SIGUSR2)
+print("done")
+"""
+
+
+def test_a_callers_quiet_wakeup_fd_stays_quiet(lock_dir: Path) -> None:
+    out = _script(QUIET_WAKEUP_FD, lock_dir)
+    assert out.stdout == "done\n" and out.stderr == "", out.stderr
+
+
+SUPERVISOR_SIGNALS = """
+import os, signal, sys
+import local_mutex
+lock_dir = sys.argv[1]
+r, w = os.pipe()
+os.set_blocking(r, False)
+os.set_blocking(w, False)
+signal.set_wakeup_fd(w)
+run = local_mutex.run("alarm", command="sleep 5", timeout=0.3, lock_dir=lock_dir)
+try:
+    heard = os.read(r, 64)
+except BlockingIOError:
+    heard = b""
+print(run.status, list(heard))
+"""
+
+
+def test_the_supervisors_own_signals_stay_out_of_the_callers_wakeup_fd(lock_dir: Path) -> None:
+    """The supervisor is a fork of the caller: its --timeout alarm (and the stop signals it
+    handles) must not wake the caller's event loop for signals the caller never got."""
+    assert _script(SUPERVISOR_SIGNALS, lock_dir).stdout.split() == ["124", "[]"]
+
+
 SIGNAL_AT_THE_RELEASE = """
 import os, signal, sys, threading, time
 import local_mutex

@@ -29,6 +29,7 @@ from helpers import (
     hold_until,
     lock_file,
     lock_is_free,
+    read_pid,
     run_cli,
     wait_for,
 )
@@ -58,12 +59,6 @@ def _supervisor_pid(cli: subprocess.Popen[bytes], which: str) -> int:
         return cli.pid
     child = pw.supervisor_child(cli.pid)
     return child if child is not None else cli.pid
-
-
-def _read_pid(path: Path) -> int:
-    """A pid a command wrote with ``echo $$ > PATH`` (wait out the empty, just-created file)."""
-    wait_for(lambda: path.exists() and path.read_text().strip() != "", what=str(path))
-    return int(path.read_text())
 
 
 # -- 1. the supervisor is SIGKILLed -------------------------------------------------------------
@@ -207,7 +202,7 @@ def test_top_process_killed_by_a_foreign_signal_stops_its_group_first(
         env=wit.env("B"),
     )
     procs.wait_stderr(b, "waiting for lock top")
-    os.kill(_read_pid(marks / "A.top"), sig)  # the OOM killer, a segfault, kill -9
+    os.kill(read_pid(marks / "A.top"), sig)  # the OOM killer, a segfault, kill -9
     assert a.wait(20) == 128 + sig, procs.stderr(a)
     assert b.wait(20) == 0, procs.stderr(b)
     wit.assert_saw_nobody("B")
@@ -235,7 +230,7 @@ def test_sigterm_to_an_outer_run_never_orphans_an_inner_command(
         ["outer", f'{prefix}sh "$LOCAL_MUTEX_CLI" inner "{inner_cmd}"', str(lock_dir)],
         env=wit.env("O"),
     )
-    inner_top = _read_pid(marks / "inner.pid")
+    inner_top = read_pid(marks / "inner.pid")
     inner_group = pw.pgid(inner_top)
     assert inner_group is not None
     locks = {n: lock_file(lock_dir, n) for n in ("outer", "inner")}

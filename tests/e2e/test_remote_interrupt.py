@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CLI, clean_env, run_cli, wait_for
+from helpers import CLI, clean_env, read_pid, run_cli, wait_for
 from helpers import procwatch as pw
 from helpers.gitserver import gate_pushes, git_daemon, lock_state
 
@@ -38,8 +38,7 @@ class Gated:
 
     def over(self, n: int) -> None:
         """Wait until the server is done with push N (applied or refused)."""
-        wait_for(self.marks / f"server.{n}", 30)
-        pid = int((self.marks / f"server.{n}").read_text())
+        pid = read_pid(self.marks / f"server.{n}", 30)
         assert pw.wait_gone([pid], 30) == [], f"push {n} still on the server"
 
     def tip_message(self, branch: str) -> str:

@@ -107,6 +107,12 @@ def wait_for(predicate_or_path: object, timeout: float = 20.0, what: str = "") -
     raise AssertionError(f"timed out waiting for {what or predicate_or_path}")
 
 
+def read_pid(path: Path, timeout: float = 20.0) -> int:
+    """A pid a shell wrote with ``echo $$ > PATH``: wait out the empty, just-created file."""
+    wait_for(lambda: path.exists() and path.read_text().strip() != "", timeout, str(path))
+    return int(path.read_text())
+
+
 def hold_until(marker_dir: Path, tag: str = "h") -> str:
     """A shell command that says it holds (``<tag>.held``) and keeps going until ``<tag>.go``.
 

@@ -131,15 +131,15 @@ def supervise(
     os.close(out_w)
     os.close(life_r)
     relay = Relay(child)
-    relay.install()
-    if held is not None:  # what came while the relay was not yet in place
-        early, held.pending[:] = list(held.pending), []
-        for sig in early:
-            relay(sig, None)
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     ended = reaped = False  # the supervisor has said its last word (or died); reaped it
     try:
         try:
+            relay.install()
+            if held is not None:  # what came while the relay was not yet in place
+                early, held.pending[:] = list(held.pending), []
+                for sig in early:
+                    relay(sig, None)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             if lock is not None:
                 _tell_deadline(lock, life_w)
             outcome, text, reaped = _wait(child, out_r, life_w, lock, reporter, relay, keep_fds)
@@ -153,7 +153,8 @@ def supervise(
                 _stop_orphaned(outcome, spec, subreaper, reporter, text, ours, spare)
         finally:
             relay.done = True
-            signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+            # The caller's mask, should an error have come before it was put back.
+            signal.pthread_sigmask(signal.SIG_SETMASK, {*mask, *FORWARDED})
             relay.restore()
             if held is not None:
                 held.pending.extend(relay.pending)
@@ -272,9 +273,11 @@ def _wait(
         timeout = max(next_check - time.monotonic(), 0.0) if interval is not None else None
         if relay.wake is None:  # to run the handler of a signal another thread took
             timeout = _NO_WAKEUP_FD if timeout is None else min(timeout, _NO_WAKEUP_FD)
-        ready = poller.poll(None if timeout is None else int(timeout * 1000) + 1)
-        relay.drain()
-        if any(fd == out for fd, _ in ready):
+        wait_ms = None if timeout is None else int(timeout * 1000) + 1
+        ready = {fd for fd, _ in poller.poll(wait_ms)}
+        if relay.wake in ready:
+            relay.drain()
+        if out in ready:
             data = os.read(out, 4096)
             if not data:
                 break

@@ -59,27 +59,36 @@ class Relay:
         self.saved[signal.SIGCONT] = signal.signal(signal.SIGCONT, self._continue)
         self._wake_up_on_signals()
 
+    def _continue(self, signum: int, frame: FrameType | None) -> None:
+        try:
+            os.kill(self.child, signal.SIGCONT)
+        except OSError:
+            pass
+
     def _wake_up_on_signals(self) -> None:
         """A stop signal that another thread of the process takes (ours has them blocked
         across the fork) runs its handler here only when this thread next runs Python
         code; the keeper sleeps in poll() until the command's end. The interpreter's
         wakeup fd, written by whichever thread takes a signal, ends that sleep."""
         try:
-            self.wake, self._wake_w = os.pipe()
+            wake, wake_w = os.pipe()
         except OSError:  # out of descriptors: the keeper's poll falls back to a short timeout
             return
-        os.set_blocking(self.wake, False)
-        os.set_blocking(self._wake_w, False)
-        self._theirs = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        os.set_blocking(wake, False)
+        os.set_blocking(wake_w, False)
+        self._theirs = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        self.wake, self._wake_w = wake, wake_w
 
     def drain(self) -> None:
         """Empty the wakeup pipe (the handlers run as this thread returns to Python code);
         the signals that are not ours go on to the caller's wakeup fd (an event loop's)."""
-        if self.wake is None:
-            return
+        if self.wake is not None:
+            self._drain(self.wake)
+
+    def _drain(self, wake: int) -> None:
         while True:
             try:
-                data = os.read(self.wake, 512)
+                data = os.read(wake, 512)
             except OSError:  # EAGAIN: empty
                 return
             if not data:
@@ -91,22 +100,25 @@ class Relay:
                 except OSError:
                     pass
 
-    def _continue(self, signum: int, frame: FrameType | None) -> None:
-        try:
-            os.kill(self.child, signal.SIGCONT)
-        except OSError:
-            pass
-
     def restore(self) -> None:
-        for sig, handler in self.saved.items():
-            if handler is not None:
-                signal.signal(sig, handler)  # type: ignore[arg-type]
-        if self.wake is not None:
-            signal.set_wakeup_fd(self._theirs)
-            self.drain()
-            os.close(self.wake)
-            os.close(self._wake_w)
-            self.wake = None
+        """The caller's handlers and wakeup fd back -- the wakeup fd first: SIGCONT, not
+        blocked here, then reaches both."""
+        wake, self.wake = self.wake, None
+        try:
+            if wake is not None:
+                try:
+                    # Their warn_on_full_buffer cannot be read back: a lost warning is harmless.
+                    signal.set_wakeup_fd(self._theirs, warn_on_full_buffer=False)
+                except (OSError, ValueError):  # theirs was closed (or made blocking) meanwhile
+                    signal.set_wakeup_fd(-1)
+            for sig, handler in self.saved.items():
+                if handler is not None:
+                    signal.signal(sig, handler)  # type: ignore[arg-type]
+        finally:
+            if wake is not None:
+                self._drain(wake)
+                os.close(wake)
+                os.close(self._wake_w)
 
 
 class SignalsHeld(StopHandlers):

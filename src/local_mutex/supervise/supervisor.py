@@ -302,6 +302,9 @@ def main(
     (``mask`` is the caller's own). Never returns."""
     code = 70
     try:
+        # The caller's wakeup fd (an event loop's, before 3.12 resets it in forked children)
+        # must not hear of the signals handled here.
+        signal.set_wakeup_fd(-1)
         code = _run(_Supervisor(spec, keeper, subreaper=False), out, life, keep_fds, mask, prctl)
     except BaseException as exc:
         _write(out, f"error {type(exc).__name__}: {exc}\n".replace("\n", " ").strip() + "\n")
