@@ -111,6 +111,7 @@ class Relay:
                     signal.set_wakeup_fd(self._theirs, warn_on_full_buffer=False)
                 except (OSError, ValueError):  # theirs was closed (or made blocking) meanwhile
                     signal.set_wakeup_fd(-1)
+                    self._theirs = -1  # its number may be another file's by now
             for sig, handler in self.saved.items():
                 if handler is not None:
                     signal.signal(sig, handler)  # type: ignore[arg-type]
