@@ -48,10 +48,21 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def delete_until_put_back(path: Path) -> None:
-    """Delete a held lock file (a tmp cleaner) and wait until its holder put one back."""
+    """Delete a held lock file (a tmp cleaner) and wait until its (exclusive) holder put one
+    back: a new file at the path with the holder's record in it. The file is there a moment
+    before the record is: a `run --reentrant` or a `release` that looks in between finds a
+    lock without a hold."""
     before = os.stat(path).st_ino
+
+    def put_back() -> bool:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return False
+        return st.st_ino != before and st.st_size > 0
+
     path.unlink()
-    wait_for(lambda: path.exists() and os.stat(path).st_ino != before, what=f"{path} put back")
+    wait_for(put_back, what=f"{path} put back")
 
 
 def hold_file(path: Path, held: Path, go: Path) -> subprocess.Popen[bytes]:

@@ -46,15 +46,17 @@ def put_back(lock: FlockLock) -> str | None:
         os.close(fd)  # never write into a file that may be someone else's (which
         return None  # a newcomer refuses as well): look again next tick
     if kernel.try_lock(fd, shared=lock.shared):
-        lock.guardian = guardian.replace(lock.guardian, fd, lock.fd)
-        for stale in lock.spares:  # files we put back before, gone from the path again
-            os.close(stale)
-        lock.spares = [fd]
+        # The record first: until it is there, a hold's own calls (run --reentrant, release)
+        # see a lock without a hold. Starting the guardian takes a process spawn.
         if lock.record is not None:
             try:
                 record.write_record(fd, lock.record, lock.path)
             except Exception:
                 pass
+        lock.guardian = guardian.replace(lock.guardian, fd, lock.fd)
+        for stale in lock.spares:  # files we put back before, gone from the path again
+            os.close(stale)
+        lock.spares = [fd]
         return (
             f"lock file {lock.path!r} of {lock.label} was deleted or replaced while held; "
             f"put a locked file back at the path{_unguarded(lock)}"
