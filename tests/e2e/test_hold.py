@@ -185,6 +185,26 @@ def test_reentrant_inside_the_holding_job_only_when_asked(
     assert r.returncode == 0 and r.stdout == b"by-token\n"
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="holds share on Linux")
+def test_the_nested_calls_of_a_reentrant_run_are_inside_the_hold_too(
+    lock_dir: Path, marks: Path, cleanup: list[str]
+) -> None:
+    """A `run --reentrant` shares its job's hold; its command's own calls of the name (a
+    Makefile calling "$LOCAL_MUTEX_CLI") ran inside it only when given --reentrant too, and
+    otherwise waited for the hold -- the enclosing run -- forever."""
+    cleanup.append("nest")
+    _hold("nest", lock_dir, env=JOB_A)
+    cli = '"$LOCAL_MUTEX_CLI" --no-wait nest'
+    inner = f"{cli} 'touch {marks}/inner'"
+    deeper = f"{cli} \"$LOCAL_MUTEX_CLI --no-wait nest 'touch {marks}/deeper'\""
+    r = run_cli(["run", "--reentrant", "nest", f"{inner} && {deeper}", str(lock_dir)], env=JOB_A)
+    assert r.returncode == 0, r.stderr
+    assert (marks / "inner").exists() and (marks / "deeper").exists()
+    # Outside the run, the hold is what it was: the same job's plain call still waits.
+    r = run_cli(["run", "--no-wait", "nest", f"touch {marks}/outside", str(lock_dir)], env=JOB_A)
+    assert r.returncode == 75 and not (marks / "outside").exists()
+
+
 def test_hold_bad_input(lock_dir: Path) -> None:
     for args, needle in [
         (["hold", ""], b"lock name is empty"),

@@ -352,6 +352,13 @@ class FlockLock:
             out[nesting.ENV_HELD] = nesting.extend(
                 env, nesting.entry(os.getpid(), self._key(), self.shared)
             )
+        elif self.joined is not None:
+            # Inside our job's hold, holding its lock: the command's own calls of this name
+            # are inside it too (verified as any entry is: our supervisor holds that lock).
+            for fd in self.joined[1]:
+                st = os.fstat(fd)
+                key = f"{st.st_dev}:{st.st_ino}"
+                out[nesting.ENV_HELD] = nesting.extend(out, nesting.entry(os.getpid(), key, False))
         return out
 
 
