@@ -68,7 +68,7 @@ def test_blocked_waiter_sleeps_in_the_kernel(procs: Procs, lock_dir: Path, marks
     waiter = procs.start(["cpu", "true", str(lock_dir)], env={"LOCAL_MUTEX_PROGRESS_SECONDS": "1"})
     procs.wait_stderr(waiter, "waiting for lock cpu")
     before = _cpu_seconds(waiter.pid)
-    time.sleep(4.5)
+    time.sleep(2.5)
     used = _cpu_seconds(waiter.pid) - before
     assert waiter.poll() is None
     assert used < 0.5, f"waiter burned {used:.2f}s CPU while blocked"
@@ -86,7 +86,7 @@ def test_blocked_waiter_sleeps_without_proc(procs: Procs, lock_dir: Path, marks:
         ["cpu", "true", str(lock_dir)], env={**no_proc, "LOCAL_MUTEX_PROGRESS_SECONDS": "1"}
     )
     procs.wait_stderr(waiter, "waiting for lock cpu")
-    time.sleep(4.5)
+    time.sleep(2.5)
     assert waiter.poll() is None
     (marks / "h.go").touch()
     assert holder.wait(20) == 0

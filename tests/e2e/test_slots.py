@@ -58,7 +58,7 @@ def test_a_waiting_third_sleeps_and_then_runs(procs: Procs, lock_dir: Path, mark
     assert sorted(x["slot"] for x in listed if x["slot"] is not None) == [0, 1]
     assert {s["holders"][0]["pid"] for s in st["slots"]} == {a.pid, b.pid}
     before = [_cpu_seconds(p.pid) for p in (third, fourth)]
-    time.sleep(3)
+    time.sleep(2)
     used = [_cpu_seconds(p.pid) - t for p, t in zip((third, fourth), before)]
     assert all(u < 0.5 for u in used), used
     assert not (marks / "c.ran").exists() and not (marks / "d.ran").exists()
@@ -95,7 +95,7 @@ def test_a_waiting_third_sleeps_and_then_runs_without_proc(
         run_cli(["list", "--lock-dir", str(lock_dir), "--json"], env=NO_PROC).stdout
     )
     assert {h["pid"] for x in listed for h in x["holders"]} == {a.pid, b.pid}
-    time.sleep(3)
+    time.sleep(2)
     assert third.poll() is None and fourth.poll() is None
     assert not (marks / "c.ran").exists() and not (marks / "d.ran").exists()
     (marks / "a.go").touch()
