@@ -70,7 +70,7 @@ class FlockLock:
         return st.st_dev, st.st_ino
 
     def _key(self) -> str:
-        return ":".join(map(str, self._inode()))  # device:inode
+        return _file_key(self.fd)
 
     def enclosing(self, env: Mapping[str, str], slots: int | None = None) -> tuple[int, str] | None:
         if slots is None:
@@ -356,10 +356,15 @@ class FlockLock:
             # Inside our job's hold, holding its lock: the command's own calls of this name
             # are inside it too (verified as any entry is: our supervisor holds that lock).
             for fd in self.joined[1]:
-                st = os.fstat(fd)
-                key = f"{st.st_dev}:{st.st_ino}"
-                out[nesting.ENV_HELD] = nesting.extend(out, nesting.entry(os.getpid(), key, False))
+                entry = nesting.entry(os.getpid(), _file_key(fd), False)
+                out[nesting.ENV_HELD] = nesting.extend(out, entry)
         return out
+
+
+def _file_key(fd: int) -> str:
+    """How ``LOCAL_MUTEX_HELD`` names a lock file: its device:inode."""
+    st = os.fstat(fd)
+    return f"{st.st_dev}:{st.st_ino}"
 
 
 def _not_acquired_text(label: str, waited: float, holder: Mapping[str, Any] | None) -> str:
