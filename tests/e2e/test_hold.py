@@ -524,6 +524,54 @@ def test_a_run_inside_a_hold_stops_a_descendant_that_left_the_group_when_its_sup
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+def test_a_hold_ended_after_a_run_inside_lost_keeper_and_supervisor_keeps_the_lock(
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
+) -> None:
+    """The run's keeper and supervisor killed together (an OOM sweep), the hold released
+    after: the holder saw no run inside and unlocked the description the command still
+    shares, so a newcomer ran beside it. A run that did not say its command was over
+    leaves the lock to that command."""
+    token, run = _inside("swept", procs, lock_dir, marks, cleanup)
+    supervisor = pw.supervisor_child(run.pid)
+    assert supervisor is not None
+    pw.signal_quietly([run.pid, supervisor])
+    assert pw.wait_gone([supervisor], 20) == []
+    run.wait(20)
+    r = run_cli(["release", "swept", "--lock-dir", str(lock_dir), "--token", token])
+    assert r.returncode == 0, r.stderr
+    r = run_cli(["--no-wait", "swept", f"touch '{marks}/newcomer'", str(lock_dir)])
+    assert r.returncode == 75, r.stderr
+    assert not (marks / "newcomer").exists()
+    (marks / "in.go").touch()  # the command ends; then the lock is free
+    wait_for(lambda: run_cli(["--no-wait", "swept", "true", str(lock_dir)]).returncode == 0, 30)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+def test_a_file_put_back_stays_held_after_the_release_when_the_run_inside_is_killed(
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
+) -> None:
+    """A file put back under a hold, the hold released (handed over to the run inside),
+    then the run's keeper and supervisor killed: the file put back was left to the
+    descriptions queued on the run's connection, which went with them, and a newcomer
+    took it while the command (holding the deleted file) ran. The hold's guardian keeps
+    it until the command is gone."""
+    token, run = _inside("swept", procs, lock_dir, marks, cleanup)
+    delete_until_put_back(lock_file(lock_dir, "swept"))
+    r = run_cli(["release", "swept", "--lock-dir", str(lock_dir), "--token", token])
+    assert r.returncode == 0, r.stderr
+    supervisor = pw.supervisor_child(run.pid)
+    assert supervisor is not None
+    pw.signal_quietly([run.pid, supervisor])
+    assert pw.wait_gone([supervisor], 20) == []
+    run.wait(20)
+    r = run_cli(["--no-wait", "swept", f"touch '{marks}/newcomer'", str(lock_dir)])
+    assert r.returncode == 75, r.stderr
+    assert not (marks / "newcomer").exists()
+    (marks / "in.go").touch()
+    wait_for(lambda: run_cli(["--no-wait", "swept", "true", str(lock_dir)]).returncode == 0, 30)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
 def test_what_a_run_inside_a_hold_leaves_behind_does_not_keep_the_lock(
     lock_dir: Path, marks: Path, cleanup: list[str]
 ) -> None:

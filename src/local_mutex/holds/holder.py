@@ -92,8 +92,8 @@ def main() -> int:
         return exc.exit_code
     finally:
         if sharing is not None:
-            if sharing.anyone_inside() and isinstance(held.lock, FlockLock):
-                held.lock.hand_over()  # theirs until the last run inside ends
+            if sharing.in_use() and isinstance(held.lock, FlockLock):
+                held.lock.hand_over()  # theirs until the last command of a run inside ends
             sharing.close()
         held.__exit__(None, None, None)
     return 0

@@ -159,7 +159,7 @@ class FlockLock:
         if not any(names_inode(path, fd) and kernel.try_lock(fd, shared=shared) for fd in fds):
             for fd in fds:
                 os.close(fd)
-            conn.close()
+            share.leave(conn)
             return False
         self.joined, self.join_failed = (conn, fds), False
         return True
@@ -179,6 +179,9 @@ class FlockLock:
         for fd in self.descriptions() if self.record is not None else ():
             record.clear_record(fd)
         self.held = False
+        # A guardian holds the file put back for as long as the lock on the deleted file
+        # lives: the commands inside hold that lock now, so it stays (it ends by itself).
+        self.guardian = None
         self.close()
 
     # -- taking it -----------------------------------------------------------------------
@@ -337,11 +340,13 @@ class FlockLock:
             end(self.guardian)
             self.guardian = None
         if self.joined is not None:
+            from .share import leave
+
             conn, fds = self.joined
             self.joined = None
             for fd in fds:
                 os.close(fd)  # never unlocked: they are the hold's
-            conn.close()
+            leave(conn)  # our command is over: the hold's end may unlock
 
     def child_env(self, env: Mapping[str, str], held: bool) -> dict[str, str]:
         """The caller's environment plus what nested calls need to join our lock domain."""

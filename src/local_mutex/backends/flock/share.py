@@ -5,10 +5,13 @@ its holder killed -- would let the next holder in while the run's command still 
 The holder therefore listens on an abstract unix socket named after its pid; a run
 inside the hold proves it may join (the hold's token, or the same job, and the same user)
 and gets the holder's open file descriptions of the lock (SCM_RIGHTS). The run's keeper
-and supervisor keep them -- the command does not inherit them, so nothing it leaves
-behind keeps the lock -- and the kernel holds the lock until the last of them is closed.
-The connection stays open for the run's life: a holder that ends while a run is inside
-closes its descriptions without unlocking them.
+and supervisor keep them, and its command inherits them as a plain run's command inherits
+its own; the kernel holds the lock until the last of them is closed. The connection stays
+open for the run's life and ends with a goodbye once the command is over. A holder that
+ends while a run is inside, or after a run's connection closed without its goodbye (its
+keeper and supervisor killed: the command may run on), closes its descriptions without
+unlocking them; otherwise it unlocks them, so nothing a finished command left behind keeps
+the lock.
 
 Linux only (abstract sockets, SO_PEERCRED); elsewhere a run inside a hold holds nothing,
 as before.
@@ -36,6 +39,8 @@ _SERVE_TIMEOUT = 0.2  # for the holder: a peer that connects and says nothing st
 # All the holder gives runs per tick: the rest wait for the next one. A release (SIGTERM,
 # held back while the holder serves) then never waits on a crowd of silent connections.
 _SERVE_BUDGET = 0.25
+# What a run says on its connection once its command is over, before closing it.
+BYE = b"bye\n"
 
 
 def address(holder_pid: int, token_sha256: str) -> str:
@@ -55,6 +60,8 @@ class Sharing:
         self.listener.listen(64)
         self.listener.setblocking(False)
         self.inside: list[socket.socket] = []
+        # A run's connection closed without its goodbye: its command may still hold the lock.
+        self.dropped = False
 
     def fileno(self) -> int:
         return self.listener.fileno()
@@ -97,7 +104,7 @@ class Sharing:
             try:
                 socket.send_fds(conn, [b"+\n"], list(fds))
             except OSError:
-                pass  # that run is gone: anyone_inside() drops it
+                pass  # that run is gone: in_use() drops it
 
     def _may_join(self, request: str) -> bool:
         kind, _, value = request.partition(" ")
@@ -107,23 +114,20 @@ class Sharing:
             return value == _job_text(self.identity)
         return False
 
-    def anyone_inside(self) -> bool:
-        """Is a run still inside the hold (its connection open)?"""
+    def in_use(self) -> bool:
+        """Must the hold's end leave the lock to the runs that joined it (close without
+        unlocking)? Yes while a run is inside, and once a run has gone without saying its
+        command was over: its keeper and supervisor died, and the command may run on."""
         still = []
         for conn in self.inside:
-            try:
-                conn.setblocking(False)
-                gone = conn.recv(1) == b""
-            except BlockingIOError:
-                gone = False
-            except OSError:
-                gone = True
-            if gone:
-                conn.close()
-            else:
+            said = _said_goodbye(conn)
+            if said is None:
                 still.append(conn)
+                continue
+            self.dropped = self.dropped or not said
+            conn.close()
         self.inside = still
-        return bool(still)
+        return bool(still) or self.dropped
 
     def close(self) -> None:
         self.listener.close()
@@ -166,6 +170,33 @@ def join(
         conn.close()
         return None
     return conn, fds
+
+
+def leave(conn: socket.socket) -> None:
+    """The run's side, once its command is over (or never started): say so, then close."""
+    try:
+        conn.send(BYE, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+    except OSError:
+        pass  # the holder is gone: nobody to tell
+    conn.close()
+
+
+def _said_goodbye(conn: socket.socket) -> bool | None:
+    """None while the run's connection is open and silent; else whether it said goodbye
+    (read before its end of file, or before the reset a close with unread data gives)."""
+    said = b""
+    try:
+        conn.setblocking(False)
+        while len(said) < _REQUEST_LIMIT:
+            chunk = conn.recv(_REQUEST_LIMIT)
+            if not chunk:
+                break
+            said += chunk
+    except BlockingIOError:  # still connected: inside, unless it said goodbye already
+        return True if BYE in said else None
+    except OSError:
+        pass
+    return BYE in said
 
 
 def _connect(conn: socket.socket, name: str) -> None:
