@@ -469,18 +469,37 @@ def test_lock_dir_completes_directories_in_the_verb_free_form(words: str, cword:
 NO_PROC = {"LOCAL_MUTEX_NO_PROC": "1"}
 
 
+def test_status_by_probe_tells_a_shared_lock(procs: Procs, lock_dir: Path, marks: Path) -> None:
+    """The probe tries a shared lock too: a lock held shared is said to be, not "held
+    (held)", and the probe's own try leaves it as it was (an exclusive try still fails)."""
+    holder = procs.start(["--shared", "sh", hold_until(marks), str(lock_dir)], env=NO_PROC)
+    wait_for(marks / "h.held")
+    human = run_cli(["status", "sh", "--lock-dir", str(lock_dir)], env=NO_PROC)
+    assert human.returncode == 1
+    assert human.stdout.decode().startswith("sh: held (shared)"), human.stdout
+    st = json.loads(run_cli(["status", "sh", "--lock-dir", str(lock_dir), "--json"]).stdout)
+    assert st["mode"] == "shared" and [h["pid"] for h in st["holders"]] == [holder.pid]
+    r = run_cli(["--no-wait", "sh", "true", str(lock_dir)])
+    assert r.returncode == 75, r.stderr
+    (marks / "h.go").touch()
+    assert holder.wait(20) == 0
+
+
 def test_status_and_list_by_probe(procs: Procs, lock_dir: Path, marks: Path) -> None:
     holder = procs.start(["probed", hold_until(marks), str(lock_dir)], env=NO_PROC, cwd=marks)
     wait_for(marks / "h.held")
     r = run_cli(["status", "probed", "--lock-dir", str(lock_dir), "--json"], env=NO_PROC)
     assert r.returncode == 1, r.stderr
     st = json.loads(r.stdout)
-    assert st["state"] == "held" and st["method"] == "probe"
+    assert st["state"] == "held" and st["method"] == "probe" and st["mode"] == "exclusive"
     (h,) = st["holders"]
     assert h["pid"] == holder.pid and h["source"] == "record" and h["cwd"] == str(marks)
+    assert h["mode"] == "exclusive"
     human = run_cli(["status", "probed", "--lock-dir", str(lock_dir)], env=NO_PROC)
     assert human.returncode == 1
-    assert "probed: held" in human.stdout.decode()
+    text = human.stdout.decode()
+    assert f"probed: held (exclusive) by pid {holder.pid}" in text, text
+    assert "a holder shows only as its record names it" in text, text
     listed = json.loads(
         run_cli(["list", "--lock-dir", str(lock_dir), "--json"], env=NO_PROC).stdout
     )

@@ -292,12 +292,40 @@ def test_a_command_that_cannot_start_fails_each_item_named(lock_dir: Path) -> No
         f"local-mutex: item {item!r}: cannot start the command: No such file or directory"
         for item in ("a", "b")
     ]
-    assert "each: 2 items ran, 2 failed (first: 'a', exit 125) in" in err[-1]
+    assert "each: 0 items ran, 2 could not run, 2 failed (first: 'a', exit 125) in" in err[-1]
     r = run_cli(["each", "--lock-dir", str(lock_dir), "k{}", *prog], input=b"a\nb\n")
     assert r.returncode == 125, r.stderr
     text = r.stderr.decode()
     assert "item 'a': cannot start the command" in text and "item 'b'" not in text
-    assert "1 item ran, 1 failed (first: 'a', exit 125), stopped early" in text
+    assert "0 items ran, 1 could not run, 1 failed (first: 'a', exit 125), stopped early" in text
+
+
+def test_an_item_not_acquired_is_not_counted_as_run(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    holder = procs.start(["i-b", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    argv = [
+        "each",
+        "--no-wait",
+        "--lock-dir",
+        str(lock_dir),
+        "i-{}",
+        'echo "ran $LOCAL_MUTEX_ITEM"',
+    ]
+    r = run_cli(argv, input=b"a\nb\nc\n")
+    assert r.returncode == 75, r.stderr
+    assert r.stdout.decode().split() == ["ran", "a"]
+    assert "each: 1 item ran, 1 could not run, 1 failed (first: 'b', exit 75), stopped early" in (
+        r.stderr.decode()
+    )
+    r = run_cli([*argv[:1], "-k", *argv[1:]], input=b"a\nb\nc\n")
+    assert r.returncode == 1, r.stderr
+    assert "each: 2 items ran, 1 could not run, 1 failed (first: 'b', exit 75) in" in (
+        r.stderr.decode()
+    )
+    (marks / "h.go").touch()
+    assert holder.wait(20) == 0
 
 
 def test_an_item_too_big_for_the_environment_fails_alone(lock_dir: Path, tmp_path: Path) -> None:
@@ -314,12 +342,12 @@ def test_an_item_too_big_for_the_environment_fails_alone(lock_dir: Path, tmp_pat
     line = next(x for x in err.splitlines() if "cannot start the command" in x)
     assert line.startswith("local-mutex: item 'xxx") and f"({TOO_BIG} bytes)" in line
     assert "Argument list too long" in line
-    assert "2 items ran, 1 failed (first: 'xxx" in err and "exit 125) in" in err
+    assert "1 item ran, 1 could not run, 1 failed (first: 'xxx" in err and "exit 125) in" in err
     out.unlink()
     r = run_cli(["each", "--lock-dir", str(lock_dir), "k", cmd], input=items)
     assert r.returncode == 125, r.stderr[-2000:]
     assert not out.exists()
-    assert "1 item ran, 1 failed" in r.stderr.decode()
+    assert "0 items ran, 1 could not run, 1 failed" in r.stderr.decode()
 
 
 class Chunked(io.RawIOBase):

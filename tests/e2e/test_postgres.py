@@ -32,7 +32,9 @@ from local_mutex.backends import Ending, Take  # noqa: E402
 from local_mutex.backends.postgres import record  # noqa: E402
 from local_mutex.backends.postgres.address import (  # noqa: E402
     DropBound,
+    hide_secrets,
     mask,
+    password_of,
     password_warning,
     without_password,
 )
@@ -682,6 +684,18 @@ def test_password_is_masked_warned_and_kept_out_of_child_urls() -> None:
     warning = password_warning(url)
     assert warning and "PGPASSWORD" in warning and "s3cret" not in warning
     assert password_warning("postgresql://me@db/locks") is None
+    # Both passwords hidden in a message, and the one libpq uses (the query's) handed on.
+    assert hide_secrets("s3cret and other", url) == "*** and ***"
+    assert password_of(url) == "other"
+
+
+def test_an_empty_password_is_no_password() -> None:
+    """``user:@`` (what some tools hand out) and ``password=`` carry no secret: no warning,
+    nothing masked, nothing handed to nested calls."""
+    for url in ("postgresql://postgres:@/postgres?host=/tmp/d", "postgres://h/d?password=&a=b"):
+        assert password_warning(url) is None and password_of(url) is None
+        assert mask(url) == url and hide_secrets("postgres", url) == "postgres"
+    assert password_of("postgresql://me:@h/d?password=q") == "q"
 
 
 def test_child_env_stays_in_the_domain_without_the_password(pg: PgServer) -> None:

@@ -234,6 +234,14 @@ def test_hint_for_an_unknown_option_after_the_command() -> None:
     assert HINT in msg and "--color=auto" in msg
 
 
+def test_no_hint_for_a_quoted_command_and_a_relative_lock_dir() -> None:
+    """Quoting the command again would run ``'echo hi' locks``: the lock dir is the fault."""
+    for args in (["n", "echo hi", "locks"], ["n", "true", ""], ["n", "true", "  "]):
+        msg = refused(RUN, args)
+        assert "must be an absolute path" in msg and HINT not in msg, args
+    assert HINT in refused(RUN, ["n", "echo", "hi"])
+
+
 def test_hint_for_many_words() -> None:
     msg = refused(RUN, ["n", "echo", "a", "b"])
     assert HINT in msg and "'echo a b'" in msg
@@ -333,7 +341,7 @@ def test_unknown_option_before_the_command_has_no_hint() -> None:
         ("--wait", "0x10", "needs a number of seconds"),
         ("--timeout", "0", "must be more than 0"),
         ("--timeout", "-0", "must be more than 0"),
-        ("--timeout", "-5", "is not between 0 and"),
+        ("--timeout", "-5", "must be more than 0 and at most"),
         ("--kill-after", "nan", "needs a number of seconds"),
         ("--kill-after", "1e10", "is not between 0 and"),
         ("--lease", "0", "must be more than 0"),
@@ -353,6 +361,14 @@ def test_bad_values(flag: str, value: str, needle: str) -> None:
     msg = refused(RUN, [flag, value, "n", "c"])
     assert needle in msg and flag in msg
     assert needle in refused(RUN, [f"{flag}={value}", "n", "c"])
+
+
+def test_a_ttl_says_it_must_be_more_than_zero_whatever_is_wrong() -> None:
+    for value in ("-5", "0", "2e9"):
+        assert "--ttl" in refused(HOLD, ["--ttl", value, "n"])
+        assert "must be more than 0 and at most 1e+09 seconds" in refused(
+            HOLD, ["--ttl", value, "n"]
+        )
 
 
 @pytest.mark.parametrize(

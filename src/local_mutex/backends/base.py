@@ -201,7 +201,7 @@ class Waiter(_Fields):
 
 class LockStatus(_Fields):
     """One lock's state. ``method`` says how it was learned: "proc" (kernel, full picture),
-    "probe" (held/free only), "git" (a branch), "server" (a database)."""
+    "probe" (state and mode, the recorded holder), "git" (a branch), "server" (a database)."""
 
     __slots__ = (
         "detail",

@@ -85,10 +85,14 @@ def _convert(option: Option, flag: str, raw: str) -> object:
         seconds = float(raw if is_plain_number(raw) else "x")
     except ValueError:
         raise UsageError(f"{flag} needs a number of seconds, not {raw!r}") from None
-    if seconds != seconds or not 0 <= seconds <= MAX_SECONDS:  # NaN is not equal to itself
+    positive = option.kind == "positive"
+    # NaN is not equal to itself.
+    if seconds != seconds or not 0 <= seconds <= MAX_SECONDS or (positive and seconds == 0):
+        if positive:
+            raise UsageError(
+                f"{flag} {raw!r} must be more than 0 and at most {MAX_SECONDS:g} seconds"
+            )
         raise UsageError(f"{flag} {raw!r} is not between 0 and {MAX_SECONDS:g} seconds")
-    if option.kind == "positive" and seconds == 0:
-        raise UsageError(f"{flag} {raw!r} must be more than 0 seconds")
     return seconds
 
 
@@ -228,6 +232,10 @@ def _quote_hint(verb: str, parsed: Parsed, problem: str, *more: str) -> str:
     )
 
 
+def _has_space(text: str) -> bool:
+    return any(c.isspace() for c in text)
+
+
 def _check_shape(verb: str, parsed: Parsed) -> None:
     count = len(parsed.positionals)
     wanted = POSITIONALS[verb]
@@ -252,9 +260,11 @@ def _check_shape(verb: str, parsed: Parsed) -> None:
         if verb == RUN and count == 3:
             lock_dir = parsed.positionals[2]
             if not os.path.isabs(lock_dir):
-                raise UsageError(
-                    _quote_hint(verb, parsed, f"lock dir {lock_dir!r} must be an absolute path")
-                )
+                problem = f"lock dir {lock_dir!r} must be an absolute path"
+                # A one-word command and a word after it: maybe a command typed unquoted.
+                # A command with spaces was quoted already, and an empty word is no command.
+                unquoted = bool(lock_dir.strip()) and not _has_space(parsed.positionals[1])
+                raise UsageError(_quote_hint(verb, parsed, problem) if unquoted else problem)
             given = parsed.text("lock_dir")
             if given and os.path.normpath(given) != os.path.normpath(lock_dir):
                 raise UsageError("LOCK_DIR and --lock-dir disagree; give one of them")

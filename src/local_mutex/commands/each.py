@@ -130,10 +130,11 @@ def named(item: str) -> str:
 
 
 class EachResult:
-    __slots__ = ("failed", "first_failure", "ran", "skipped", "status", "stopped")
+    __slots__ = ("failed", "first_failure", "not_run", "ran", "skipped", "status", "stopped")
 
     def __init__(self) -> None:
-        self.ran = 0
+        self.ran = 0  # items whose command ran
+        self.not_run = 0  # items that failed before their command could run
         self.failed: list[tuple[str, int]] = []
         self.skipped: list[str] = []
         self.first_failure: tuple[str, int] | None = None
@@ -171,25 +172,28 @@ def run_each(
                 reporter=reporter,
                 subreaper=subreaper,
             )
-            status, stop_signal = run.status, run.stop_signal
+            status, stop_signal, ran = run.status, run.stop_signal, True
         except NotAcquired as exc:
             if skip_locked:
                 result.skipped.append(item)
                 if reporter is not None:
                     reporter.info(f"skipped item {named(item)}: {exc}")
                 continue
-            status, stop_signal = EXIT_NOT_ACQUIRED, 0
+            status, stop_signal, ran = EXIT_NOT_ACQUIRED, 0, False
             if reporter is not None:
                 reporter.error(f"item {named(item)}: {exc}")
         except (ValidationError, SpawnError) as exc:
             # A spawn failure can be the item's own: $LOCAL_MUTEX_ITEM too big (E2BIG).
-            status, stop_signal = exc.exit_code, 0
+            status, stop_signal, ran = exc.exit_code, 0, False
             if reporter is not None:
                 reporter.error(f"item {named(item)}: {exc}")
         except Interrupted as exc:
             result.status, result.stopped = exc.exit_code, True
             return result
-        result.ran += 1
+        if ran:
+            result.ran += 1
+        else:
+            result.not_run += 1
         if status != 0:
             result.failed.append((item, status))
             if result.first_failure is None:
@@ -206,6 +210,8 @@ def run_each(
 
 def summary(result: EachResult, seconds: float) -> str:
     text = f"each: {result.ran} item{'s' if result.ran != 1 else ''} ran"
+    if result.not_run:
+        text += f", {result.not_run} could not run"
     if result.failed:
         item, status = result.first_failure or ("?", 0)
         text += f", {len(result.failed)} failed (first: {named(item)}, exit {status})"

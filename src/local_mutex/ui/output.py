@@ -69,22 +69,29 @@ def describe_status(st: dict[str, Any], asked: str | None) -> str:
     if st["state"] == "free" and slots:
         # Slot files come as callers use them: their count is no caller's N.
         files = f"{len(slots)} slot file{'s' if len(slots) != 1 else ''}"
-        lines.append(f"{label}: free; slots held: {st.get('slots_in_use', 0)} of {files}")
+        in_use = st.get("slots_in_use", 0)
+        line = f"{label}: free; slots held: {in_use} of {files}"
+        if in_use == len(slots):  # status --slots then says 1, whatever N callers give
+            line += f" (a --slots N caller waits if N <= {len(slots)})"
+        lines.append(line)
     elif st["state"] == "free":
         lines.append(f"{label}: free")
     elif st["state"] == "held":
         holders = st["holders"]
-        mode = st.get("mode") or "held"
+        mode = f" ({st['mode']})" if st.get("mode") else ""
         if holders:
             who = "; ".join(describe_holder(h) for h in holders)
-            lines.append(f"{label}: held ({mode}) by {who}")
+            lines.append(f"{label}: held{mode} by {who}")
         else:
-            lines.append(f"{label}: held ({mode})")
+            lines.append(f"{label}: held{mode}")
     else:
         lines.append(f"{label}: cannot tell")
     lines.append(f"  lock file: {printable(st['lock_file'])}")
     if st["method"] == "probe":
-        lines.append("  (probed without /proc/locks: holder details and waiters unknown)")
+        lines.append(
+            "  (probed without /proc/locks: a holder shows only as its record names it; "
+            "other holders and waiters unknown)"
+        )
     for index, slot in enumerate(slots):
         who = "; ".join(describe_holder(h) for h in slot["holders"]) or slot["state"]
         lines.append(f"    slot {index}: {who}")

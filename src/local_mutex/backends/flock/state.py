@@ -143,12 +143,14 @@ def _probe(path: str, name: str | None) -> LockStatus:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            exclusive = _held_exclusively(fd)
             rec = record.read_record_fd(fd)
             holders = []
             if rec is not None and isinstance(rec.get("pid"), int) and _proc.exists(rec["pid"]):
-                holders.append(_holder_from(rec["pid"], True, rec, time.time()))
+                holders.append(_holder_from(rec["pid"], exclusive, rec, time.time()))
                 name = name or recorded_name(rec, path)
-            st = LockStatus(path, name, "held", "probe", None, holders)
+            mode = "exclusive" if exclusive else "shared"
+            st = LockStatus(path, name, "held", "probe", mode, holders)
             st.slot = _slot_of(rec)
             return st
         except OSError as exc:
@@ -156,6 +158,16 @@ def _probe(path: str, name: str | None) -> LockStatus:
         return LockStatus(path, name, "free", "probe")
     finally:
         os.close(fd)
+
+
+def _held_exclusively(fd: int) -> bool:
+    """Of a held lock: does a shared try fail too? (A shared one taken is let go at once.)"""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
 
 
 def status_of_path(

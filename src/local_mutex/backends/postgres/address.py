@@ -41,14 +41,31 @@ def is_postgres(address: str) -> bool:
     return address.startswith(SCHEMES)
 
 
+def secrets_of(url: str) -> list[str]:
+    """Every password in the URL (percent-decoded); ``user:@`` and ``password=`` hold none."""
+    from urllib.parse import unquote
+
+    found = [_QUERY_PW.search(url), _USERINFO.match(url)]
+    return [unquote(m["pw"]) for m in found if m is not None and m["pw"]]
+
+
 def has_password(url: str) -> bool:
-    return bool(_USERINFO.match(url)) or bool(_QUERY_PW.search(url))
+    return bool(secrets_of(url))
+
+
+def hide_secrets(text: str, url: str) -> str:
+    """``text`` with every password of ``url`` in it replaced by ``***``."""
+    for secret in secrets_of(url):
+        text = text.replace(secret, "***")
+    return text
 
 
 def mask(url: str) -> str:
     """The URL with any password replaced by ``***``: for messages, status and JSON."""
-    url = _USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@", url, count=1)
-    return _QUERY_PW.sub(lambda m: f"{m['key']}***", url)
+    url = _USERINFO.sub(
+        lambda m: f"{m['scheme']}{m['user']}:***@" if m["pw"] else m[0], url, count=1
+    )
+    return _QUERY_PW.sub(lambda m: f"{m['key']}***" if m["pw"] else m[0], url)
 
 
 def without_password(url: str) -> str:
@@ -61,11 +78,9 @@ def without_password(url: str) -> str:
 
 
 def password_of(url: str) -> str | None:
-    """The password in the URL (percent-decoded), if any."""
-    from urllib.parse import unquote
-
-    m = _USERINFO.match(url) or _QUERY_PW.search(url)
-    return unquote(m["pw"]) if m else None
+    """The password libpq would use (a query's ``password=`` overrides the userinfo's)."""
+    found = secrets_of(url)
+    return found[0] if found else None
 
 
 def password_warning(url: str) -> str | None:

@@ -14,7 +14,7 @@ import select
 import time
 
 from ...errors import BadAddress, Unavailable
-from .address import ENV_PASSWORD, DropBound, load_driver, mask, password_of
+from .address import ENV_PASSWORD, DropBound, hide_secrets, load_driver, mask
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -174,10 +174,7 @@ def ready(fd: int, event: int, deadline: float | None) -> bool:
 
 
 def connect_error(address: str, exc: BaseException, url: str) -> Exception:
-    text = driver_message(str(exc))
-    secret = password_of(url)
-    if secret:
-        text = text.replace(secret, "***")
+    text = hide_secrets(driver_message(str(exc)), url)
     lowered = text.lower()
     if any(marker in lowered for marker in _BAD_ADDRESS):
         return BadAddress(f"cannot use {address}: {text}")

@@ -67,16 +67,13 @@ def application_name(pid: int, host: str, hold: bool = False) -> str:
 
 def waiter_command(url: str) -> str:
     """How a waiter shows in ``status``: its command line, the password masked."""
-    from .address import mask, password_of
+    from .address import hide_secrets, mask
 
     argv = list(sys.argv)
     if argv and argv[0] in ("", "-c"):  # the $LOCAL_MUTEX_CLI shim, python -c
         argv[0] = "local-mutex"
     text = " ".join(argv)
-    secret = password_of(url)
-    if secret:
-        text = text.replace(url, mask(url)).replace(secret, "***")
-    return text
+    return hide_secrets(text.replace(url, mask(url)), url)
 
 
 def parse_application_name(text: str | None) -> dict[str, Any] | None:
