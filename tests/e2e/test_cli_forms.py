@@ -149,7 +149,7 @@ def test_options_anywhere_in_the_verb_free_form(lock_dir: Path, args: list[str])
     [
         (["--json", "status", "{probe}"], "status"),
         (["--lock-dir", "{dir}", "status", "{probe}"], "status"),
-        (["-q", "status", "{probe}"], "no -q for status"),
+        (["-q", "status", "{probe}"], "quiet status"),
         (["--lock-dir={dir}", "-q", "history", "{probe}"], "history"),
         (["-q", "release", "{probe}", "--lock-dir", "{dir}"], "release"),
         (["--lock-dir", "{dir}", "list"], "list"),
@@ -167,10 +167,10 @@ def test_options_before_the_verb_still_mean_the_verb(
     assert not any(
         lock_file(lock_dir, v).exists() for v in ("status", "history", "release", "list")
     )
-    expected = {"status": 0, "history": 2, "release": 2, "list": 0, "no -q for status": 2}
+    expected = {"status": 0, "history": 2, "release": 2, "list": 0, "quiet status": 0}
     assert r.returncode == expected[verb], r.stderr
-    if verb == "no -q for status":
-        assert b"no such option: '-q' (see local-mutex status --help)" in r.stderr
+    if verb == "quiet status":
+        assert r.stdout == b"" and r.stderr == b""
 
 
 def test_a_lock_named_like_a_verb_goes_after_dashdash(lock_dir: Path) -> None:
@@ -441,6 +441,21 @@ def test_completion_offers_verbs_after_leading_options() -> None:
     assert "plain,--json" in _complete("local-mutex -q status --js", 3).splitlines()
     assert _complete("local-mutex run ", 2).strip() == ""
     assert _complete("local-mutex -q mylock ", 3).strip() == ""
+    # Only the verbs that take the options typed: status does not wait.
+    offered = _complete("local-mutex --wait 5 ", 3).splitlines()
+    assert "plain,hold" in offered and "plain,status" not in offered, offered
+
+
+def test_quiet_works_with_every_verb(lock_dir: Path) -> None:
+    """``-q`` before or after any verb: status answers by its exit status alone."""
+    where = ["--lock-dir", str(lock_dir)]
+    for args in (["-q", "status", "x", *where], ["status", "-q", "x", *where]):
+        r = run_cli(args)
+        assert (r.returncode, r.stdout, r.stderr) == (0, b"", b""), r.stderr
+    r = run_cli(["-q", "list", *where])
+    assert r.returncode == 0 and r.stdout == b"", r.stderr
+    r = run_cli(["-q", "history", "x"])  # taken, and only the error is printed
+    assert r.returncode == 2 and b"kept only by git remotes" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize(

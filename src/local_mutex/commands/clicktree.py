@@ -127,7 +127,21 @@ def _verbs_for_a_bare_name(
     parser looks for it there), unless ``run`` was typed."""
     if not ctx.meta.get(_IMPLICIT_RUN):
         return []
-    return [CompletionItem(v) for v in VERB_HELP if v.startswith(incomplete)]
+    from click.core import ParameterSource
+
+    # Only the verbs that take every option typed before them (``--wait 5 <TAB>``: no status).
+    typed = {
+        p.name
+        for p in ctx.command.params
+        if isinstance(p, click.Option)
+        and p.name is not None
+        and ctx.get_parameter_source(p.name) is ParameterSource.COMMANDLINE
+    }
+    return [
+        CompletionItem(v)
+        for v in VERB_HELP
+        if v.startswith(incomplete) and typed <= {o.dest for o in options_for(v)}
+    ]
 
 
 class _Group(click.Group):

@@ -47,6 +47,8 @@ def status(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
         verdict = CannotTell.exit_code
     else:
         verdict = EXIT_HELD if st.busy(slots) else EXIT_FREE
+    if parsed.flag("quiet"):  # as grep -q: the exit status is the answer
+        return verdict
     if parsed.flag("json"):
         return answer_json(data, verdict, reporter)
     return answer(describe_status(data, name), verdict, reporter)
@@ -67,6 +69,8 @@ def list_(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
         )
     except Failed as exc:
         return exc.code
+    if parsed.flag("quiet"):
+        return 0
     if parsed.flag("json"):
         return answer_json([s.as_dict() for s in found], 0, reporter)
     if not found:
@@ -88,6 +92,8 @@ def history(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
         )
     except Failed as exc:
         return exc.code
+    if parsed.flag("quiet"):
+        return 0
     if parsed.flag("json"):
         return answer_json(rows, 0, reporter)
     return answer(describe_history(rows, name, where), 0, reporter)

@@ -136,7 +136,13 @@ OPTIONS = (
         EVERY - {HISTORY},
         "Use a lock file owned by another user (also LOCAL_MUTEX_ALLOW_OTHER_OWNER=1).",
     ),
-    Option(("-q", "--quiet"), "quiet", "flag", TAKING | {RELEASE}, "Print only errors."),
+    Option(
+        ("-q", "--quiet"),
+        "quiet",
+        "flag",
+        EVERY,
+        "Print only errors (status, list, history: no answer, just the exit status).",
+    ),
     Option(
         ("--remote",),
         "remote",
