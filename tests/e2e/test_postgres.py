@@ -896,6 +896,14 @@ def test_cli_runs_never_overlap(pg: PgServer, tmp_path: Path, runs: int) -> None
     )
     for (_, end), (start, _) in zip(spans, spans[1:]):
         assert end <= start, spans
+    # The bookends of every run, as a local lock prints them; a run that waited says when
+    # it got the lock.
+    for err in errors:
+        assert "waiting for lock overlap at" in err and "released overlap at" in err, err
+    waited = [err for err in errors if "held by" in err or "in the queue" in err]
+    assert all("acquired lock overlap at" in err for err in waited), waited
+    if runs == 2:
+        assert sum("acquired lock overlap at" in err for err in errors) <= 1, errors
 
 
 @pytest.mark.parametrize("victim", ["keeper", "supervisor"])

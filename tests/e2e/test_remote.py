@@ -57,6 +57,11 @@ def test_two_runs_never_overlap(procs: Procs, remote: str, tmp_path: Path) -> No
     assert len(lines) == 4
     for k in (0, 2):
         assert lines[k].startswith("start") and lines[k + 1] == lines[k].replace("start", "end")
+    # The bookends, as a local lock prints them; the one that waited says when it got it.
+    errs = [procs.stderr(p) for p in ps]
+    for err in errs:
+        assert "waiting for lock shared-db at" in err and "released shared-db at" in err, err
+    assert sum("acquired lock shared-db at" in err for err in errs) == 1, errs
 
 
 def test_a_killed_holder_is_taken_over_only_after_its_lease(

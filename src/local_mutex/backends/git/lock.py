@@ -143,14 +143,15 @@ class GitLock:
                 # the branch (the CAS still guards it; on a miss we read as usual).
                 last = self.backend.pushed.get(self.ref)
                 current = last if last is not None and not last.locked else self.read()
+                busy = current.locked
                 if reporter is not None:
                     detail = (
-                        f"held on {self.backend.address} by {describe(current)}"
-                        if current.locked
-                        else None
+                        f"held on {self.backend.address} by {describe(current)}" if busy else None
                     )
                     reporter.waiting(self.label, None, detail=detail)
-                ours = self._take(current, start, wait, lease, message or "run", extra)
+                ours, slept = self._take(current, start, wait, lease, message or "run", extra)
+                if reporter is not None and (busy or slept):
+                    reporter.acquired(self.label, time.monotonic() - start)
         except (Interrupted, KeyboardInterrupt) as exc:
             # Stopped with a lock push started: the server may apply it even though we
             # gave up on it (killing our end does not stop the server), and we would exit
@@ -176,15 +177,17 @@ class GitLock:
         lease: float | None,
         message: str,
         extra: Mapping[str, Any],
-    ) -> RemoteState:
+    ) -> tuple[RemoteState, bool]:
+        """Our lock state once taken, and whether we waited for it (a race lost counts)."""
         last_oid = current.oid
+        slept = False
         poll = self.backend.poll
         unexplained = 0  # pushes in a row that failed while the branch stayed as it was
         while True:
             if not current.locked:
                 ours = self.try_take(current, message=message, lease=lease, extra=extra)
                 if ours is not None:
-                    return ours
+                    return ours, slept
                 seen = self.read()
                 if seen.oid != current.oid:  # lost the race: look again at once
                     current, last_oid, unexplained = seen, seen.oid, 0
@@ -213,6 +216,7 @@ class GitLock:
             if wait is not None:
                 pause = min(pause, max(wait - elapsed, 0.0))
             time.sleep(pause)
+            slept = True
             # A cheap ls-remote first; fetch the commit only when the branch moved.
             if self.git.head(self.ref) != last_oid:
                 current = self.read()

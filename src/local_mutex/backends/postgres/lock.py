@@ -166,10 +166,13 @@ class PostgresLock:
                 self.slots = slots
                 if slots is not None:
                     take_slot(self, session, slots, wait, reporter, start, stop, limit)
-                else:
-                    self._take(
-                        session, self.key, shared, wait, reporter, start, stop, limit, progress
-                    )
+                elif self._take(
+                    session, self.key, shared, wait, reporter, start, stop, limit, progress
+                ):
+                    if reporter is not None:
+                        reporter.acquired(self.label, time.monotonic() - start)
+                elif reporter is not None:
+                    reporter.waiting(self.label, None)  # the bookend of a lock free at once
             except BaseException as exc:
                 if stop.interrupted_during_query:
                     session.cancel()

@@ -53,6 +53,12 @@ def take_slot(
                 lock.held_key, lock.slot = key, index
                 # The next one in the queue looks.
                 session.fetch(f"SELECT pg_advisory_unlock({gate})", timeout=left(limit))
+                if reporter is not None:  # the bookends, as the local backend says them
+                    if not announced:
+                        reporter.waiting(lock.label, None)
+                    else:
+                        waited = time.monotonic() - start
+                        reporter.acquired(f"{lock.label} (slot {index})", waited)
                 return
         waited = time.monotonic() - start
         if wait is not None and waited >= wait:
