@@ -40,11 +40,13 @@ _OURS = f"{_PACKAGE}."
 # Imported only by a run that found the lock busy: such a run's imports are not the plain
 # path's (what waiting needs would be run by every uncontended run after it).
 _WAITED = f"{_PACKAGE}.ui.progress"
-# Never cached: what only help, completion and the remote backends use (a plain run would
-# execute them for nothing), and what is imported before the cache is read.
+# Never cached: what only help, completion, the remote backends and a run inside a hold use
+# (a plain run would execute them for nothing: sharing a hold's lock loads ``socket``, a
+# few milliseconds), and what is imported before the cache is read.
 _NOT_CACHED = (
     f"{_PACKAGE}.backends.git",
     f"{_PACKAGE}.backends.postgres",
+    f"{_PACKAGE}.backends.flock.share",
     f"{_PACKAGE}.commands.clicktree",
     f"{_PACKAGE}._site",
     __name__,
@@ -101,6 +103,8 @@ def _read(path: str) -> list[Entry]:
             return []
         for name, _is_pkg, rel, stamp, code in entries:
             if type(name) is not str or type(rel) is not str or type(code) is not _CODE:
+                return []
+            if name.startswith(_NOT_CACHED):  # written before it was left out: write anew
                 return []
             if _stamp(os.stat(os.path.join(_PARENT, rel))) != stamp:
                 return []

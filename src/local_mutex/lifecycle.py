@@ -187,10 +187,15 @@ def _run_inside(
     if reporter is not None:
         reporter.reentrant(lock.label, pid)
     result.reentrant = True
+    spec = _spec(command, child_env, opts)
+    # A run inside a hold tells its holder when the command is over, from the supervisor
+    # too: a keeper killed alone must not leave the holder thinking it may still run.
+    farewell = getattr(lock, "farewell", None)
+    spec.farewell = farewell() if farewell is not None else None
     try:
         with SignalsHeld() as held:
             outcome = supervise(
-                _spec(command, child_env, opts),
+                spec,
                 keep_fds=lock.keep_fds(),  # the hold's, if shared with us: the command's too
                 reporter=reporter,
                 subreaper=subreaper,

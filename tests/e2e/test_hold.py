@@ -23,6 +23,7 @@ from helpers import (
     hold_file,
     hold_until,
     lock_file,
+    read_pid,
     run_cli,
     wait_for,
 )
@@ -534,7 +535,7 @@ def test_a_hold_ended_after_a_run_inside_lost_keeper_and_supervisor_keeps_the_lo
     token, run = _inside("swept", procs, lock_dir, marks, cleanup)
     supervisor = pw.supervisor_child(run.pid)
     assert supervisor is not None
-    pw.signal_quietly([run.pid, supervisor])
+    pw.kill_together([run.pid, supervisor])
     assert pw.wait_gone([supervisor], 20) == []
     run.wait(20)
     r = run_cli(["release", "swept", "--lock-dir", str(lock_dir), "--token", token])
@@ -561,7 +562,7 @@ def test_a_file_put_back_stays_held_after_the_release_when_the_run_inside_is_kil
     assert r.returncode == 0, r.stderr
     supervisor = pw.supervisor_child(run.pid)
     assert supervisor is not None
-    pw.signal_quietly([run.pid, supervisor])
+    pw.kill_together([run.pid, supervisor])
     assert pw.wait_gone([supervisor], 20) == []
     run.wait(20)
     r = run_cli(["--no-wait", "swept", f"touch '{marks}/newcomer'", str(lock_dir)])
@@ -569,6 +570,38 @@ def test_a_file_put_back_stays_held_after_the_release_when_the_run_inside_is_kil
     assert not (marks / "newcomer").exists()
     (marks / "in.go").touch()
     wait_for(lambda: run_cli(["--no-wait", "swept", "true", str(lock_dir)]).returncode == 0, 30)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+def test_a_run_that_joined_after_a_put_back_keeps_that_file_through_the_next_one(
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
+) -> None:
+    """A run joined after a first put-back (it shares the file put back), a second put-back
+    followed, the hold was released, then the run's keeper and supervisor were killed: the
+    guardian watched only the hold's first file, which nobody held any more, so it let the
+    path's file go while the command (holding the first file put back) ran on."""
+    cleanup.append("twice")
+    token = _hold("twice", lock_dir)
+    path = lock_file(lock_dir, "twice")
+    delete_until_put_back(path)
+    run = procs.start(
+        ["run", "--reentrant", "--lock-dir", str(lock_dir), "twice", hold_until(marks, "in")],
+        env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+    )
+    wait_for(marks / "in.held")
+    delete_until_put_back(path)
+    r = run_cli(["release", "twice", "--lock-dir", str(lock_dir), "--token", token])
+    assert r.returncode == 0, r.stderr
+    supervisor = pw.supervisor_child(run.pid)
+    assert supervisor is not None
+    pw.kill_together([run.pid, supervisor])
+    assert pw.wait_gone([supervisor], 20) == []
+    run.wait(20)
+    r = run_cli(["--no-wait", "twice", f"touch '{marks}/newcomer'", str(lock_dir)])
+    assert r.returncode == 75, r.stderr
+    assert not (marks / "newcomer").exists()
+    (marks / "in.go").touch()
+    wait_for(lambda: run_cli(["--no-wait", "twice", "true", str(lock_dir)]).returncode == 0, 30)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
@@ -595,6 +628,60 @@ def test_what_a_run_inside_a_hold_leaves_behind_does_not_keep_the_lock(
         assert _free("left", lock_dir)
     finally:
         pw.signal_quietly([leftover])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+def test_a_run_whose_keeper_alone_was_killed_still_lets_the_release_free_the_lock(
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
+) -> None:
+    """The supervisor stops the command when its keeper dies, then says goodbye in its
+    stead: the hold's release still frees the lock, though another run inside left a
+    background job behind (which must not keep it)."""
+    cleanup.append("alone")
+    token = _hold("alone", lock_dir)
+    env = {"LOCAL_MUTEX_HOLD_TOKEN": token}
+    cmd = f"sleep 30 </dev/null >/dev/null 2>&1 & echo $! > '{marks}/left.pid'"
+    r = run_cli(["run", "--reentrant", "--lock-dir", str(lock_dir), "alone", cmd], env=env)
+    assert r.returncode == 0, r.stderr
+    leftover = read_pid(marks / "left.pid")
+    try:
+        run = procs.start(
+            ["run", "--reentrant", "--lock-dir", str(lock_dir), "alone", hold_until(marks, "in")],
+            env=env,
+        )
+        wait_for(marks / "in.held")
+        supervisor = pw.supervisor_child(run.pid)
+        assert supervisor is not None
+        os.kill(run.pid, signal.SIGKILL)
+        assert pw.wait_gone([supervisor], 20) == []  # it stopped the command first
+        run.wait(20)
+        r = run_cli(["release", "alone", "--lock-dir", str(lock_dir), "--token", token])
+        assert r.returncode == 0, r.stderr
+        assert pw.alive(leftover)
+        assert _free("alone", lock_dir)
+    finally:
+        pw.signal_quietly([leftover])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+def test_runs_that_left_a_hold_do_not_pile_up_in_its_holder(
+    lock_dir: Path, cleanup: list[str]
+) -> None:
+    """The holder kept every run's connection until the hold ended: with 32 descriptors,
+    the 20-somethingth run inside one hold was refused (``each`` over many items)."""
+    cleanup.append("many")
+    hold = [*CLI, "hold", "many", "--lock-dir", str(lock_dir)]
+    r = subprocess.run(
+        ["sh", "-c", 'ulimit -n 32 && exec "$@"', "sh", *hold],
+        env=clean_env(),
+        capture_output=True,
+        timeout=30,
+    )
+    assert r.returncode == 0, r.stderr
+    env = {"LOCAL_MUTEX_HOLD_TOKEN": r.stdout.decode().strip()}
+    for i in range(40):
+        r = run_cli(["-q", "--reentrant", "--lock-dir", str(lock_dir), "many", "true"], env=env)
+        assert r.returncode == 0, (i, r.stderr)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
@@ -880,7 +967,7 @@ def test_a_run_inside_an_ended_hold_keeps_the_lock_when_keeper_and_supervisor_di
     _end_hold(how, "bare", lock_dir, token, holder_pid)
     supervisor = pw.supervisor_child(run.pid)
     assert supervisor is not None
-    pw.signal_quietly([run.pid, supervisor])
+    pw.kill_together([run.pid, supervisor])
     assert pw.wait_gone([supervisor], 20) == []
     run.wait(20)
     r = run_cli(["--no-wait", "bare", f"touch '{marks}/newcomer'", str(lock_dir)])

@@ -281,6 +281,33 @@ def test_a_run_that_waited_or_failed_writes_no_cache(root: Path, tmp_path: Path)
         hold.wait()
 
 
+def test_a_run_inside_a_hold_leaves_the_cache_light(root: Path, tmp_path: Path) -> None:
+    """Sharing a hold's lock imports ``socket`` (and ``enum``, ``selectors``: some 4 ms):
+    a ``run --reentrant`` that joined a hold wrote it into the cache, for every plain run
+    after it to load."""
+    r = _cli(root, ["hold", "held", "--lock-dir", str(tmp_path)])
+    assert r.returncode == 0, r.stderr
+    token = r.stdout.strip()
+    env = clean_env({"PYTHONPATH": str(root), "LOCAL_MUTEX_HOLD_TOKEN": token})
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    try:
+        inside = subprocess.run(
+            [sys.executable, "-m", "local_mutex", "--reentrant", "held", "true", str(tmp_path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert inside.returncode == 0 and "running inside it" in inside.stderr, inside.stderr
+        assert "local_mutex.backends.flock.share" not in _names(_cache(root))
+    finally:
+        _cli(root, ["release", "held", "--lock-dir", str(tmp_path), "--token", token])
+    r = _plain(root, tmp_path, write=False, flags=("-X", "importtime"))
+    assert "socket" not in {
+        ln.rsplit("|", 1)[1].strip() for ln in r.stderr.splitlines() if "|" in ln
+    }
+
+
 def test_a_source_broken_during_the_run_changes_nothing_of_its_outcome(
     root: Path, tmp_path: Path
 ) -> None:

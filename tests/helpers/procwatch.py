@@ -143,6 +143,14 @@ def signal_quietly(pids: Iterable[int], sig: int = signal.SIGKILL) -> None:
             pass
 
 
+def kill_together(pids: Iterable[int]) -> None:
+    """SIGKILL as an OOM sweep does, all at once: stopped first, so none of them sees
+    another die and acts on it (a supervisor stopping the command when its keeper goes)."""
+    pids = list(pids)
+    signal_quietly(pids, signal.SIGSTOP)
+    signal_quietly(pids, signal.SIGKILL)
+
+
 def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
     """Wait until none of PIDS is alive; return those still alive at the deadline."""
     pending = list(pids)

@@ -26,10 +26,18 @@ import sys
 from ..._fastsignal import STOP_SIGNALS, signal
 from ..._proc import PROC, USE_PROC
 
-# fd 3: the file put back (held); fd 4: our own description of the command's deleted file;
-# fd 5: a pipe to say it runs (it could not import, start or find its libraries otherwise).
-_WAIT = "import fcntl, os\nos.write(5, b'.')\nos.close(5)\nfcntl.flock(4, fcntl.LOCK_EX)"
-_FIRST_FREE = 10  # dup2 sources above the targets, so neither clobbers the other
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+# fd 3: the file put back (held); fd 4: a pipe to say it runs (it could not import, start or
+# find its libraries otherwise); fds 5 on: descriptions of our own of each deleted file the
+# command's processes may hold the lock of (argv[1] says how many), waited for in turn.
+_WAIT = (
+    "import fcntl, os, sys\nos.write(4, b'.')\nos.close(4)\n"
+    "for fd in range(5, 5 + int(sys.argv[1])):\n    fcntl.flock(fd, fcntl.LOCK_EX)"
+)
+_FIRST_FREE = 64  # dup2 sources above the targets, so neither clobbers the other
 _STARTED_WITHIN = 5.0  # seconds; an interpreter starts in ~10 ms
 SUPPORTED = USE_PROC  # Linux: a deleted file can be opened again through /proc/self/fd
 
@@ -46,34 +54,39 @@ def _interpreter() -> str | None:
     return None
 
 
-def start(put_back: int, watched: int) -> int | None:
-    """A guardian that holds ``put_back`` while the command's lock on ``watched``'s file
-    lives: its pid once it runs, or None where it cannot (no /proc to open a deleted file
-    through, no interpreter to run, out of processes, or it did not start)."""
+def start(put_back: int, watched: Sequence[int]) -> int | None:
+    """A guardian that holds ``put_back`` while a lock on any of the ``watched`` (deleted)
+    files lives -- the command's own, and those of files put back earlier that runs inside
+    a hold may have been given: its pid once it runs, or None where it cannot (no /proc to
+    open a deleted file through, no interpreter to run, out of processes, or it did not
+    start)."""
     python = _interpreter()
-    if not SUPPORTED or python is None:
+    if not SUPPORTED or python is None or len(watched) > _FIRST_FREE - 5:
         return None
     opened: list[int] = []
     try:
-        # A description of our own of the (deleted) file: /proc/self/fd reopens it.
-        fresh = os.open(f"{PROC}/self/fd/{watched}", os.O_RDONLY | os.O_CLOEXEC)
-        opened.append(fresh)
+        # Descriptions of our own of the (deleted) files: /proc/self/fd reopens them.
+        fresh = []
+        for fd in watched:
+            fresh.append(os.open(f"{PROC}/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC))
+            opened.append(fresh[-1])
         said, says = os.pipe()
         opened += [said, says]
         sources = [
-            fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _FIRST_FREE) for fd in (put_back, fresh, says)
+            fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _FIRST_FREE) for fd in (put_back, says, *fresh)
         ]
         opened += sources
+        last = 2 + len(sources)  # the highest descriptor the guardian is given
         pid = os.posix_spawn(
             python,
-            [python, "-I", "-S", "-c", _WAIT],
+            [python, "-I", "-S", "-c", _WAIT, str(len(fresh))],
             dict(os.environ),  # -I ignores PYTHON*; what the interpreter itself needs stays
             file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                 (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
                 (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
                 *((os.POSIX_SPAWN_DUP2, src, 3 + i) for i, src in enumerate(sources)),
-                *((os.POSIX_SPAWN_CLOSE, fd) for fd in _inherited()),
+                *((os.POSIX_SPAWN_CLOSE, fd) for fd in _inherited(last)),
             ],
             setsid=True,
             setsigmask=(),
@@ -100,14 +113,14 @@ def _said_it_runs(said: int) -> bool:
     return bool(poller.poll(_STARTED_WITHIN * 1000)) and os.read(said, 1) == b"."  # b"": died
 
 
-def _inherited() -> list[int]:
-    """Descriptors above 5 a spawned process would inherit (our caller's, without
+def _inherited(last: int) -> list[int]:
+    """Descriptors above ``last`` a spawned process would inherit (our caller's, without
     close-on-exec): the guardian must not keep a pipe or a socket of theirs open."""
     found = []
     for name in os.listdir(f"{PROC}/self/fd"):
         fd = int(name)
         try:
-            if fd > 5 and os.get_inheritable(fd):
+            if fd > last and os.get_inheritable(fd):
                 found.append(fd)
         except OSError:
             continue  # the listing's own descriptor, closed by now
@@ -124,7 +137,7 @@ def ended(pid: int) -> int | None:
     return None if done == 0 else status
 
 
-def replace(previous: int | None, put_back: int, watched: int) -> int | None:
+def replace(previous: int | None, put_back: int, watched: Sequence[int]) -> int | None:
     """End the guardian of an earlier put-back, if any, and start one for this one."""
     end(previous)
     return start(put_back, watched)

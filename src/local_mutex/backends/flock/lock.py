@@ -57,6 +57,9 @@ class FlockLock:
         self.held = False
         self.record: dict[str, Any] | None = None
         self.spares: list[int] = []  # files we put back at the path while holding
+        # (device, inode) of files whose descriptions a hold gave runs inside it: gone from
+        # the path, they stay held (and guarded) while those runs' commands may hold them.
+        self.given: set[tuple[int, int]] = set()
         self.lost_to: int | None = None  # pid that took a replacement file before us
         self.guardian: int | None = None  # holds the file put back too (``guardian``)
         # Inside a hold: its descriptions of the lock, and our connection to its holder.
@@ -292,6 +295,12 @@ class FlockLock:
                 "another user's file (read-only to us), and a hold without a record could "
                 "never be released; let it go"
             )
+
+    def farewell(self) -> tuple[int, bytes] | None:
+        """Inside a hold: the connection to its holder, and what tells it we are done."""
+        from .share import BYE
+
+        return (self.joined[0].fileno(), BYE) if self.joined else None
 
     def keep_fds(self) -> tuple[int, ...]:
         # Inside a hold, the hold's that we joined (the command's too: they outlive us).

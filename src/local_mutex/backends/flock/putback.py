@@ -53,10 +53,14 @@ def put_back(lock: FlockLock) -> str | None:
                 record.write_record(fd, lock.record, lock.path)
             except Exception:
                 pass
-        lock.guardian = guardian.replace(lock.guardian, fd, lock.fd)
-        for stale in lock.spares:  # files we put back before, gone from the path again
-            os.close(stale)
-        lock.spares = [fd]
+        # Files put back before, gone from the path again, are let go -- but those a hold
+        # gave runs inside it stay held and guarded: those runs' commands may hold them.
+        kept = [s for s in lock.spares if _identity(s) in lock.given]
+        lock.guardian = guardian.replace(lock.guardian, fd, [lock.fd, *kept])
+        for stale in lock.spares:
+            if stale not in kept:
+                os.close(stale)
+        lock.spares = [*kept, fd]
         return (
             f"lock file {lock.path!r} of {lock.label} was deleted or replaced while held; "
             f"put a locked file back at the path{_unguarded(lock)}"
@@ -80,7 +84,7 @@ def _guardian_gone(lock: FlockLock, pid: int) -> str | None:
     lock.guardian = None
     if status == -1 or not os.WIFSIGNALED(status) or not lock.spares:
         return None
-    lock.guardian = guardian.start(lock.spares[0], lock.fd)
+    lock.guardian = guardian.start(lock.spares[-1], [lock.fd, *lock.spares[:-1]])
     return (
         f"the guardian (pid {pid}) of lock file {lock.path!r} put back was killed; "
         f"started another{_unguarded(lock)}"
@@ -94,6 +98,11 @@ def _unguarded(lock: FlockLock) -> str:
         " (no guardian could start: until the command ends, that file is held by pid "
         f"{os.getpid()} and the supervisor alone)"
     )
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
 
 
 def _open_quietly(path: str) -> int | None:
