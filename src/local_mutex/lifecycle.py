@@ -16,7 +16,7 @@ import time
 
 from .backends import Take
 from .errors import LocalMutexError, LockLost, NestingError, RecordNotWritten, Unavailable
-from .identity import ENV_TOKEN, holder_record
+from .identity import ENV_TOKEN, holder_record, job_identity
 from .names import display, name_bytes
 from .runspec import Command, Options, RunResult
 from .supervise.keeper import SignalsHeld, Spec, supervise
@@ -112,6 +112,12 @@ def run_locked(
             here = _held_here.get(_here_key(backend, lock, opts.slots)) if _held_here else None
             inside = command_env(lock if here is None else here[1], env, here is not None)
             return _run_inside(lock, pid, command, opts, inside, reporter, result, subreaper)
+        if opts.reentrant and reporter is not None and not _may_join_a_hold(opts, env):
+            reporter.warning(
+                f"--reentrant runs inside a hold of this GitHub job, or the hold whose token "
+                f"is in ${ENV_TOKEN}; there is neither here: {lock.label} is taken like "
+                "anyone else would take it"
+            )
         progress = progress_interval(env) if reporter is not None else None
         with SignalsHeld() as held:
             try:
@@ -134,6 +140,10 @@ def run_locked(
         return result
     finally:
         lock.close()
+
+
+def _may_join_a_hold(opts: Options, env: Mapping[str, str]) -> bool:
+    return bool(opts.token or env.get(ENV_TOKEN) or job_identity(env))
 
 
 def _take(

@@ -977,6 +977,19 @@ def test_a_run_inside_an_ended_hold_keeps_the_lock_when_keeper_and_supervisor_di
     wait_for(lambda: run_cli(["--no-wait", "bare", "true", str(lock_dir)]).returncode == 0, 30)
 
 
+def test_reentrant_with_no_hold_it_could_join_says_so(lock_dir: Path) -> None:
+    """Outside a GitHub job and without a token, --reentrant can join no hold: it said
+    nothing and waited behind the caller's own hold as anyone would."""
+    r = run_cli(["--reentrant", "--no-wait", "alone", "echo ran", str(lock_dir)])
+    assert r.returncode == 0 and r.stdout == b"ran\n", r.stderr
+    assert b"there is neither here: alone is taken like anyone else" in r.stderr
+    quiet = run_cli(
+        ["--reentrant", "--no-wait", "alone", "true", str(lock_dir)],
+        env={"LOCAL_MUTEX_HOLD_TOKEN": "x" * 32},
+    )
+    assert quiet.returncode == 0 and b"there is neither" not in quiet.stderr, quiet.stderr
+
+
 def test_a_hold_inside_a_run_of_the_same_lock_is_refused(lock_dir: Path) -> None:
     """It used to wait for itself: forever without --wait. Another name is fine."""
     cmd = (

@@ -136,6 +136,10 @@ def test_slots_wait_ceiling_and_hold(lock_dir: Path) -> None:
     assert r.returncode == 75 and b"all 2 slots of pool are busy" in r.stderr
     r = run_cli(["release", "pool", "--slots", "--lock-dir", str(lock_dir)])
     assert r.returncode == 77  # holds from no job and no token: not ours
+    # Without --slots the release is of the plain lock, which is free: it says what to do.
+    r = run_cli(["release", "pool", "--force", "--lock-dir", str(lock_dir)])
+    assert r.returncode == 0, r.stderr
+    assert b"pool is not held, but its slots are" in r.stderr and b"--slots" in r.stderr
     for _ in range(2):
         r = run_cli(["release", "pool", "--slots", "--force", "--lock-dir", str(lock_dir)])
         assert r.returncode == 0 and b"released pool" in r.stderr

@@ -6,7 +6,7 @@ import os
 
 from .._fastsignal import deferred_stops, quiet_stops
 from ..backends import Ending
-from ..errors import EXIT_IOERR, EXIT_USAGE, NestingError
+from ..errors import EXIT_IOERR, EXIT_USAGE, LocalMutexError, NestingError
 from ..names import name_bytes, shell_quote
 from ..nesting import ENV_REMOTE
 from ..ui.output import closed_by_caller, out
@@ -170,12 +170,26 @@ def release(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
         slots=parsed.flag("slotted"),
         delete_branch=parsed.flag("delete_branch"),
     )
+    def work(backend: Backend) -> tuple[Any, bool]:
+        done = backend.release_hold(name_bytes(name), ending)
+        slots_held = False
+        if not done.was_held and not ending.slots:  # a hold of the slots, released wrong?
+            try:
+                slots_held = any(s.held for s in backend.status(name_bytes(name)).slots)
+            except LocalMutexError:
+                pass
+        return done, slots_held
+
     try:
-        done = using(
-            parsed, env, reporter, lambda b: b.release_hold(name_bytes(name), ending), reading=True
-        )
+        done, slots_held = using(parsed, env, reporter, work, reading=True)
     except Failed as exc:
         return exc.code
+    if slots_held:
+        reporter.warning(
+            f"{name} is not held, but its slots are: a hold taken with --slots is released "
+            f"with --slots (local-mutex release --slots {shell_quote(name)} ...)"
+        )
+        return 0
     report_release(reporter, name, done)
     return 0
 
