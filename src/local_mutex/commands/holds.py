@@ -170,6 +170,7 @@ def release(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
         slots=parsed.flag("slotted"),
         delete_branch=parsed.flag("delete_branch"),
     )
+
     def work(backend: Backend) -> tuple[Any, bool]:
         done = backend.release_hold(name_bytes(name), ending)
         slots_held = False

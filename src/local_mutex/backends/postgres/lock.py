@@ -32,7 +32,7 @@ from .connect import driver_message
 from .keys import describe_key, name_key
 from .nesting import enclosing_entry, held_entry
 from .session import Session
-from .slots import take_slot
+from .slots import bookend, take_slot
 from .waiting import Interruptible, left, queue_detail, queue_progress, refusal
 
 TYPE_CHECKING = False
@@ -166,13 +166,11 @@ class PostgresLock:
                 self.slots = slots
                 if slots is not None:
                     take_slot(self, session, slots, wait, reporter, start, stop, limit)
-                elif self._take(
-                    session, self.key, shared, wait, reporter, start, stop, limit, progress
-                ):
-                    if reporter is not None:
-                        reporter.acquired(self.label, time.monotonic() - start)
-                elif reporter is not None:
-                    reporter.waiting(self.label, None)  # the bookend of a lock free at once
+                else:
+                    queued = self._take(
+                        session, self.key, shared, wait, reporter, start, stop, limit, progress
+                    )
+                    bookend(reporter, self.label, time.monotonic() - start if queued else None)
             except BaseException as exc:
                 if stop.interrupted_during_query:
                     session.cancel()

@@ -53,12 +53,8 @@ def take_slot(
                 lock.held_key, lock.slot = key, index
                 # The next one in the queue looks.
                 session.fetch(f"SELECT pg_advisory_unlock({gate})", timeout=left(limit))
-                if reporter is not None:  # the bookends, as the local backend says them
-                    if not announced:
-                        reporter.waiting(lock.label, None)
-                    else:
-                        waited = time.monotonic() - start
-                        reporter.acquired(f"{lock.label} (slot {index})", waited)
+                waited = time.monotonic() - start if announced else None
+                bookend(reporter, f"{lock.label} (slot {index})", waited, lock.label)
                 return
         waited = time.monotonic() - start
         if wait is not None and waited >= wait:
@@ -75,6 +71,19 @@ def take_slot(
         pause = delay if wait is None else min(delay, wait - waited)
         time.sleep(max(pause, 0.0))
         delay = min(delay * 2, _POLL_MAX)
+
+
+def bookend(
+    reporter: Reporter | None, label: str, waited: float | None, free_label: str | None = None
+) -> None:
+    """Once taken, the line a local lock prints: the waiting bookend of a lock free at once
+    (``waited`` None), else when it was acquired after the wait."""
+    if reporter is None:
+        return
+    if waited is None:
+        reporter.waiting(free_label or label, None)
+    else:
+        reporter.acquired(label, waited)
 
 
 def busy_text(session: Session, label: str, keys: Sequence[int], limit: float | None) -> str:
