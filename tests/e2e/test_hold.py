@@ -315,6 +315,25 @@ def test_release_returns_once_the_holder_let_go_though_a_waiter_took_the_lock(
 # -- a run inside a hold keeps the lock when the hold ends under it --------------------------
 
 
+def _kill_keeper_and_supervisor(run: subprocess.Popen[bytes]) -> None:
+    """Both at once, as an OOM sweep: the run's command is left alone."""
+    supervisor = pw.supervisor_child(run.pid)
+    assert supervisor is not None
+    pw.kill_together([run.pid, supervisor])
+    assert pw.wait_gone([supervisor], 20) == []
+    run.wait(20)
+
+
+def _held_until_the_command_ends(name: str, lock_dir: Path, marks: Path) -> None:
+    """A newcomer waits while the command (``hold_until(marks, "in")``) runs, and gets the
+    lock once it ends."""
+    r = run_cli(["--no-wait", name, f"touch '{marks}/newcomer'", str(lock_dir)])
+    assert r.returncode == 75, r.stderr
+    assert not (marks / "newcomer").exists()
+    (marks / "in.go").touch()
+    wait_for(lambda: run_cli(["--no-wait", name, "true", str(lock_dir)]).returncode == 0, 30)
+
+
 def _end_hold(how: str, name: str, lock_dir: Path, token: str, holder_pid: int) -> None:
     if how == "holder killed":
         os.kill(holder_pid, signal.SIGKILL)
@@ -533,18 +552,10 @@ def test_a_hold_ended_after_a_run_inside_lost_keeper_and_supervisor_keeps_the_lo
     shares, so a newcomer ran beside it. A run that did not say its command was over
     leaves the lock to that command."""
     token, run = _inside("swept", procs, lock_dir, marks, cleanup)
-    supervisor = pw.supervisor_child(run.pid)
-    assert supervisor is not None
-    pw.kill_together([run.pid, supervisor])
-    assert pw.wait_gone([supervisor], 20) == []
-    run.wait(20)
+    _kill_keeper_and_supervisor(run)
     r = run_cli(["release", "swept", "--lock-dir", str(lock_dir), "--token", token])
     assert r.returncode == 0, r.stderr
-    r = run_cli(["--no-wait", "swept", f"touch '{marks}/newcomer'", str(lock_dir)])
-    assert r.returncode == 75, r.stderr
-    assert not (marks / "newcomer").exists()
-    (marks / "in.go").touch()  # the command ends; then the lock is free
-    wait_for(lambda: run_cli(["--no-wait", "swept", "true", str(lock_dir)]).returncode == 0, 30)
+    _held_until_the_command_ends("swept", lock_dir, marks)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
@@ -560,16 +571,8 @@ def test_a_file_put_back_stays_held_after_the_release_when_the_run_inside_is_kil
     delete_until_put_back(lock_file(lock_dir, "swept"))
     r = run_cli(["release", "swept", "--lock-dir", str(lock_dir), "--token", token])
     assert r.returncode == 0, r.stderr
-    supervisor = pw.supervisor_child(run.pid)
-    assert supervisor is not None
-    pw.kill_together([run.pid, supervisor])
-    assert pw.wait_gone([supervisor], 20) == []
-    run.wait(20)
-    r = run_cli(["--no-wait", "swept", f"touch '{marks}/newcomer'", str(lock_dir)])
-    assert r.returncode == 75, r.stderr
-    assert not (marks / "newcomer").exists()
-    (marks / "in.go").touch()
-    wait_for(lambda: run_cli(["--no-wait", "swept", "true", str(lock_dir)]).returncode == 0, 30)
+    _kill_keeper_and_supervisor(run)
+    _held_until_the_command_ends("swept", lock_dir, marks)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
@@ -592,16 +595,8 @@ def test_a_run_that_joined_after_a_put_back_keeps_that_file_through_the_next_one
     delete_until_put_back(path)
     r = run_cli(["release", "twice", "--lock-dir", str(lock_dir), "--token", token])
     assert r.returncode == 0, r.stderr
-    supervisor = pw.supervisor_child(run.pid)
-    assert supervisor is not None
-    pw.kill_together([run.pid, supervisor])
-    assert pw.wait_gone([supervisor], 20) == []
-    run.wait(20)
-    r = run_cli(["--no-wait", "twice", f"touch '{marks}/newcomer'", str(lock_dir)])
-    assert r.returncode == 75, r.stderr
-    assert not (marks / "newcomer").exists()
-    (marks / "in.go").touch()
-    wait_for(lambda: run_cli(["--no-wait", "twice", "true", str(lock_dir)]).returncode == 0, 30)
+    _kill_keeper_and_supervisor(run)
+    _held_until_the_command_ends("twice", lock_dir, marks)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
@@ -965,16 +960,8 @@ def test_a_run_inside_an_ended_hold_keeps_the_lock_when_keeper_and_supervisor_di
     )
     wait_for(marks / "in.held")
     _end_hold(how, "bare", lock_dir, token, holder_pid)
-    supervisor = pw.supervisor_child(run.pid)
-    assert supervisor is not None
-    pw.kill_together([run.pid, supervisor])
-    assert pw.wait_gone([supervisor], 20) == []
-    run.wait(20)
-    r = run_cli(["--no-wait", "bare", f"touch '{marks}/newcomer'", str(lock_dir)])
-    assert r.returncode == 75, r.stderr
-    assert not (marks / "newcomer").exists()
-    (marks / "in.go").touch()  # the command ends; then the lock is free
-    wait_for(lambda: run_cli(["--no-wait", "bare", "true", str(lock_dir)]).returncode == 0, 30)
+    _kill_keeper_and_supervisor(run)
+    _held_until_the_command_ends("bare", lock_dir, marks)
 
 
 def test_reentrant_with_no_hold_it_could_join_says_so(lock_dir: Path) -> None:
