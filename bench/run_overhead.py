@@ -13,6 +13,11 @@ becomes a child subreaper (prctl, reached through ctypes' C half), spawns ``sh -
 and waits for it, wait for the supervisor, and exit without the interpreter's teardown
 (a real run skips it too). What a real run costs
 above its floor is ours to cut; a target below the floor cannot be met on that machine.
+
+Each row also counts the minor page faults of one run (with all it started): a fork shares
+the interpreter's pages until either side writes one, and every object Python touches is a
+write (its reference count), so each module a run loads costs its pages again after the
+fork; on a virtual machine a fault can cost several microseconds.
 """
 
 from __future__ import annotations
@@ -29,7 +34,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from local_mutex.lifecycle import SHIM
-from timing import clean_env, cli, compile_package, interleaved_medians, median_seconds
+from timing import (
+    clean_env,
+    cli,
+    compile_package,
+    interleaved_medians,
+    median_faults,
+    median_seconds,
+)
 
 # The floor of a supervised run (see the module docstring): nothing but its system calls.
 FLOOR = """
@@ -76,23 +88,21 @@ def main() -> int:
         lock_file = os.path.join(lock_dir, "bare.lock")
         floor_file = os.path.join(lock_dir, "floor.lock")
         shim_env = {**env, "LOCAL_MUTEX_PYTHON": sys.executable}
-        medians = interleaved_medians(
-            {
-                "python": ([sys.executable, "-c", "pass"], env),
-                "plain": ([*cli(), "bench", "true", lock_dir], env),
-                "options": (
-                    [*cli(), "-q", "--wait", "5", "--lock-dir", lock_dir, "bench", "true"],
-                    env,
-                ),
-                "shim": (["sh", SHIM, "bench", "true", lock_dir], shim_env),
-                "floor": ([sys.executable, "-c", FLOOR, floor_file], env),
-                "shim floor": (
-                    ["sh", "-c", 'exec "$0" -I -S -c "$1" "$2"', sys.executable, FLOOR, floor_file],
-                    env,
-                ),
-            },
-            args.runs,
-        )
+        cases = {
+            "python": ([sys.executable, "-c", "pass"], env),
+            "plain": ([*cli(), "bench", "true", lock_dir], env),
+            "options": (
+                [*cli(), "-q", "--wait", "5", "--lock-dir", lock_dir, "bench", "true"],
+                env,
+            ),
+            "shim": (["sh", SHIM, "bench", "true", lock_dir], shim_env),
+            "floor": ([sys.executable, "-c", FLOOR, floor_file], env),
+            "shim floor": (
+                ["sh", "-c", 'exec "$0" -I -S -c "$1" "$2"', sys.executable, FLOOR, floor_file],
+                env,
+            ),
+        }
+        medians = interleaved_medians(cases, args.runs)
         python, ours = medians["python"], medians["plain"]
         rows = [
             ("python3 -c pass", "python", "baseline"),
@@ -104,7 +114,11 @@ def main() -> int:
         ]
         for label, key, target in rows:
             value = medians[key]
-            print(f"{label:<48} median {value * 1000:6.1f} ms  {value / python:.2f}x ({target})")
+            faults = median_faults(*cases[key])
+            print(
+                f"{label:<48} median {value * 1000:6.1f} ms  {value / python:.2f}x ({target}); "
+                f"{faults:.0f} page faults"
+            )
         print(
             f"{'above the floor':<48} plain +{(ours - medians['floor']) * 1000:.1f} ms, "
             f"nested path +{(medians['shim'] - medians['shim floor']) * 1000:.1f} ms"

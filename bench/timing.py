@@ -63,6 +63,19 @@ def median_seconds(
     return statistics.median(seconds(argv, env, stdin, expect) for _ in range(runs))
 
 
+def median_faults(argv: list[str], env: dict[str, str], runs: int = 5) -> float:
+    """Minor page faults of one run and everything it started (each costs some µs: a
+    fork copies a page the first time either side writes it)."""
+    import resource
+
+    counts = []
+    for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt
+        seconds(argv, env)
+        counts.append(resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt - before)
+    return statistics.median(counts)
+
+
 def interleaved_medians(
     cases: dict[str, tuple[list[str], dict[str, str]]], runs: int
 ) -> dict[str, float]:
