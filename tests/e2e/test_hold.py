@@ -600,6 +600,36 @@ def test_a_run_that_joined_after_a_put_back_keeps_that_file_through_the_next_one
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+def test_a_tmp_cleaner_in_a_loop_does_not_run_a_hold_out_of_descriptors(
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
+) -> None:
+    """With a run inside, the holder kept every file it put back (sent to the run, which
+    never reads them): with 24 descriptors it could put no file back after a dozen
+    deletions, and a newcomer created one and took it. Only what runs joined with stays."""
+    cleanup.append("loop")
+    hold = [*CLI, "hold", "loop", "--lock-dir", str(lock_dir)]
+    r = subprocess.run(
+        ["sh", "-c", 'ulimit -n 24 && exec "$@"', "sh", *hold],
+        env=clean_env(),
+        capture_output=True,
+        timeout=30,
+    )
+    assert r.returncode == 0, r.stderr
+    token = r.stdout.decode().strip()
+    run = procs.start(
+        ["run", "--reentrant", "--lock-dir", str(lock_dir), "loop", hold_until(marks, "in")],
+        env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+    )
+    wait_for(marks / "in.held")
+    for _ in range(20):
+        delete_until_put_back(lock_file(lock_dir, "loop"))
+    r = run_cli(["release", "loop", "--lock-dir", str(lock_dir), "--token", token])
+    assert r.returncode == 0, r.stderr
+    _kill_keeper_and_supervisor(run)
+    _held_until_the_command_ends("loop", lock_dir, marks)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
 def test_what_a_run_inside_a_hold_leaves_behind_does_not_keep_the_lock(
     lock_dir: Path, marks: Path, cleanup: list[str]
 ) -> None:

@@ -450,6 +450,30 @@ def test_keeper_and_supervisor_both_killed_after_a_put_back_do_not_free_the_lock
     assert _openers(path) == []  # the guardian went with the command's lock
 
 
+def test_a_guardian_starts_under_a_low_descriptor_limit(
+    lock_dir: Path, marks: Path, tmp_path: Path
+) -> None:
+    """The guardian's descriptors were copied above 64 before they were handed over: under
+    a limit of 64 or less no guardian could start."""
+    err = tmp_path / "err"
+    cmd = [*CLI, "low", hold_until(marks, "a"), str(lock_dir)]
+    with open(err, "wb") as stderr:
+        keeper = subprocess.Popen(
+            ["sh", "-c", 'ulimit -n 24 && exec "$@"', "sh", *cmd], env=clean_env(), stderr=stderr
+        )
+    try:
+        wait_for(marks / "a.held")
+        delete_until_put_back(lock_file(lock_dir, "low"))
+        wait_for(lambda: "put a locked file back" in err.read_text(), 10, "the put-back")
+        assert "no guardian could start" not in err.read_text(), err.read_text()
+        supervisor = pw.supervisor_child(keeper.pid)
+        assert supervisor is not None
+        _guardian(keeper.pid, supervisor)
+    finally:
+        (marks / "a.go").touch()
+        assert keeper.wait(20) == 0, err.read_text()
+
+
 def _guardian(keeper: int, supervisor: int) -> int:
     (pid,) = [c for c in pw.children(keeper) if c != supervisor]
     return pid

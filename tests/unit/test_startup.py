@@ -71,6 +71,32 @@ def test_the_shim_imports_nothing_heavy(tmp_path: Path) -> None:
     assert extra == set(), f"the shim imports {sorted(extra)}"
 
 
+def test_a_nested_call_inside_a_run_imports_nothing_heavy(tmp_path: Path) -> None:
+    """Inside its enclosing run a nested call runs within it: it asked the lock for a hold
+    to tell goodbye, which loaded ``socket`` (and ``enum``: ~10 ms a call in a loop)."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -X importtime "$@"\n')
+    wrapper.chmod(0o755)
+    log = tmp_path / "nested.log"
+    inner = f'LOCAL_MUTEX_PYTHON="{wrapper}" sh "$LOCAL_MUTEX_CLI" outer true 2>"{log}"'
+    code = "import sys; from local_mutex.cli import main; sys.exit(main(sys.argv[1:]))"
+    env = _env(PYTHONPATH=str(SRC))
+    r = subprocess.run(
+        [sys.executable, "-c", code, "-q", "outer", inner, str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    text = log.read_text()
+    assert "running inside it" in text, text
+    loaded = {ln.rsplit("|", 1)[1].strip() for ln in text.splitlines() if "import time:" in ln}
+    extra = (loaded - _baseline(tmp_path, "-I", "-S")) & (HEAVY | {"socket"})
+    assert extra == set(), f"a nested call imports {sorted(extra)}"
+
+
 def test_a_heavy_import_would_be_caught(tmp_path: Path) -> None:
     """The guard's own check: help needs click, and the probe sees it."""
     code = "import sys; from local_mutex.cli import main; main(['--help'])"

@@ -150,12 +150,11 @@ def _keep(held: Held, anchor: int | None, ttl: float | None, sharing: Sharing | 
                 fresh = [fd for fd in current if _identity(fd) not in given]
                 if fresh and sharing.inside:  # a file put back: the runs inside hold it too
                     sharing.share_more(fresh)
-                    held.lock.given.update(_identity(fd) for fd in fresh)
                 given = {_identity(fd) for fd in current}  # a closed file's inode comes back
                 if sharing in ready:
                     sharing.serve(current)
-                    held.lock.given |= given
                 sharing.in_use()  # forget the runs that left: a descriptor each
+                held.lock.given = sharing.joined_with()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 

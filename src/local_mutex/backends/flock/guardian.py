@@ -37,7 +37,6 @@ _WAIT = (
     "import fcntl, os, sys\nos.write(4, b'.')\nos.close(4)\n"
     "for fd in range(5, 5 + int(sys.argv[1])):\n    fcntl.flock(fd, fcntl.LOCK_EX)"
 )
-_FIRST_FREE = 64  # dup2 sources above the targets, so neither clobbers the other
 _STARTED_WITHIN = 5.0  # seconds; an interpreter starts in ~10 ms
 SUPPORTED = USE_PROC  # Linux: a deleted file can be opened again through /proc/self/fd
 
@@ -61,7 +60,7 @@ def start(put_back: int, watched: Sequence[int]) -> int | None:
     open a deleted file through, no interpreter to run, out of processes, or it did not
     start)."""
     python = _interpreter()
-    if not SUPPORTED or python is None or len(watched) > _FIRST_FREE - 5:
+    if not SUPPORTED or python is None:
         return None
     opened: list[int] = []
     try:
@@ -72,11 +71,11 @@ def start(put_back: int, watched: Sequence[int]) -> int | None:
             opened.append(fresh[-1])
         said, says = os.pipe()
         opened += [said, says]
-        sources = [
-            fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _FIRST_FREE) for fd in (put_back, says, *fresh)
-        ]
+        given = (put_back, says, *fresh)
+        last = 2 + len(given)  # the highest descriptor the guardian is given: 3, 4, 5...
+        # The dup2 sources above every target, so that no step clobbers a later source.
+        sources = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, last + 1) for fd in given]
         opened += sources
-        last = 2 + len(sources)  # the highest descriptor the guardian is given
         pid = os.posix_spawn(
             python,
             [python, "-I", "-S", "-c", _WAIT, str(len(fresh))],

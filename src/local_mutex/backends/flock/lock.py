@@ -57,7 +57,7 @@ class FlockLock:
         self.held = False
         self.record: dict[str, Any] | None = None
         self.spares: list[int] = []  # files we put back at the path while holding
-        # (device, inode) of files whose descriptions a hold gave runs inside it: gone from
+        # (device, inode) of the files runs inside a hold joined with (``share``): gone from
         # the path, they stay held (and guarded) while those runs' commands may hold them.
         self.given: set[tuple[int, int]] = set()
         self.lost_to: int | None = None  # pid that took a replacement file before us
@@ -298,9 +298,11 @@ class FlockLock:
 
     def farewell(self) -> tuple[int, bytes] | None:
         """Inside a hold: the connection to its holder, and what tells it we are done."""
+        if self.joined is None:
+            return None
         from .share import BYE
 
-        return (self.joined[0].fileno(), BYE) if self.joined else None
+        return self.joined[0].fileno(), BYE
 
     def keep_fds(self) -> tuple[int, ...]:
         # Inside a hold, the hold's that we joined (the command's too: they outlive us).

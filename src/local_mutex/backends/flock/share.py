@@ -60,8 +60,12 @@ class Sharing:
         self.listener.listen(64)
         self.listener.setblocking(False)
         self.inside: list[socket.socket] = []
-        # A run's connection closed without its goodbye: its command may still hold the lock.
+        # The files (device, inode) each run inside joined with: its command holds them.
+        self.files: dict[socket.socket, set[tuple[int, int]]] = {}
+        # A run's connection closed without its goodbye: its command may still hold the lock,
+        # and the files it joined with.
         self.dropped = False
+        self.dropped_files: set[tuple[int, int]] = set()
 
     def fileno(self) -> int:
         return self.listener.fileno()
@@ -90,10 +94,12 @@ class Sharing:
                 # SIGTERM raises in the holder) right after the send must still hand
                 # the lock over rather than unlock what this run now shares.
                 self.inside.append(conn)
+                self.files[conn] = {_identity(fd) for fd in fds}
                 socket.send_fds(conn, [b"ok\n"], list(fds))
             except OSError:
                 if conn in self.inside:
                     self.inside.remove(conn)
+                    self.files.pop(conn, None)
                 conn.close()
 
     def share_more(self, fds: Sequence[int]) -> None:
@@ -124,16 +130,25 @@ class Sharing:
             if said is None:
                 still.append(conn)
                 continue
-            self.dropped = self.dropped or not said
+            files = self.files.pop(conn, set())
+            if not said:
+                self.dropped = True
+                self.dropped_files |= files
             conn.close()
         self.inside = still
         return bool(still) or self.dropped
+
+    def joined_with(self) -> set[tuple[int, int]]:
+        """The files the commands of runs that joined may hold (the runs inside, and those
+        gone without a goodbye). What a run was sent later (``share_more``) stays queued on
+        its connection and goes with it: its command never has it."""
+        return self.dropped_files.union(*self.files.values())
 
     def close(self) -> None:
         self.listener.close()
         for conn in self.inside:
             conn.close()
-        self.inside = []
+        self.inside, self.files = [], {}
 
 
 def join(
@@ -170,6 +185,11 @@ def join(
         conn.close()
         return None
     return conn, fds
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
 
 
 def leave(conn: socket.socket) -> None:
