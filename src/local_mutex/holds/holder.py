@@ -17,6 +17,7 @@ from .. import _proc
 from .._json import dumps, loads_object
 from ..backends import open_backend
 from ..backends.flock.lock import FlockLock
+from ..backends.flock.lockdir import file_id
 from ..backends.flock.share import SUPPORTED, Sharing
 from ..errors import LockLost, NotAcquired, RecordNotWritten, Unavailable, ValidationError
 from ..identity import job_identity, new_token, token_hash, utc_stamp
@@ -121,7 +122,7 @@ def _keep(held: Held, anchor: int | None, ttl: float | None, sharing: Sharing | 
             watch = None
     tick = held.lock.check_interval() if held.lock is not None else None
     # Which files (device, inode) the runs inside hold: descriptor numbers may be reused.
-    given = {_identity(fd) for fd in held.lock.keep_fds()} if held.lock is not None else set()
+    given = {file_id(fd) for fd in held.lock.keep_fds()} if held.lock is not None else set()
     while True:
         remaining = None if deadline is None else deadline - time.monotonic()
         if remaining is not None and remaining <= 0:
@@ -147,21 +148,16 @@ def _keep(held: Held, anchor: int | None, ttl: float | None, sharing: Sharing | 
                 held.check()
             if sharing is not None and isinstance(held.lock, FlockLock):
                 current = held.lock.at_path()
-                fresh = [fd for fd in current if _identity(fd) not in given]
+                fresh = [fd for fd in current if file_id(fd) not in given]
                 if fresh and sharing.inside:  # a file put back: the runs inside hold it too
                     sharing.share_more(fresh)
-                given = {_identity(fd) for fd in current}  # a closed file's inode comes back
+                given = {file_id(fd) for fd in current}  # a closed file's inode comes back
                 if sharing in ready:
                     sharing.serve(current)
                 sharing.in_use()  # forget the runs that left: a descriptor each
                 held.lock.given = sharing.joined_with()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-
-
-def _identity(fd: int) -> tuple[int, int]:
-    st = os.fstat(fd)
-    return st.st_dev, st.st_ino
 
 
 def _min(a: float | None, b: float | None) -> float | None:

@@ -18,7 +18,7 @@ from ...errors import NotAcquired, UnsafeLockFile
 from ...names import display, lock_filename
 from ...ui.lines import describe_holder, duration
 from . import kernel, record
-from .lockdir import ENV_LOCK_DIR, names_inode, open_lock_file
+from .lockdir import ENV_LOCK_DIR, file_id, names_inode, open_lock_file
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -69,8 +69,7 @@ class FlockLock:
     # -- who we are ----------------------------------------------------------------------
 
     def _inode(self) -> tuple[int, int]:
-        st = os.fstat(self.fd)
-        return st.st_dev, st.st_ino
+        return file_id(self.fd)
 
     def _key(self) -> str:
         return _file_key(self.fd)
@@ -379,8 +378,7 @@ class FlockLock:
 
 def _file_key(fd: int) -> str:
     """How ``LOCAL_MUTEX_HELD`` names a lock file: its device:inode."""
-    st = os.fstat(fd)
-    return f"{st.st_dev}:{st.st_ino}"
+    return "{}:{}".format(*file_id(fd))
 
 
 def _not_acquired_text(label: str, waited: float, holder: Mapping[str, Any] | None) -> str:

@@ -159,6 +159,12 @@ def check_opened(fd: int, path: str, allow_other_owner: bool) -> bool:
     return True
 
 
+def file_id(fd: int) -> tuple[int, int]:
+    """The file open on ``fd``, whatever its path now: (device, inode)."""
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
 def names_inode(path: str, fd: int) -> bool:
     """Does ``path`` still name the file open on ``fd``, with no other link to it?"""
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from . import guardian, kernel, record
-from .lockdir import create_exclusive, refusal_for
+from .lockdir import create_exclusive, file_id, refusal_for
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def put_back(lock: FlockLock) -> str | None:
                 pass
         # Files put back before, gone from the path again, are let go -- but those a hold
         # gave runs inside it stay held and guarded: those runs' commands may hold them.
-        kept = [s for s in lock.spares if _identity(s) in lock.given]
+        kept = [s for s in lock.spares if file_id(s) in lock.given]
         lock.guardian = guardian.replace(lock.guardian, fd, [lock.fd, *kept])
         for stale in lock.spares:
             if stale not in kept:
@@ -98,11 +98,6 @@ def _unguarded(lock: FlockLock) -> str:
         " (no guardian could start: until the command ends, that file is held by pid "
         f"{os.getpid()} and the supervisor alone)"
     )
-
-
-def _identity(fd: int) -> tuple[int, int]:
-    st = os.fstat(fd)
-    return st.st_dev, st.st_ino
 
 
 def _open_quietly(path: str) -> int | None:

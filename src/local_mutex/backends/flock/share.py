@@ -27,6 +27,7 @@ import time
 
 from ..._proc import peer
 from ...identity import token_hash
+from .lockdir import file_id
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ class Sharing:
                 # SIGTERM raises in the holder) right after the send must still hand
                 # the lock over rather than unlock what this run now shares.
                 self.inside.append(conn)
-                self.files[conn] = {_identity(fd) for fd in fds}
+                self.files[conn] = {file_id(fd) for fd in fds}
                 socket.send_fds(conn, [b"ok\n"], list(fds))
             except OSError:
                 if conn in self.inside:
@@ -185,11 +186,6 @@ def join(
         conn.close()
         return None
     return conn, fds
-
-
-def _identity(fd: int) -> tuple[int, int]:
-    st = os.fstat(fd)
-    return st.st_dev, st.st_ino
 
 
 def leave(conn: socket.socket) -> None:
