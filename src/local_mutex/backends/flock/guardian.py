@@ -56,7 +56,7 @@ def _interpreter() -> str | None:
 def start(put_back: int, watched: Sequence[int]) -> int | None:
     """A guardian that holds ``put_back`` while a lock on any of the ``watched`` (deleted)
     files lives -- the command's own, and those of files put back earlier that runs inside
-    a hold may have been given: its pid once it runs, or None where it cannot (no /proc to
+    a hold joined with: its pid once it runs, or None where it cannot (no /proc to
     open a deleted file through, no interpreter to run, out of processes, or it did not
     start)."""
     python = _interpreter()
