@@ -450,6 +450,45 @@ def test_keeper_and_supervisor_both_killed_after_a_put_back_do_not_free_the_lock
     assert _openers(path) == []  # the guardian went with the command's lock
 
 
+def test_a_guardian_whose_starter_died_before_it_ran_still_guards(tmp_path: Path) -> None:
+    """The guardian says it runs on a pipe to whoever started it: when that keeper or
+    holder had been killed meanwhile, the write failed and the guardian died with the
+    file it was to hold. Here its starter's end of the pipe is closed before it runs."""
+    import fcntl
+
+    from local_mutex.backends.flock.guardian import _WAIT
+
+    put_back = os.open(tmp_path / "put-back", os.O_RDWR | os.O_CREAT, 0o644)
+    watched = os.open(tmp_path / "watched", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(watched, fcntl.LOCK_EX)  # the command's lock on the deleted file
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    mine = os.open(tmp_path / "watched", os.O_RDONLY)  # the guardian's own description
+
+    fds = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (put_back, write_end, mine)]
+    # The guardian's layout, as guardian.start hands it over: fds 3, 4 and 5.
+    lay_out = (
+        "import os, sys\nfor target, fd in zip((3, 4, 5), sys.argv[2:]):\n"
+        "    os.dup2(int(fd), target)\nos.execv(sys.executable, "
+        "[sys.executable, '-I', '-S', '-c', sys.argv[1], '1'])"
+    )
+    guard = subprocess.Popen(
+        [sys.executable, "-c", lay_out, _WAIT, *map(str, fds)],
+        pass_fds=fds,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            guard.wait(1.0)  # still guarding (it died at once)
+        fcntl.flock(watched, fcntl.LOCK_UN)  # the command is gone
+        assert guard.wait(20) == 0, guard.stderr.read() if guard.stderr else ""
+    finally:
+        guard.kill()
+        guard.wait()
+        for fd in (put_back, watched, write_end, mine, *fds):
+            os.close(fd)
+
+
 def test_a_guardian_starts_under_a_low_descriptor_limit(
     lock_dir: Path, marks: Path, tmp_path: Path
 ) -> None:

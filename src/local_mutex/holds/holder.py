@@ -17,7 +17,6 @@ from .. import _proc
 from .._json import dumps, loads_object
 from ..backends import open_backend
 from ..backends.flock.lock import FlockLock
-from ..backends.flock.lockdir import file_id
 from ..backends.flock.share import SUPPORTED, Sharing
 from ..errors import LockLost, NotAcquired, RecordNotWritten, Unavailable, ValidationError
 from ..identity import job_identity, new_token, token_hash, utc_stamp
@@ -94,7 +93,10 @@ def main() -> int:
     finally:
         if sharing is not None:
             if sharing.in_use() and isinstance(held.lock, FlockLock):
-                held.lock.hand_over()  # theirs until the last command of a run inside ends
+                # Theirs until the last command of a run inside ends: the file at the path
+                # too, if a tmp cleaner made it one the runs did not join with.
+                sharing.share_more(held.lock.at_path())
+                held.lock.hand_over()
             sharing.close()
         held.__exit__(None, None, None)
     return 0
@@ -121,8 +123,6 @@ def _keep(held: Held, anchor: int | None, ttl: float | None, sharing: Sharing | 
         except (AttributeError, OSError):
             watch = None
     tick = held.lock.check_interval() if held.lock is not None else None
-    # Which files (device, inode) the runs inside hold: descriptor numbers may be reused.
-    given = {file_id(fd) for fd in held.lock.keep_fds()} if held.lock is not None else set()
     while True:
         remaining = None if deadline is None else deadline - time.monotonic()
         if remaining is not None and remaining <= 0:
@@ -147,13 +147,8 @@ def _keep(held: Held, anchor: int | None, ttl: float | None, sharing: Sharing | 
             if tick is not None:
                 held.check()
             if sharing is not None and isinstance(held.lock, FlockLock):
-                current = held.lock.at_path()
-                fresh = [fd for fd in current if file_id(fd) not in given]
-                if fresh and sharing.inside:  # a file put back: the runs inside hold it too
-                    sharing.share_more(fresh)
-                given = {file_id(fd) for fd in current}  # a closed file's inode comes back
                 if sharing in ready:
-                    sharing.serve(current)
+                    sharing.serve(held.lock.at_path())
                 sharing.in_use()  # forget the runs that left: a descriptor each
                 held.lock.given = sharing.joined_with()
         finally:

@@ -31,11 +31,12 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
 # fd 3: the file put back (held); fd 4: a pipe to say it runs (it could not import, start or
-# find its libraries otherwise); fds 5 on: descriptions of our own of each deleted file the
-# command's processes may hold the lock of (argv[1] says how many), waited for in turn.
+# find its libraries otherwise) -- to a starter that may have died meanwhile, which must not
+# end the guardian; fds 5 on: descriptions of our own of each deleted file the command's
+# processes may hold the lock of (argv[1] says how many), waited for in turn.
 _WAIT = (
-    "import fcntl, os, sys\nos.write(4, b'.')\nos.close(4)\n"
-    "for fd in range(5, 5 + int(sys.argv[1])):\n    fcntl.flock(fd, fcntl.LOCK_EX)"
+    "import fcntl, os, sys\ntry:\n    os.write(4, b'.')\nexcept OSError:\n    pass\n"
+    "os.close(4)\nfor fd in range(5, 5 + int(sys.argv[1])):\n    fcntl.flock(fd, fcntl.LOCK_EX)"
 )
 _STARTED_WITHIN = 5.0  # seconds; an interpreter starts in ~10 ms
 SUPPORTED = USE_PROC  # Linux: a deleted file can be opened again through /proc/self/fd

@@ -104,14 +104,15 @@ class Sharing:
                 conn.close()
 
     def share_more(self, fds: Sequence[int]) -> None:
-        """Descriptions opened since the runs inside joined (a lock file put back at the
-        path): sent on their connections. A run never reads them; queued on its socket they
-        keep the lock all the same, until the run closes the connection as it ends."""
+        """At the hold's end, the file at the path (put back since some runs joined) for the
+        runs inside. A run never reads it: queued on its socket it keeps the lock all the
+        same, until the run closes the connection as it ends. Sent once, not at every
+        put-back: queued descriptors count against the user's limit of open files."""
         for conn in self.inside:
             try:
                 socket.send_fds(conn, [b"+\n"], list(fds))
             except OSError:
-                pass  # that run is gone: in_use() drops it
+                pass  # that run is gone
 
     def _may_join(self, request: str) -> bool:
         kind, _, value = request.partition(" ")
