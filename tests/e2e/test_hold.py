@@ -334,6 +334,30 @@ def _held_until_the_command_ends(name: str, lock_dir: Path, marks: Path) -> None
     wait_for(lambda: run_cli(["--no-wait", name, "true", str(lock_dir)]).returncode == 0, 30)
 
 
+def _release_then_kill_the_run(
+    name: str, token: str, run: subprocess.Popen[bytes], lock_dir: Path, marks: Path
+) -> None:
+    """The hold released (handed over to the run inside), then the run's keeper and
+    supervisor killed together: the lock stays held until the command ends."""
+    r = run_cli(["release", name, "--lock-dir", str(lock_dir), "--token", token])
+    assert r.returncode == 0, r.stderr
+    _kill_keeper_and_supervisor(run)
+    _held_until_the_command_ends(name, lock_dir, marks)
+
+
+def _hold_with_few_descriptors(name: str, lock_dir: Path, limit: int) -> str:
+    """A hold whose holder may open ``limit`` descriptors at most: its token."""
+    hold = [*CLI, "hold", name, "--lock-dir", str(lock_dir)]
+    r = subprocess.run(
+        ["sh", "-c", f'ulimit -n {limit} && exec "$@"', "sh", *hold],
+        env=clean_env(),
+        capture_output=True,
+        timeout=30,
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout.decode().strip()
+
+
 def _end_hold(how: str, name: str, lock_dir: Path, token: str, holder_pid: int) -> None:
     if how == "holder killed":
         os.kill(holder_pid, signal.SIGKILL)
@@ -569,10 +593,7 @@ def test_a_file_put_back_stays_held_after_the_release_when_the_run_inside_is_kil
     it until the command is gone."""
     token, run = _inside("swept", procs, lock_dir, marks, cleanup)
     delete_until_put_back(lock_file(lock_dir, "swept"))
-    r = run_cli(["release", "swept", "--lock-dir", str(lock_dir), "--token", token])
-    assert r.returncode == 0, r.stderr
-    _kill_keeper_and_supervisor(run)
-    _held_until_the_command_ends("swept", lock_dir, marks)
+    _release_then_kill_the_run("swept", token, run, lock_dir, marks)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
@@ -593,10 +614,7 @@ def test_a_run_that_joined_after_a_put_back_keeps_that_file_through_the_next_one
     )
     wait_for(marks / "in.held")
     delete_until_put_back(path)
-    r = run_cli(["release", "twice", "--lock-dir", str(lock_dir), "--token", token])
-    assert r.returncode == 0, r.stderr
-    _kill_keeper_and_supervisor(run)
-    _held_until_the_command_ends("twice", lock_dir, marks)
+    _release_then_kill_the_run("twice", token, run, lock_dir, marks)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
@@ -607,15 +625,7 @@ def test_a_tmp_cleaner_in_a_loop_does_not_run_a_hold_out_of_descriptors(
     never reads them): with 24 descriptors it could put no file back after a dozen
     deletions, and a newcomer created one and took it. Only what runs joined with stays."""
     cleanup.append("loop")
-    hold = [*CLI, "hold", "loop", "--lock-dir", str(lock_dir)]
-    r = subprocess.run(
-        ["sh", "-c", 'ulimit -n 24 && exec "$@"', "sh", *hold],
-        env=clean_env(),
-        capture_output=True,
-        timeout=30,
-    )
-    assert r.returncode == 0, r.stderr
-    token = r.stdout.decode().strip()
+    token = _hold_with_few_descriptors("loop", lock_dir, 24)
     run = procs.start(
         ["run", "--reentrant", "--lock-dir", str(lock_dir), "loop", hold_until(marks, "in")],
         env={"LOCAL_MUTEX_HOLD_TOKEN": token},
@@ -623,10 +633,7 @@ def test_a_tmp_cleaner_in_a_loop_does_not_run_a_hold_out_of_descriptors(
     wait_for(marks / "in.held")
     for _ in range(20):
         delete_until_put_back(lock_file(lock_dir, "loop"))
-    r = run_cli(["release", "loop", "--lock-dir", str(lock_dir), "--token", token])
-    assert r.returncode == 0, r.stderr
-    _kill_keeper_and_supervisor(run)
-    _held_until_the_command_ends("loop", lock_dir, marks)
+    _release_then_kill_the_run("loop", token, run, lock_dir, marks)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
@@ -695,15 +702,8 @@ def test_runs_that_left_a_hold_do_not_pile_up_in_its_holder(
     """The holder kept every run's connection until the hold ended: with 32 descriptors,
     the 20-somethingth run inside one hold was refused (``each`` over many items)."""
     cleanup.append("many")
-    hold = [*CLI, "hold", "many", "--lock-dir", str(lock_dir)]
-    r = subprocess.run(
-        ["sh", "-c", 'ulimit -n 32 && exec "$@"', "sh", *hold],
-        env=clean_env(),
-        capture_output=True,
-        timeout=30,
-    )
-    assert r.returncode == 0, r.stderr
-    env = {"LOCAL_MUTEX_HOLD_TOKEN": r.stdout.decode().strip()}
+    token = _hold_with_few_descriptors("many", lock_dir, 32)
+    env = {"LOCAL_MUTEX_HOLD_TOKEN": token}
     for i in range(40):
         r = run_cli(["-q", "--reentrant", "--lock-dir", str(lock_dir), "many", "true"], env=env)
         assert r.returncode == 0, (i, r.stderr)
