@@ -10,14 +10,14 @@ import json
 import os
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 
-from helpers import CLI, Procs, clean_env, run_cli, wait_for
+from helpers import CLI, Procs, clean_env, concurrently, run_cli, wait_for
 from helpers import procwatch as pw
 from helpers.gitserver import Silent, git_daemon
 from helpers.witnessed import witnessed
@@ -150,44 +150,57 @@ def test_a_branch_that_is_not_a_lock_is_never_taken_rewritten_or_deleted(
 # -- the holder dies: its lease may lapse only once its command is gone ------------------------
 
 
-@pytest.mark.parametrize("victim", ["keeper", "callers-group"])
 def test_a_killed_remote_holder_is_taken_over_only_once_its_command_is_gone(
-    server: Server, marks: Path, tmp_path: Path, victim: str
+    server: Server, tmp_path: Path
 ) -> None:
     """Issue 9 case 1 on a remote: after a SIGKILL the lease lapses and a contender takes
-    over — so the command must be gone by then. ``callers-group`` is ``kill -9 -PGID`` (or
-    ``timeout -s KILL``): every process in the caller's group at once; the command has a group
-    of its own and no descriptor can hold a remote lock for it."""
-    lease = ["--remote", server.url, "--lease", "10", "--kill-after", "1"]
-    with witnessed(marks) as wit:
-        cmd = f"{wit.enter('A')}; touch '{marks}/A.held'; while :; do sleep 0.1; done"
-        with open(tmp_path / "a.err", "wb") as err:
-            a = subprocess.Popen(
-                [*CLI, "run", *lease, "dead", cmd],
-                env=clean_env(wit.env("A")),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-                start_new_session=True,  # a group of its own: killing it spares pytest
-            )
-        try:
-            wait_for(marks / "A.held", 30)
-            if victim == "keeper":
-                a.send_signal(signal.SIGKILL)
-            else:
-                os.killpg(a.pid, signal.SIGKILL)
-            a.wait(10)
-            b = run_cli(
-                ["run", *lease, "--poll", "0.5", "--wait", "40", "dead", wit.enter("B")],
-                env=wit.env("B"),
-                timeout=50,
-            )
-            assert b.returncode == 0, b.stderr
-            wit.assert_saw_nobody("B")
-        finally:
-            if a.poll() is None:
-                a.kill()
-                a.wait()
+    over — so the command must be gone by then, and the takeover is said and recorded.
+    ``keeper`` kills the CLI alone (no unlock is pushed); ``callers-group`` is
+    ``kill -9 -PGID`` (or ``timeout -s KILL``): every process in the caller's group at once;
+    the command has a group of its own and no descriptor can hold a remote lock for it. The
+    two wait out their leases side by side."""
+    lease = ["--remote", server.url, "--lease", "9", "--kill-after", "1"]
+
+    def killed(victim: str) -> None:
+        name, marks = f"dead-{victim}", tmp_path / victim
+        marks.mkdir()
+        with witnessed(marks) as wit:
+            cmd = f"{wit.enter('A')}; touch '{marks}/A.held'; while :; do sleep 0.1; done"
+            with open(marks / "a.err", "wb") as err:
+                a = subprocess.Popen(
+                    [*CLI, "run", *lease, name, cmd],
+                    env=clean_env(wit.env("A")),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                    start_new_session=True,  # a group of its own: killing it spares pytest
+                )
+            try:
+                wait_for(marks / "A.held", 30)
+                if victim == "keeper":
+                    a.send_signal(signal.SIGKILL)
+                else:
+                    os.killpg(a.pid, signal.SIGKILL)
+                a.wait(10)
+                expires = float(server.body(f"lock__{name}")["expires_at"])  # type: ignore[arg-type]
+                b = run_cli(
+                    ["run", *lease, "--poll", "0.2", "--wait", "40", name, wit.enter("B")],
+                    env=wit.env("B"),
+                    timeout=50,
+                )
+                assert b.returncode == 0, b.stderr
+                wit.assert_saw_nobody("B")
+                assert wit.started("B") >= expires, (wit.started("B"), expires)
+                assert f"took over remote lock {name}".encode() in b.stderr, b.stderr
+            finally:
+                if a.poll() is None:
+                    a.kill()
+                    a.wait()
+        r = run_cli(["history", name, "--remote", server.url, "--json"])
+        events = [e["event"] for e in json.loads(r.stdout)]
+        assert events[0] == "lock" and "takeover" in events and events[-1] == "unlock", events
+
+    concurrently({victim: partial(killed, victim) for victim in ("keeper", "callers-group")})
 
 
 # -- renewals fail: the command is stopped before its lease can expire ------------------------
@@ -207,55 +220,74 @@ def test_a_lease_too_short_to_stop_the_command_in_is_refused(
     assert server.tip("lock__short") is None
 
 
-@pytest.mark.parametrize("failure", ["refused", "hung"])
 def test_a_holder_that_cannot_renew_stops_its_command_before_the_lease_expires(
-    procs: Procs, server: Server, marks: Path, failure: str
+    tmp_path: Path,
 ) -> None:
-    # refused: the server is gone (connections refused); hung: something else took its
-    # port and never answers, so a renewal push hangs — that must not stall the deadline.
-    # The command ignores SIGTERM (and so does its sleep): only the KILL step can end it.
-    cmd = f"trap '' TERM; echo $$ > '{marks}/pid.tmp'; mv '{marks}/pid.tmp' '{marks}/pid'; "
+    """Three ways renewals stop, side by side, each on a server of its own (they wait out
+    their leases at once). ``refused``: the server is gone (connections refused). ``hung``:
+    something else took its port and never answers, so a renewal push hangs — that must not
+    stall the deadline. ``frozen``: the process that renews is SIGSTOPped; it keeps its pipes
+    open, so nothing looks dead, yet nothing renews — the supervisor enforces the deadline
+    on its own. The command ignores SIGTERM (and so does its sleep): only the KILL step can
+    end it."""
+    cmd = 'trap \'\' TERM; echo $$ > "$M/pid.tmp"; mv "$M/pid.tmp" "$M/pid"; '
     cmd += "while :; do sleep 0.1; done"
-    cli = procs.start(
-        ["run", "--remote", server.url, "--lease", "10", "--kill-after", "1", "renew", cmd]
-    )
-    wait_for(marks / "pid", 30)
-    group = pw.pgid(int((marks / "pid").read_text()))
-    assert group is not None
-    dead_at: list[float] = []
 
-    def watch() -> None:
-        while pw.group_members(group):
-            time.sleep(0.02)
-        dead_at.append(time.time())
+    def one(failure: str) -> None:
+        marks = tmp_path / failure
+        marks.mkdir()
+        procs = Procs(marks)
+        with git_daemon(marks / "server") as url:
+            server = Server(marks / "server", url)
+            lease = ["--lease", "9", "--kill-after", "1"]
+            cli = procs.start(["run", "--remote", url, *lease, "renew", cmd], env={"M": str(marks)})
+            try:
+                wait_for(marks / "pid", 30)
+                group = pw.pgid(int((marks / "pid").read_text()))
+                assert group is not None
+                _stopped_before_its_lease_expired(server, procs, cli, group, failure)
+            finally:
+                procs.stop_all()
+        err = procs.stderr(cli).lower()
+        assert "lease" in err and "lost" in err, err
 
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    server.kill()
-    # A hung server: it takes the dead daemon's port and never answers.
-    hang = Silent(int(server.url.split(":")[2].split("/")[0])) if failure == "hung" else None
-    killed_at = time.time()
-    # The newest lease the server ever acknowledged (read from its repository on disk).
-    expires = float(server.body("lock__renew")["expires_at"])  # type: ignore[arg-type]
-    assert expires > killed_at, "the lease had expired before the server went away"
+    concurrently({failure: partial(one, failure) for failure in ("refused", "hung", "frozen")})
+
+
+def _stopped_before_its_lease_expired(
+    server: Server, procs: Procs, cli: subprocess.Popen[bytes], group: int, failure: str
+) -> None:
+    hang: Silent | None = None
+    if failure == "frozen":
+        os.kill(cli.pid, signal.SIGSTOP)
+    else:
+        server.kill()
+        if failure == "hung":  # it takes the dead daemon's port and never answers
+            hang = Silent(int(server.url.split(":")[2].split("/")[0]))
     try:
-        watcher.join(max(expires - time.time() + 10, 1))
-        assert dead_at, (
-            f"the command still ran {time.time() - expires:.1f}s after its lease expired; "
+        # The newest lease the server ever acknowledged (read from its repository on disk).
+        expires = float(server.body("lock__renew")["expires_at"])  # type: ignore[arg-type]
+        assert expires > time.time(), "the lease had expired before renewals stopped"
+        deadline = time.monotonic() + max(expires - time.time(), 0) + 10
+        while pw.group_members(group) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        dead_at = time.time()
+        assert not pw.group_members(group), (
+            f"the command still ran {dead_at - expires:.1f}s after its lease expired; "
             f"stderr: {procs.stderr(cli)}"
         )
+        # Polled every 20 ms: allow that much after the real end.
+        assert dead_at - 0.1 < expires, (dead_at - expires, procs.stderr(cli))
     finally:
+        if failure == "frozen":
+            os.kill(cli.pid, signal.SIGCONT)
         pw.signal_quietly(pw.group_members(group))
         if hang is not None:
             # The release that follows may wait on the hung server (git's own timeout);
             # a server that is gone for good makes it fail at once.
             hang.close()
-    status = cli.wait(30)
-    # Polled every 20 ms: allow that much after the real end.
-    assert dead_at[0] - 0.1 < expires, (dead_at[0] - expires, procs.stderr(cli))
+    status = cli.wait(60)
     assert status == 69, (status, procs.stderr(cli))
-    err = procs.stderr(cli).lower()
-    assert "lease" in err and "lost" in err, err
 
 
 # -- a failure at release keeps the command's own exit status ---------------------------------
@@ -282,35 +314,6 @@ def test_a_failure_at_release_keeps_the_commands_exit_status(
 
 
 # -- a keeper that is frozen, not dead --------------------------------------------------------
-
-
-def test_a_frozen_keeper_cannot_let_the_command_outrun_its_lease(
-    procs: Procs, server: Server, marks: Path
-) -> None:
-    """SIGSTOP the process that renews the lease: it keeps its pipes open, so nothing looks
-    dead, yet nothing renews. The supervisor enforces the deadline on its own."""
-    cmd = f"trap '' TERM; echo $$ > '{marks}/pid.tmp'; mv '{marks}/pid.tmp' '{marks}/pid'; "
-    cmd += "while :; do sleep 0.1; done"
-    cli = procs.start(
-        ["run", "--remote", server.url, "--lease", "9", "--kill-after", "1", "frozen", cmd]
-    )
-    wait_for(marks / "pid", 30)
-    group = pw.pgid(int((marks / "pid").read_text()))
-    assert group is not None
-    os.kill(cli.pid, signal.SIGSTOP)
-    try:
-        expires = float(server.body("lock__frozen")["expires_at"])  # type: ignore[arg-type]
-        deadline = time.monotonic() + max(expires - time.time(), 0) + 10
-        while pw.group_members(group) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        dead_at = time.time()
-        assert not pw.group_members(group), "the command outlived its lease"
-        assert dead_at - 0.1 < expires, dead_at - expires
-    finally:
-        os.kill(cli.pid, signal.SIGCONT)
-        pw.signal_quietly(pw.group_members(group))
-    assert cli.wait(60) == 69, procs.stderr(cli)
-    assert "lost the lease" in procs.stderr(cli)
 
 
 def test_a_scratch_repository_a_sigkill_left_behind_goes_with_the_next_remote_call(

@@ -6,8 +6,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 CLI = [sys.executable, "-m", "local_mutex"]
@@ -116,6 +117,28 @@ def wait_for(predicate_or_path: object, timeout: float = 20.0, what: str = "") -
             return
         time.sleep(0.02)
     raise AssertionError(f"timed out waiting for {what or predicate_or_path}")
+
+
+def concurrently(scenarios: Mapping[str, Callable[[], None]]) -> None:
+    """Run each scenario in a thread of its own and wait for all: for variants of a test
+    that spend their time waiting out a lease or a deadline. Fails naming every scenario
+    that failed (the first failure chained)."""
+    failures: dict[str, BaseException] = {}
+
+    def one(name: str, scenario: Callable[[], None]) -> None:
+        try:
+            scenario()
+        except BaseException as e:
+            failures[name] = e
+
+    threads = [threading.Thread(target=one, args=item, daemon=True) for item in scenarios.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        report = "; ".join(f"{name}: {e!r}" for name, e in failures.items())
+        raise AssertionError(f"failed: {report}") from next(iter(failures.values()))
 
 
 def read_pid(path: Path, timeout: float = 20.0) -> int:
