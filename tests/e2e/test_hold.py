@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shlex
@@ -634,6 +635,52 @@ def test_a_tmp_cleaner_in_a_loop_does_not_run_a_hold_out_of_descriptors(
     for _ in range(20):
         delete_until_put_back(lock_file(lock_dir, "loop"))
     _release_then_kill_the_run("loop", token, run, lock_dir, marks)
+
+
+def _take_the_new_file_first(path: Path) -> int:
+    """A tmp cleaner deletes the held lock file and another program creates and locks a new
+    one before the holder's next look (every 0.1 s) puts one back: its descriptor."""
+    for _ in range(200):
+        path.unlink(missing_ok=True)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except FileExistsError:
+            continue  # the holder put one back first: delete that one
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            os.close(fd)  # the holder found ours and locked it first
+    raise AssertionError(f"the holder of {path} always put its file back first")
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["alone", "a run inside"])
+def test_a_hold_whose_new_lock_file_another_took_first_ends(
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str], inside: bool
+) -> None:
+    """The holder went on holding a deleted file, which keeps nobody out: ``status`` said
+    free, ``release --token`` found nothing to release, and a hold without a TTL never
+    ended. It now ends (leaving its lock to a run inside it, as any end of a hold does)."""
+    name = "taken"
+    if inside:
+        token, run = _inside(name, procs, lock_dir, marks, cleanup)
+    else:
+        cleanup.append(name)
+        token = _hold(name, lock_dir)
+    holder_pid = _status(name, lock_dir)["holders"][0]["pid"]
+    fd = _take_the_new_file_first(lock_file(lock_dir, name))
+    try:
+        assert pw.wait_gone([holder_pid], 10) == [], "the holder lives on, holding nothing"
+        status = _status(name, lock_dir)
+        assert [h["pid"] for h in status["holders"]] == [os.getpid()], status
+    finally:
+        os.close(fd)
+    if inside:
+        (marks / "in.go").touch()
+        assert run.wait(30) == 0, procs.stderr(run)
+    r = run_cli(["release", name, "--lock-dir", str(lock_dir), "--token", token])
+    assert r.returncode == 0, r.stderr
+    assert _free(name, lock_dir)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")

@@ -2,7 +2,8 @@
 
 It keeps the lock until SIGTERM (``release``), its TTL, or the end of the job it belongs
 to (the runner process it watches exits), checking the lock all along (a lock file put
-back if deleted, a session watched). Any death, SIGKILL included, frees the lock: nothing
+back if deleted, a session watched). A lock it has lost ends it too: a lease or session
+gone, or a deleted lock file whose path another caller took before it was put back. Any death, SIGKILL included, frees the lock: nothing
 else runs under it.
 """
 
@@ -146,6 +147,11 @@ def _keep(held: Held, anchor: int | None, ttl: float | None, sharing: Sharing | 
         try:
             if tick is not None:
                 held.check()
+                if isinstance(held.lock, FlockLock) and held.lock.lost_to is not None:
+                    # A tmp cleaner deleted our file and another caller took the new one
+                    # before we could put it back: what we hold is a deleted file, which
+                    # keeps nobody out, and ``release`` can no longer find us. End.
+                    return
             if sharing is not None and isinstance(held.lock, FlockLock):
                 if sharing in ready:
                     sharing.serve(held.lock.at_path())

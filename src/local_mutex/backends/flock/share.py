@@ -108,7 +108,7 @@ class Sharing:
         runs inside. A run never reads it: queued on its socket it keeps the lock all the
         same, until the run closes the connection as it ends. Sent once, not at every
         put-back: queued descriptors count against the user's limit of open files."""
-        for conn in self.inside:
+        for conn in self.inside if fds else ():
             try:
                 socket.send_fds(conn, [b"+\n"], list(fds))
             except OSError:
