@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shlex
 import shutil
 import signal
@@ -353,6 +354,14 @@ def test_a_deleted_lock_file_is_put_back_and_still_excludes(
     assert back_after < 10, back_after
 
 
+def _sockets_open(pid: int) -> bool:
+    fds = Path(f"/proc/{pid}/fd")
+    try:
+        return any(os.readlink(fd).startswith("socket:") for fd in fds.iterdir())
+    except OSError:
+        return True
+
+
 def _holds_open(pid: int, path: Path) -> bool:
     fds = Path(f"/proc/{pid}/fd")
     try:
@@ -664,6 +673,45 @@ def test_a_run_that_put_its_file_back_leaves_nothing_running(
     assert keeper.wait(20) == 0, procs.stderr(keeper)
     assert _openers(path) == []
     assert pw.children(keeper.pid) == []
+
+
+@pytest.mark.skipif(not hasattr(resource, "prlimit"), reason="lowers a running keeper's limit")
+@pytest.mark.parametrize("put_back_before", [False, True], ids=["first deletion", "second"])
+def test_a_keeper_out_of_descriptors_says_it_cannot_put_the_file_back(
+    procs: Procs, lock_dir: Path, marks: Path, put_back_before: bool
+) -> None:
+    """Out of descriptors, the keeper died with a traceback at its first look (loading the
+    code that puts a file back), and once past that it could create no file at the path and
+    said nothing, while a newcomer could create one and take the lock. It now says so
+    once, and puts the file back as soon as it can."""
+    keeper = procs.start(["nofds", hold_until(marks, "a"), str(lock_dir)])
+    wait_for(marks / "a.held")
+    path = lock_file(lock_dir, "nofds")
+    if put_back_before:
+        delete_until_put_back(path)
+        # Its guardian started and the supervisor took the file over the keeper's socket:
+        # the keeper holds what it will hold for the rest of the run.
+        supervisor = pw.supervisor_child(keeper.pid)
+        assert supervisor is not None
+        wait_for(lambda: _holds_open(supervisor, path), 10, "the supervisor holding it too")
+        wait_for(lambda: len(pw.children(keeper.pid)) == 2, 10, "a guardian beside the supervisor")
+        wait_for(lambda: not _sockets_open(keeper.pid), 10, "the keeper's socket closed")
+    open_fds = {int(fd) for fd in os.listdir(f"/proc/{keeper.pid}/fd")}
+    lowest_free = min(set(range(len(open_fds) + 1)) - open_fds)
+    limits = resource.prlimit(keeper.pid, resource.RLIMIT_NOFILE)
+    resource.prlimit(keeper.pid, resource.RLIMIT_NOFILE, (lowest_free, limits[1]))  # no new fd
+    path.unlink()
+    said = "cannot put one back"
+    procs.wait_stderr(keeper, said, 10)
+    time.sleep(0.5)  # five more looks: said once, not at each
+    assert procs.stderr(keeper).count(said) == 1, procs.stderr(keeper)
+    resource.prlimit(keeper.pid, resource.RLIMIT_NOFILE, limits)
+    wait_for(lambda: _locked_file_at(path), 10, f"a locked file back at {path}")
+    r = run_cli(["--no-wait", "nofds", f"touch '{marks}/newcomer.ran'", str(lock_dir)])
+    assert r.returncode == 75, r.stderr
+    (marks / "a.go").touch()
+    assert keeper.wait(20) == 0, procs.stderr(keeper)
+    assert "put a locked file back at the path" in procs.stderr(keeper)
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc/PID/fd")

@@ -18,7 +18,7 @@ from ...errors import NotAcquired, UnsafeLockFile
 from ...names import display, lock_filename
 from ...ui.lines import describe_holder, duration
 from . import kernel, record
-from .lockdir import ENV_LOCK_DIR, file_id, names_inode, open_lock_file
+from .lockdir import ENV_LOCK_DIR, cannot_put_back, file_id, names_inode, open_lock_file
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -61,6 +61,7 @@ class FlockLock:
         # the path, they stay held (and guarded) while those runs' commands may hold them.
         self.given: set[tuple[int, int]] = set()
         self.lost_to: int | None = None  # pid that took a replacement file before us
+        self.cannot_create: int | None = None  # why no file could be put back (errno)
         self.guardian: int | None = None  # holds the file put back too (``guardian``)
         # Inside a hold: its descriptions of the lock, and our connection to its holder.
         self.joined: tuple[socket.socket, list[int]] | None = None
@@ -312,8 +313,12 @@ class FlockLock:
 
     def check(self) -> str | None:
         """Put a locked file back at the path if ours was deleted or renamed."""
-        from .putback import put_back
-
+        if self.guardian is None and not self.spares and names_inode(self.path, self.fd):
+            return None  # the common case, looked at without loading what a put-back needs
+        try:
+            from .putback import put_back
+        except OSError as exc:  # out of descriptors: not even that code can be read
+            return cannot_put_back(self, exc)
         return put_back(self)
 
     # -- letting go ----------------------------------------------------------------------

@@ -12,6 +12,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from .lock import FlockLock
+
 DEFAULT_LOCK_DIR = "/tmp"
 ENV_LOCK_DIR = "LOCAL_MUTEX_LOCK_DIR"
 ENV_ALLOW_OTHER_OWNER = "LOCAL_MUTEX_ALLOW_OTHER_OWNER"
@@ -90,10 +92,11 @@ def open_lock_file(path: str, *, allow_other_owner: bool = False) -> int:
 
 
 def create_exclusive(path: str) -> int | None:
-    """A fresh lock file at ``path`` (None if something is already there)."""
+    """A fresh lock file at ``path`` (None if something is already there, or its directory
+    is gone); OSError if it cannot be created (out of descriptors, disk full, read-only)."""
     try:
         fd = os.open(path, _OPEN_FLAGS | os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
-    except OSError:
+    except (FileExistsError, FileNotFoundError):
         return None
     try:
         os.fchmod(fd, FILE_MODE)
@@ -163,6 +166,19 @@ def file_id(fd: int) -> tuple[int, int]:
     """The file open on ``fd``, whatever its path now: (device, inode)."""
     st = os.fstat(fd)
     return st.st_dev, st.st_ino
+
+
+def cannot_put_back(lock: FlockLock, exc: OSError) -> str | None:
+    """Said once per cause (out of descriptors, disk full, read-only): we look again every
+    tick, and may well succeed later."""
+    if lock.cannot_create == exc.errno:
+        return None
+    lock.cannot_create = exc.errno
+    return (
+        f"lock file {lock.path!r} of {lock.label} was deleted or renamed while held, and pid "
+        f"{os.getpid()} cannot put one back ({exc.strerror}): until it can, a newcomer can "
+        "take the lock"
+    )
 
 
 def names_inode(path: str, fd: int) -> bool:

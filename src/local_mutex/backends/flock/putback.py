@@ -8,10 +8,11 @@ held by the keeper, handed down to the supervisor (``supervise.handdown``), and 
 
 from __future__ import annotations
 
+import errno
 import os
 
 from . import guardian, kernel, record
-from .lockdir import create_exclusive, file_id, refusal_for
+from .lockdir import cannot_put_back, create_exclusive, file_id, refusal_for
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -37,7 +38,11 @@ def put_back(lock: FlockLock) -> str | None:
         mine = os.fstat(held_fd)
         if st is not None and (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
             return None
-    fd: int | None = create_exclusive(lock.path) if st is None else _open_quietly(lock.path)
+    try:
+        fd = create_exclusive(lock.path) if st is None else _open_quietly(lock.path)
+    except OSError as exc:
+        return cannot_put_back(lock, exc)
+    lock.cannot_create = None
     if fd is None:
         # Nothing to lock at the path: its directory is gone (a tmp cleaner), or a file
         # came and went. Nobody else can take the lock there either; look next tick.
@@ -101,7 +106,10 @@ def _unguarded(lock: FlockLock) -> str:
 
 
 def _open_quietly(path: str) -> int | None:
+    """The file now at the path, if we may open it; OSError if we are out of descriptors."""
     try:
         return os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
+    except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            raise
         return None

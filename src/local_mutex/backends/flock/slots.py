@@ -134,6 +134,10 @@ def take_slot(
                 pause = delay if deadline is None else min(delay, deadline - now)
                 time.sleep(max(pause, 0.0))
                 delay = min(delay * 2, _POLL_MAX)
+    except BaseException:
+        if slot is not None:  # a stop just after we took it: an API caller lives on
+            os.close(slot.fd)
+        raise
     finally:
         os.close(gate)  # the next in the queue becomes the head
     # A slot free at once is no wait, as for the plain lock (``each`` reports only waits).
