@@ -145,10 +145,14 @@ def signal_quietly(pids: Iterable[int], sig: int = signal.SIGKILL) -> None:
 
 def kill_together(pids: Iterable[int]) -> None:
     """SIGKILL as an OOM sweep does, all at once: stopped first, so none of them sees
-    another die and acts on it (a supervisor stopping the command when its keeper goes)."""
+    another die and acts on it (a supervisor stopping the command when its keeper goes).
+    PIDS parents first; they are killed children first: a parent's death that orphans a
+    process group holding a stopped process makes the kernel send that group SIGHUP and
+    SIGCONT -- the supervisor has a group of its own, and would wake up to stop the
+    command before its own SIGKILL came."""
     pids = list(pids)
     signal_quietly(pids, signal.SIGSTOP)
-    signal_quietly(pids, signal.SIGKILL)
+    signal_quietly(reversed(pids), signal.SIGKILL)
 
 
 def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
