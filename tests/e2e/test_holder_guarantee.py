@@ -683,7 +683,7 @@ def test_a_keeper_out_of_descriptors_says_it_cannot_put_the_file_back(
     """Out of descriptors, the keeper died with a traceback at its first look (loading the
     code that puts a file back), and once past that it could create no file at the path and
     said nothing, while a newcomer could create one and take the lock. It now says so
-    once, and puts the file back as soon as it can."""
+    once for each loss (a hard link is none), and puts the file back as soon as it can."""
     keeper = procs.start(["nofds", hold_until(marks, "a"), str(lock_dir)])
     wait_for(marks / "a.held")
     path = lock_file(lock_dir, "nofds")
@@ -700,11 +700,22 @@ def test_a_keeper_out_of_descriptors_says_it_cannot_put_the_file_back(
     lowest_free = min(set(range(len(open_fds) + 1)) - open_fds)
     limits = resource.prlimit(keeper.pid, resource.RLIMIT_NOFILE)
     resource.prlimit(keeper.pid, resource.RLIMIT_NOFILE, (lowest_free, limits[1]))  # no new fd
-    path.unlink()
     said = "cannot put one back"
+    # Another link to the file is no deletion: nothing to say (five looks).
+    os.link(path, lock_dir / "backup")
+    time.sleep(0.5)
+    (lock_dir / "backup").unlink()
+    assert said not in procs.stderr(keeper), procs.stderr(keeper)
+    away = lock_dir / "away"
+    path.rename(away)
     procs.wait_stderr(keeper, said, 10)
     time.sleep(0.5)  # five more looks: said once, not at each
     assert procs.stderr(keeper).count(said) == 1, procs.stderr(keeper)
+    # The file back without our help, then gone again: said again.
+    away.rename(path)
+    time.sleep(1.0)  # the keeper's looks see it back (every 0.1 s; 1 s on a busy machine)
+    path.unlink()
+    wait_for(lambda: procs.stderr(keeper).count(said) == 2, 10, "said again")
     resource.prlimit(keeper.pid, resource.RLIMIT_NOFILE, limits)
     wait_for(lambda: _locked_file_at(path), 10, f"a locked file back at {path}")
     r = run_cli(["--no-wait", "nofds", f"touch '{marks}/newcomer.ran'", str(lock_dir)])

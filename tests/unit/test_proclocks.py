@@ -224,3 +224,38 @@ def test_a_lock_we_hold_and_its_waiter(tmp_path: Path) -> None:
             waiter.kill()
             waiter.wait()
         os.close(fd)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="no /proc/locks here")
+def test_a_long_list_read_while_locks_come_and_go_lists_each_lock_once(tmp_path: Path) -> None:
+    """/proc/locks comes a page per read, each walking the kernel's list afresh: with
+    locks taken and let go meanwhile, lines repeated (``status`` named a holder twice) or
+    went missing (a held lock looked free)."""
+    fds = [os.open(tmp_path / f"held{i}", os.O_RDWR | os.O_CREAT) for i in range(600)]
+    churn = (
+        "import fcntl, os, sys\n"
+        "fds = [os.open(os.path.join(sys.argv[1], f'c{i}'), os.O_RDWR | os.O_CREAT)"
+        " for i in range(200)]\n"
+        "print('go', flush=True)\n"
+        "while True:\n"
+        "    for fd in fds: fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "    for fd in fds: fcntl.flock(fd, fcntl.LOCK_UN)\n"
+    )
+    churner = subprocess.Popen(
+        [sys.executable, "-c", churn, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        for fd in fds:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        ours = {key_of(os.fstat(fd)) for fd in fds}
+        assert churner.stdout is not None and churner.stdout.readline() == b"go\n"
+        for _ in range(30):
+            seen = [lk.key for lk in read_proc_locks() or [] if lk.key in ours]
+            assert len(seen) == len(ours) and set(seen) == ours, (len(seen), len(set(seen)))
+    finally:
+        churner.kill()
+        churner.wait()
+        for fd in fds:
+            os.close(fd)

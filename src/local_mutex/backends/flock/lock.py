@@ -18,7 +18,14 @@ from ...errors import NotAcquired, UnsafeLockFile
 from ...names import display, lock_filename
 from ...ui.lines import describe_holder, duration
 from . import kernel, record
-from .lockdir import ENV_LOCK_DIR, cannot_put_back, file_id, names_inode, open_lock_file
+from .lockdir import (
+    ENV_LOCK_DIR,
+    cannot_put_back,
+    file_id,
+    is_file_at,
+    names_inode,
+    open_lock_file,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -257,8 +264,9 @@ class FlockLock:
             allow_other_owner=self.allow_other_owner,
             reporter=reporter,
         )
-        os.close(self.fd)
-        self.fd, self.path, self.slot = slot.fd, slot.path, slot.index
+        plain, self.fd = self.fd, slot.fd  # ours to let go (``close``) from here on
+        os.close(plain)
+        self.path, self.slot = slot.path, slot.index
         self.lock_file = slot.path
         self.held = True
         return waited
@@ -313,7 +321,8 @@ class FlockLock:
 
     def check(self) -> str | None:
         """Put a locked file back at the path if ours was deleted or renamed."""
-        if self.guardian is None and not self.spares and names_inode(self.path, self.fd):
+        if self.guardian is None and not self.spares and is_file_at(self.path, self.fd):
+            self.cannot_create = None
             return None  # the common case, looked at without loading what a put-back needs
         try:
             from .putback import put_back

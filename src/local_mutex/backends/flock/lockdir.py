@@ -174,11 +174,21 @@ def cannot_put_back(lock: FlockLock, exc: OSError) -> str | None:
     if lock.cannot_create == exc.errno:
         return None
     lock.cannot_create = exc.errno
+    # Out of descriptors is ours alone; a disk full or a read-only mount stops a newcomer too.
+    risk = "a newcomer can take the lock" if exc.errno == errno.EMFILE else "it keeps trying"
     return (
         f"lock file {lock.path!r} of {lock.label} was deleted or renamed while held, and pid "
-        f"{os.getpid()} cannot put one back ({exc.strerror}): until it can, a newcomer can "
-        "take the lock"
+        f"{os.getpid()} cannot put one back ({exc.strerror}): until it can, {risk}"
     )
+
+
+def is_file_at(path: str, fd: int) -> bool:
+    """Does ``path`` name the file open on ``fd`` (another link to it may exist)?"""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == file_id(fd)
 
 
 def names_inode(path: str, fd: int) -> bool:

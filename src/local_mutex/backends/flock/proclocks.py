@@ -65,21 +65,51 @@ def parse_lock_line(line: str) -> KernelLock | None:
         return None
 
 
+_MAX_READS = 10
+
+
 def read_proc_locks() -> list[KernelLock] | None:
     """All flock(2) locks, in the kernel's order; None when /proc/locks is unreadable."""
     if not USE_PROC:
         return None
-    try:
-        with open(f"{PROC}/locks", encoding="ascii", errors="replace") as f:
-            text = f.read()
-    except OSError:
-        return None
-    locks = []
-    for line in text.splitlines():
-        parsed = parse_lock_line(line)
-        if parsed is not None and parsed.kind == "FLOCK":
-            locks.append(parsed)
+    locks: list[KernelLock] = []
+    seen: set[tuple[object, ...]] = set()
+    # A page per read, each walking the kernel's list afresh: locks taken or let go in
+    # between repeat lines or skip them. A list longer than a page is read again until a
+    # read shows no line the others did not (every line once; a lock let go meanwhile
+    # may still show, and its holder is checked in /proc/PID/fdinfo anyway).
+    for _ in range(_MAX_READS):
+        try:
+            text, reads = _read(f"{PROC}/locks")
+        except OSError:
+            return None
+        new = 0
+        for line in text.splitlines():
+            lock = parse_lock_line(line)
+            if lock is None or lock.kind != "FLOCK":
+                continue
+            ident = (lock.exclusive, lock.pid, lock.major, lock.minor, lock.inode, lock.depth)
+            if ident not in seen:
+                seen.add(ident)
+                locks.append(lock)
+                new += 1
+        if reads == 1 or not new:
+            break
     return locks
+
+
+def _read(path: str) -> tuple[str, int]:
+    """The whole file, and how many reads it took."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks: list[bytes] = []
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return b"".join(chunks).decode("ascii", "replace"), len(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
 
 
 def key_of(st: os.stat_result) -> tuple[int, int, int]:

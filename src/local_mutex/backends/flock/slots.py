@@ -142,11 +142,15 @@ def take_slot(
         os.close(gate)  # the next in the queue becomes the head
     # A slot free at once is no wait, as for the plain lock (``each`` reports only waits).
     waited = time.monotonic() - start if announced else 0.0
-    if reporter is not None:
-        if not announced:
-            reporter.waiting(label, None)
-        else:
-            reporter.acquired(f"{label} (slot {slot.index})", waited)
+    try:
+        if reporter is not None:  # may block on a full stderr: a stop can come meanwhile
+            if not announced:
+                reporter.waiting(label, None)
+            else:
+                reporter.acquired(f"{label} (slot {slot.index})", waited)
+    except BaseException:
+        os.close(slot.fd)
+        raise
     return slot, waited
 
 

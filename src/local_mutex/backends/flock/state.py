@@ -86,6 +86,9 @@ def _from_kernel(
         pids = [(pid, exclusive) for pid in all_fd_holders(key)]
     if not pids:  # a holder we cannot see into (another user's /proc): keep the kernel's pid
         pids = [(e.pid, e.exclusive) for e in granted]
+    # One line per holder: a torn read of /proc/locks can repeat one (and a process may
+    # hold two shared descriptions).
+    pids = list(dict.fromkeys(pids))
     holders = [_holder_from(pid, excl, rec, now) for pid, excl in pids]
     if name is None and rec is not None and any(h.source == "record" for h in holders):
         name = recorded_name(rec, path)
