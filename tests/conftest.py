@@ -2,14 +2,39 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import sys
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from helpers import CLI, Procs, clean_env
+from helpers import procwatch as pw
+
+SESSION_TAG = "LM_TEST_SESSION"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_running() -> Iterator[None]:
+    """Every process the tests start inherits this session's tag; whatever a failed test
+    (or a broken product) left running at the end -- a hold never released, a guardian --
+    is named and killed, never left on the machine."""
+    tag = uuid.uuid4().hex
+    os.environ[SESSION_TAG] = tag
+    yield
+    left = pw.tagged(SESSION_TAG, tag)
+    if left:
+        names = ", ".join(f"{p} ({' '.join(pw.argv(p))[:60]})" for p in left[:5])
+        if sys.__stderr__ is not None:
+            sys.__stderr__.write(
+                f"\nkilled {len(left)} processes the tests left running: {names}\n"
+            )
+        pw.signal_quietly(left, signal.SIGKILL)
 
 
 @pytest.fixture(scope="session", autouse=True)
