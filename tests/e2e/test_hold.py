@@ -637,6 +637,33 @@ def test_a_tmp_cleaner_in_a_loop_does_not_run_a_hold_out_of_descriptors(
     _release_then_kill_the_run("loop", token, run, lock_dir, marks)
 
 
+def test_a_release_just_after_a_tmp_cleaner_waits_for_the_put_back(
+    lock_dir: Path, cleanup: list[str]
+) -> None:
+    """The lock file deleted, and `release` before the holder's next look put one back:
+    it said there was no lock file here ("another --lock-dir?", exit 2), and the hold
+    lived on. The holder is stopped here while the file is gone, so the release surely
+    finds no file; it waits for the put-back and ends the hold."""
+    cleanup.append("swift")
+    token = _hold("swift", lock_dir)
+    holder_pid = _status("swift", lock_dir)["holders"][0]["pid"]
+    os.kill(holder_pid, signal.SIGSTOP)
+    try:
+        lock_file(lock_dir, "swift").unlink()
+        release = subprocess.Popen(
+            [*CLI, "release", "swift", "--lock-dir", str(lock_dir), "--token", token],
+            env=clean_env(),
+            stderr=subprocess.PIPE,
+        )
+        time.sleep(0.3)  # the release looking meanwhile (a busy machine: it may look later)
+    finally:
+        os.kill(holder_pid, signal.SIGCONT)
+    _, err = release.communicate(timeout=30)
+    assert release.returncode == 0, err
+    assert pw.wait_gone([holder_pid], 10) == []
+    assert _free("swift", lock_dir)
+
+
 def _take_the_new_file_first(path: Path) -> int:
     """A tmp cleaner deletes the held lock file and another program creates and locks a new
     one before the holder's next look (every 0.1 s) puts one back: its descriptor."""

@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     from ..base import HoldInfo, LockStatus, Released
 
 
+# How long ``release`` waits for a holder to put back a lock file a tmp cleaner deleted.
+_PUT_BACK_WAIT = 2.0
+
+
 class FlockBackend:
     kind = "flock"
     persistent_holds = False
@@ -92,6 +96,14 @@ class FlockBackend:
         path = self.path_of(name)
         candidates = existing_slots(path) if slots else [path]
         existing = [c for c in candidates if os.path.lexists(c)]
+        if not existing and not slots and status_of_path(path, allow_other_owner=True).held:
+            # A tmp cleaner deleted the file under its holder, which puts one back (with
+            # its record) within its next look, 0.1 s: wait for it rather than say there
+            # is no lock here.
+            deadline = time.monotonic() + _PUT_BACK_WAIT
+            while not _has_record(path) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            existing = [path] if os.path.lexists(path) else []
         if not existing:
             where = "slot files" if slots else "lock file"
             raise InvalidLockDir(
@@ -133,3 +145,10 @@ class FlockBackend:
 
     def close(self) -> None:
         pass
+
+
+def _has_record(path: str) -> bool:
+    try:
+        return os.stat(path, follow_symlinks=False).st_size > 0
+    except OSError:
+        return False
