@@ -75,9 +75,10 @@ def read_proc_locks() -> list[KernelLock] | None:
     locks: list[KernelLock] = []
     seen: set[tuple[object, ...]] = set()
     # A page per read, each walking the kernel's list afresh: locks taken or let go in
-    # between repeat lines or skip them. A list longer than a page is read again until a
-    # read shows no line the others did not (every line once; a lock let go meanwhile
-    # may still show, and its holder is checked in /proc/PID/fdinfo anyway).
+    # between repeat lines or skip them. A list longer than a page is read again until two
+    # reads in a row show no line the others did not (every line once; a lock let go
+    # meanwhile may still show, and its holder is checked in /proc/PID/fdinfo anyway).
+    quiet = 0
     for _ in range(_MAX_READS):
         try:
             text, reads = _read(f"{PROC}/locks")
@@ -93,7 +94,8 @@ def read_proc_locks() -> list[KernelLock] | None:
                 seen.add(ident)
                 locks.append(lock)
                 new += 1
-        if reads == 1 or not new:
+        quiet = 0 if new else quiet + 1
+        if reads == 1 or quiet == 2:
             break
     return locks
 
