@@ -34,11 +34,9 @@ def put_back(lock: FlockLock) -> str | None:
         st = None
     except OSError:
         return None
-    for held_fd in (lock.fd, *lock.spares):
-        mine = os.fstat(held_fd)
-        if st is not None and (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
-            lock.cannot_create = None
-            return None
+    if st is not None and (st.st_dev, st.st_ino) in map(file_id, (lock.fd, *lock.spares)):
+        lock.cannot_create = None
+        return None
     try:
         fd = create_exclusive(lock.path) if st is None else _open_quietly(lock.path)
     except OSError as exc:
