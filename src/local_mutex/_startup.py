@@ -40,13 +40,17 @@ _OURS = f"{_PACKAGE}."
 # Imported only by a run that found the lock busy: such a run's imports are not the plain
 # path's (what waiting needs would be run by every uncontended run after it).
 _WAITED = f"{_PACKAGE}.ui.progress"
-# Never cached: what only help, completion, the remote backends and a run inside a hold use
-# (a plain run would execute them for nothing: sharing a hold's lock loads ``socket``, a
-# few milliseconds), and what is imported before the cache is read.
+# Never cached: what only help, completion, the remote backends, a run inside a hold and
+# the first run on a new lock file use (a plain run would execute them for nothing: sharing
+# a hold's lock loads ``socket``, a few milliseconds), and what is imported before the cache
+# is read.
 _NOT_CACHED = (
     f"{_PACKAGE}.backends.git",
     f"{_PACKAGE}.backends.postgres",
     f"{_PACKAGE}.backends.flock.share",
+    f"{_PACKAGE}.backends.flock.joining",
+    f"{_PACKAGE}.backends.flock.predecessor",
+    f"{_PACKAGE}.backends.flock.state",
     f"{_PACKAGE}.commands.clicktree",
     f"{_PACKAGE}._site",
     __name__,

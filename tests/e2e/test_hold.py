@@ -664,6 +664,38 @@ def test_a_release_just_after_a_tmp_cleaner_waits_for_the_put_back(
     assert _free("swift", lock_dir)
 
 
+def test_a_reentrant_run_in_the_tick_after_a_deletion_joins_the_hold(
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
+) -> None:
+    """A `run --reentrant` that came after a tmp cleaner and before the holder's next look
+    created the new file, found no hold in it and took the lock alone; the holder, finding
+    that file taken, ended the hold. It now lets the holder take the file, then joins. (The
+    holder is stopped until the run created the file, so the run surely comes first.)"""
+    cleanup.append("window")
+    token = _hold("window", lock_dir)
+    holder_pid = _status("window", lock_dir)["holders"][0]["pid"]
+    path = lock_file(lock_dir, "window")
+    os.kill(holder_pid, signal.SIGSTOP)
+    try:
+        path.unlink()
+        run = procs.start(
+            ["run", "--reentrant", "--lock-dir", str(lock_dir), "window", hold_until(marks, "in")],
+            env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+        )
+        wait_for(path.exists, 20, "the run's new lock file")
+    finally:
+        os.kill(holder_pid, signal.SIGCONT)
+    wait_for(marks / "in.held")
+    time.sleep(0.3)  # the holder's looks meanwhile: one that found the file taken ended it
+    assert pw.alive(holder_pid), "the hold ended"
+    (marks / "in.go").touch()
+    assert run.wait(30) == 0, procs.stderr(run)
+    assert "running inside it" in procs.stderr(run)
+    r = run_cli(["release", "window", "--lock-dir", str(lock_dir), "--token", token])
+    assert r.returncode == 0, r.stderr
+    assert _free("window", lock_dir)
+
+
 def _take_the_new_file_first(path: Path) -> int:
     """A tmp cleaner deletes the held lock file and another program creates and locks a new
     one before the holder's next look (every 0.1 s) puts one back: its descriptor."""

@@ -7,6 +7,7 @@ process of another caller's command; that report, not a clock, is the proof of n
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import resource
@@ -815,6 +816,126 @@ def test_a_waiter_on_a_deleted_lock_file_ends_up_holding_the_file_at_the_path(
     assert _status_code("gone", lock_dir) == 1
     (marks / "w.go").touch()
     assert waiter.wait(20) == 0, procs.stderr(waiter)
+
+
+def test_a_deletion_after_keeper_and_supervisor_died_lets_nobody_in(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """Keeper and supervisor killed at once (an OOM sweep), the command running on with the
+    lock; then a tmp cleaner: nobody is left to put a file back, and a newcomer ran beside
+    the command. It now finds the command's lock on the deleted file and waits for it."""
+    keeper = procs.start(["orphan", hold_until(marks, "a"), str(lock_dir)])
+    wait_for(marks / "a.held")
+    supervisor = pw.supervisor_child(keeper.pid)
+    assert supervisor is not None
+    pw.kill_together([keeper.pid, supervisor])
+    keeper.wait(10)
+    lock_file(lock_dir, "orphan").unlink()
+    _still_excludes_then_frees("orphan", lock_dir, marks)
+
+
+def _first_look(path: Path, deadline: float) -> tuple[int, bool]:
+    """Open the file the instant it appears: (its size, whether it was free to lock)."""
+    while time.monotonic() < deadline:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return size, False
+            return size, True
+        finally:
+            os.close(fd)
+    raise AssertionError(f"nothing put back at {path}")
+
+
+@pytest.mark.skipif(not hasattr(os, "O_TMPFILE"), reason="creates files without a name")
+def test_a_file_put_back_is_locked_and_recorded_before_it_appears(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """The keeper created the file, then locked it, then wrote its record: a newcomer that
+    opened it in between found it free (and a hold's own calls found no hold). It now
+    appears at the path already locked, with the record in it."""
+    holder = procs.start(["gone", hold_until(marks, "a"), str(lock_dir)])
+    wait_for(marks / "a.held")
+    path = lock_file(lock_dir, "gone")
+    looks = []
+    for _ in range(10):
+        path.unlink()
+        looks.append(_first_look(path, time.monotonic() + 10))
+    (marks / "a.go").touch()
+    assert holder.wait(20) == 0, procs.stderr(holder)
+    assert all(size > 0 and not free for size, free in looks), looks
+
+
+def _holds_then_says_done(marks: Path) -> str:
+    return (
+        f"touch '{marks}/a.held'; while [ ! -e '{marks}/a.go' ]; do sleep 0.02; done; "
+        f"touch '{marks}/a.done'"
+    )
+
+
+def test_a_newcomer_in_the_tick_after_a_deletion_waits_for_the_deleted_files_lock(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """Deleted, and a newcomer came before the holder's next look (every 0.1 s) put a file
+    back: it created a fresh file, took it, and ran beside the holder's command. It now
+    finds the lock the kernel still holds on the deleted file, and waits for it holding the
+    new one. The keeper is stopped here, so the newcomers surely come first; the first one
+    gives up (``--no-wait``), leaving a mark in the file, and the next one asks again."""
+    holder = procs.start(["gone", _holds_then_says_done(marks), str(lock_dir)])
+    wait_for(marks / "a.held")
+    path = lock_file(lock_dir, "gone")
+    os.kill(holder.pid, signal.SIGSTOP)
+    try:
+        path.unlink()
+        r = run_cli(["--no-wait", "gone", f"touch '{marks}/early.ran'", str(lock_dir)])
+        assert r.returncode == 75, r.stderr
+        assert b"was deleted while pid" in r.stderr, r.stderr
+        assert not (marks / "early.ran").exists()
+        late_cmd = f"test -e '{marks}/a.done' && touch '{marks}/late.ran'"
+        late = procs.start(["--wait", "60", "gone", late_cmd, str(lock_dir)])
+        procs.wait_stderr(late, "waiting for that lock to end")
+        assert _locked_file_at(path)
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+    procs.wait_stderr(holder, "took the new file first")  # and it says so
+    (marks / "a.go").touch()
+    assert holder.wait(20) == 0, procs.stderr(holder)
+    assert late.wait(20) == 0, procs.stderr(late)
+    assert (marks / "late.ran").exists(), "the newcomer ran before the holder's command ended"
+    assert lock_is_free(path)
+
+
+def test_a_nested_call_in_the_tick_after_a_deletion_runs_inside(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """The command's own call of the name, made after the lock file was deleted and before
+    its keeper put one back, created the new file and took it alone; the keeper then lost
+    its put-back to it. It now runs inside its enclosing run, found through the kernel."""
+    path = lock_file(lock_dir, "nest")
+    cmd = (
+        f"touch '{marks}/started'; while [ ! -e '{marks}/go' ]; do sleep 0.02; done; "
+        f"rm -f '{path}'; "
+        f"\"$LOCAL_MUTEX_CLI\" --no-wait nest \"touch '{marks}/inner'\" && touch '{marks}/after'"
+    )
+    holder = procs.start(["nest", cmd, str(lock_dir)])
+    wait_for(marks / "started")
+    os.kill(holder.pid, signal.SIGSTOP)  # the keeper: no put-back before the nested call
+    try:
+        (marks / "go").touch()
+        wait_for(marks / "after")
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+    assert holder.wait(20) == 0, procs.stderr(holder)
+    err = procs.stderr(holder)
+    assert "running inside it" in err, err
+    assert (marks / "inner").exists()
+    assert "took the new file first" not in err, err
 
 
 # -- 6. a hard link planted at the lock path -----------------------------------------------------

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 
-from ... import _proc, nesting
+from ... import nesting
 from ...errors import NotAcquired, UnsafeLockFile
 from ...names import display, lock_filename
 from ...ui.lines import describe_holder, duration
@@ -24,7 +24,7 @@ from .lockdir import (
     file_id,
     is_file_at,
     names_inode,
-    open_lock_file,
+    open_or_create,
 )
 
 TYPE_CHECKING = False
@@ -57,7 +57,8 @@ class FlockLock:
         self.lock_file = self.path
         self.allow_other_owner = allow_other_owner
         self.env = env
-        self.fd = open_lock_file(self.path, allow_other_owner=allow_other_owner)
+        # fresh: we created the file, so a held one may just have been deleted (``predecessor``)
+        self.fd, self.fresh = open_or_create(self.path, allow_other_owner=allow_other_owner)
         self.shared = False
         self.stop_grace = 0.0  # nothing to renew: the kernel keeps this lock for us
         self.slot: int | None = None
@@ -84,7 +85,12 @@ class FlockLock:
 
     def enclosing(self, env: Mapping[str, str], slots: int | None = None) -> tuple[int, str] | None:
         if slots is None:
-            return nesting.enclosing_hold(env, self._key(), self._inode())
+            found = nesting.enclosing_hold(env, self._key(), self._inode())
+            if found is None and self.fresh and env.get(nesting.ENV_HELD):
+                from .predecessor import enclosing
+
+                found = enclosing(self, env)
+            return found
         for path in self._slot_paths(slots):
             try:
                 st = os.stat(path, follow_symlinks=False)
@@ -110,69 +116,21 @@ class FlockLock:
         too while we are open (``share``). A hold that ends while we ask is asked again,
         and is then gone: None. Where it did not share (``join_failed``), the caller takes
         the lock as anyone else would. Local files: no wait ceiling (``_``) to keep."""
+        from .joining import join, our_hold
+
+        if slots is None and self.fresh:
+            from .predecessor import let_our_hold_adopt
+
+            let_our_hold_adopt(self, env, token)
         paths = [self.path] if slots is None else self._slot_paths(slots)
         for path in paths:
             for _ in range(_JOIN_TRIES):
-                rec = self._our_hold(path, env, token)
-                if rec is None or self._join(rec, path, env, token):
+                rec = our_hold(self, path, env, token)
+                if rec is None or join(self, rec, path, env, token):
                     break
             if rec is not None:
                 return int(rec["pid"])
         return None
-
-    def _our_hold(
-        self, path: str, env: Mapping[str, str], token: str | None
-    ) -> dict[str, Any] | None:
-        """The record of a live hold of ours that has the lock at ``path`` busy."""
-        from ...identity import owned
-
-        if path == self.path:
-            fd = self.fd
-        else:
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-            except OSError:
-                return None
-        try:
-            if kernel.try_lock(fd):
-                kernel.unlock(fd)
-                return None
-        finally:
-            if fd != self.fd:
-                os.close(fd)
-        rec = record.read_record(path)
-        if rec is None or not owned(rec, env, token) or not isinstance(rec.get("pid"), int):
-            return None
-        if not _proc.exists(rec["pid"]):
-            return None  # a record its holder left behind is not a hold
-        return rec
-
-    def _join(
-        self, rec: Mapping[str, Any], path: str, env: Mapping[str, str], token: str | None
-    ) -> bool:
-        """Take a share of the hold's lock; False if it did not give one (where holds
-        can share at all: elsewhere a run inside a hold holds nothing, as documented)."""
-        from ...identity import job_identity
-        from . import share
-
-        digest = rec.get("token_sha256")
-        if not share.SUPPORTED or not isinstance(digest, str):
-            return True
-        self.join_failed = True  # until the holder's descriptions are ours
-        got = share.join(int(rec["pid"]), digest, token, job_identity(env))
-        if got is None:
-            return False
-        conn, fds = got
-        # Only what really is the hold's lock on this very file: a description of the
-        # file at the path that holds the lock already (taking it again is then a no-op).
-        shared = rec.get("mode") == "shared"
-        if not any(names_inode(path, fd) and kernel.try_lock(fd, shared=shared) for fd in fds):
-            for fd in fds:
-                os.close(fd)
-            share.leave(conn)
-            return False
-        self.joined, self.join_failed = (conn, fds), False
-        return True
 
     def descriptions(self) -> list[int]:
         """Our open descriptions of the held lock (with the files we put back)."""
@@ -215,6 +173,8 @@ class FlockLock:
                 raise NotAcquired(_not_acquired_text(self.label, waited, holder), holder, waited)
             if names_inode(self.path, self.fd):
                 self.held = True
+                if self.fresh or os.fstat(self.fd).st_size:  # rare: see ``predecessor``
+                    announced = self._wait_out_predecessor(wait, start, reporter) or announced
                 waited = time.monotonic() - start if announced else 0.0
                 if reporter is not None and announced:
                     reporter.acquired(self.label, waited)
@@ -222,7 +182,9 @@ class FlockLock:
             # We woke on a file deleted or replaced while we waited: it locks nothing.
             kernel.unlock(self.fd)
             os.close(self.fd)
-            self.fd = open_lock_file(self.path, allow_other_owner=self.allow_other_owner)
+            self.fd, self.fresh = open_or_create(
+                self.path, allow_other_owner=self.allow_other_owner
+            )
         raise UnsafeLockFile(
             f"lock file {self.path!r} was deleted or replaced {MAX_RETRIES} times while we "
             "took it; something keeps removing lock files in that directory"
@@ -252,6 +214,23 @@ class FlockLock:
 
             with Progress(reporter, self.label, progress, start, self._look):
                 return kernel.wait_lock(self.fd, shared=shared, timeout=wait), True
+
+    def _wait_out_predecessor(
+        self, wait: float | None, start: float, reporter: Reporter | None
+    ) -> bool:
+        """Holding a new file or one with a record left in it: wait out a lock still held
+        on a file deleted from the path (True if there was one); NotAcquired past ``wait``."""
+        from .predecessor import wait_out
+
+        remaining = None if wait is None else max(wait - (time.monotonic() - start), 0.0)
+        waited, holder = wait_out(self, remaining, reporter)
+        self.fresh = False
+        if holder is not None:
+            kernel.unlock(self.fd)  # its record stays: the next taker asks again
+            self.held = False
+            spent = time.monotonic() - start
+            raise NotAcquired(_not_acquired_text(self.label, spent, holder), holder, spent)
+        return waited
 
     def _take_slot(self, slots: int, wait: float | None, reporter: Reporter | None) -> float:
         from .slots import take_slot

@@ -10,7 +10,7 @@ from ...errors import InvalidLockDir, UnsafeLockFile
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from .lock import FlockLock
 
@@ -63,7 +63,13 @@ def allow_other_owner_from_env(env: Mapping[str, str] | None = None) -> bool:
 
 
 def open_lock_file(path: str, *, allow_other_owner: bool = False) -> int:
-    """Open (creating if needed) the lock file and return a close-on-exec descriptor.
+    """Open (creating if needed) the lock file and return a close-on-exec descriptor."""
+    return open_or_create(path, allow_other_owner=allow_other_owner)[0]
+
+
+def open_or_create(path: str, *, allow_other_owner: bool = False) -> tuple[int, bool]:
+    """Open (creating if needed) the lock file: a close-on-exec descriptor, and whether we
+    created it (a tmp cleaner may have deleted a held one: ``predecessor``).
 
     Never follows a symlink, never blocks on a FIFO, never unlinks anything. Opening an
     existing file first (no O_CREAT) keeps fs.protected_regular from refusing a file that
@@ -71,6 +77,7 @@ def open_lock_file(path: str, *, allow_other_owner: bool = False) -> int:
     """
     while True:
         fd = _open_existing(path)
+        created = fd is None
         if fd is None:
             try:
                 fd = os.open(path, _OPEN_FLAGS | os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
@@ -84,16 +91,23 @@ def open_lock_file(path: str, *, allow_other_owner: bool = False) -> int:
                 pass
         try:
             if check_opened(fd, path, allow_other_owner):
-                return fd
+                return fd, created
         except BaseException:
             os.close(fd)
             raise
         os.close(fd)  # unlinked between open and check: open what is there now
 
 
-def create_exclusive(path: str) -> int | None:
+def create_exclusive(path: str, prepare: Callable[[int], object] | None = None) -> int | None:
     """A fresh lock file at ``path`` (None if something is already there, or its directory
-    is gone); OSError if it cannot be created (out of descriptors, disk full, read-only)."""
+    is gone); OSError if it cannot be created (out of descriptors, disk full, read-only).
+    ``prepare`` (lock it, write its record) runs before the file appears at the path where
+    the system can create a file without a name and link it in (Linux, ``O_TMPFILE``):
+    then no newcomer can take it in the instant between its creation and its lock."""
+    if prepare is not None:
+        fd = _create_unnamed(path, prepare)
+        if fd is not _UNSUPPORTED:
+            return fd
     try:
         fd = os.open(path, _OPEN_FLAGS | os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
     except (FileExistsError, FileNotFoundError):
@@ -103,6 +117,45 @@ def create_exclusive(path: str) -> int | None:
     except OSError:
         pass
     return fd
+
+
+_UNSUPPORTED = -1
+
+
+def _create_unnamed(path: str, prepare: Callable[[int], object]) -> int | None:
+    """``create_exclusive`` by ``O_TMPFILE`` and a link; ``_UNSUPPORTED`` where it cannot."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if not flag or not os.path.isdir("/proc/self/fd"):
+        return _UNSUPPORTED
+    try:
+        directory = os.open(
+            os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+        )
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fd = os.open(".", flag | os.O_RDWR | os.O_CLOEXEC, FILE_MODE, dir_fd=directory)
+        except OSError as exc:
+            if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                return _UNSUPPORTED  # a file system without it
+            if exc.errno == errno.ENOENT:
+                return None  # the directory was removed
+            raise
+        try:
+            os.fchmod(fd, FILE_MODE)
+            prepare(fd)
+            # dst_dir_fd makes it linkat(2), which (unlike link) follows the /proc link.
+            os.link(f"/proc/self/fd/{fd}", os.path.basename(path), dst_dir_fd=directory)
+        except (FileExistsError, FileNotFoundError):
+            os.close(fd)
+            return None  # someone created a file there first, or the directory went
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+    finally:
+        os.close(directory)
 
 
 def _open_existing(path: str) -> int | None:

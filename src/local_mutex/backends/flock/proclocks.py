@@ -13,7 +13,7 @@ from ..._proc import PROC, USE_PROC
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Collection
 
 
 class KernelLock:
@@ -124,6 +124,14 @@ def fd_holds(pid: int, key: tuple[int, int, int]) -> bool:
 
 
 def _lock_fd(pid: int, key: tuple[int, int, int]) -> str | None:
+    found = _lock_fd_of(pid, {key})
+    return None if found is None else found[0]
+
+
+def _lock_fd_of(
+    pid: int, keys: Collection[tuple[int, int, int]]
+) -> tuple[str, tuple[int, int, int]] | None:
+    """A descriptor of ``pid`` that carries a granted lock on one of these inodes, and which."""
     base = f"{PROC}/{pid}/fdinfo"
     try:
         fds = os.listdir(base)
@@ -135,8 +143,8 @@ def _lock_fd(pid: int, key: tuple[int, int, int]) -> str | None:
                 for line in f:
                     if line.startswith("lock:"):
                         parsed = parse_lock_line(line)
-                        if parsed is not None and parsed.key == key and parsed.depth == 0:
-                            return fd
+                        if parsed is not None and parsed.key in keys and parsed.depth == 0:
+                            return fd, parsed.key
         except OSError:
             continue
     return None
@@ -158,17 +166,33 @@ def held_elsewhere(
     descriptors, which still name the old path (``… (deleted)``) or whose holder record
     names ``path`` (``recorded`` reads the lock file a record was found in). Returns the
     lock and a /proc path that reads the file's content."""
-    for lock in locks:
-        if lock.depth:
-            continue
-        fd = _lock_fd(lock.pid, lock.key)
-        if fd is None:
-            continue
-        through = f"{PROC}/{lock.pid}/fd/{fd}"
+
+    def was_at_path(pid: int, fd: str) -> str | None:
+        through = f"{PROC}/{pid}/fd/{fd}"
         try:
             target = os.readlink(through)
         except OSError:
-            continue
+            return None
         if target in (path + " (deleted)", path) or recorded(through) == path:
+            return through
+        return None
+
+    granted = [lock for lock in locks if not lock.depth]
+    untaken = {}  # locks whose taker has exited: held on by whoever inherited them
+    for lock in granted:
+        fd = _lock_fd(lock.pid, lock.key)
+        if fd is None:
+            untaken[lock.key] = lock
+            continue
+        through = was_at_path(lock.pid, fd)
+        if through is not None:
             return lock, through
+    if not untaken:
+        return None
+    for entry in os.listdir(PROC):  # one walk for all of them
+        found = _lock_fd_of(int(entry), untaken) if entry.isdigit() else None
+        if found is not None:
+            through = was_at_path(int(entry), found[0])
+            if through is not None:
+                return untaken[found[1]], through
     return None

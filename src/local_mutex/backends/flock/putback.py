@@ -37,8 +37,12 @@ def put_back(lock: FlockLock) -> str | None:
     if st is not None and (st.st_dev, st.st_ino) in map(file_id, (lock.fd, *lock.spares)):
         lock.cannot_create = None
         return None
+    taken: list[bool] = []  # by ``create_exclusive``, before the file had a name
     try:
-        fd = create_exclusive(lock.path) if st is None else _open_quietly(lock.path)
+        if st is None:
+            fd = create_exclusive(lock.path, lambda new: taken.append(_take(lock, new)))
+        else:
+            fd = _open_quietly(lock.path)
     except OSError as exc:
         return cannot_put_back(lock, exc)
     lock.cannot_create = None
@@ -49,14 +53,7 @@ def put_back(lock: FlockLock) -> str | None:
     if refusal_for(os.fstat(fd), lock.path, lock.allow_other_owner):
         os.close(fd)  # never write into a file that may be someone else's (which
         return None  # a newcomer refuses as well): look again next tick
-    if kernel.try_lock(fd, shared=lock.shared):
-        # The record first: until it is there, a hold's own calls (run --reentrant, release)
-        # see a lock without a hold. Starting the guardian takes a process spawn.
-        if lock.record is not None:
-            try:
-                record.write_record(fd, lock.record, lock.path)
-            except Exception:
-                pass
+    if any(taken) or _take(lock, fd):
         # Files put back before, gone from the path again, are let go -- but those a hold
         # gave runs inside it stay held and guarded: those runs' commands may hold them.
         kept = [s for s in lock.spares if file_id(s) in lock.given]
@@ -74,9 +71,22 @@ def put_back(lock: FlockLock) -> str | None:
     lock.lost_to = other.get("pid") if isinstance(other.get("pid"), int) else -1
     return (
         f"lock file {lock.path!r} of {lock.label} was deleted or replaced while pid "
-        f"{os.getpid()} held it, and pid {other.get('pid', '?')} took the new file first: "
-        "both now run"
+        f"{os.getpid()} held it, and pid {other.get('pid', '?')} took the new file first "
+        "(a local-mutex run waits for this lock to end; another program would not)"
     )
+
+
+def _take(lock: FlockLock, fd: int) -> bool:
+    """Lock the file, then write our record into it: until it is there, a hold's own calls
+    (run --reentrant, release) see a lock without a hold."""
+    if not kernel.try_lock(fd, shared=lock.shared):
+        return False
+    if lock.record is not None:
+        try:
+            record.write_record(fd, lock.record, lock.path)
+        except Exception:
+            pass
+    return True
 
 
 def _guardian_gone(lock: FlockLock, pid: int) -> str | None:

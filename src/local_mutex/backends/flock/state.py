@@ -31,7 +31,7 @@ from .proclocks import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
     from typing import Any
 
 
@@ -199,6 +199,17 @@ def _missing(path: str, name: str | None) -> LockStatus:
     locks = read_proc_locks()
     if locks is None:
         return LockStatus(path, name, "free", "probe")
+    found = held_elsewhere(path, locks, recorded_at(path))
+    if found is None:
+        return LockStatus(path, name, "free", "proc")
+    lock, content = found
+    entries = [e for e in locks if e.key == lock.key]
+    rec = record.read_record(content, through_proc=True)
+    return _from_kernel(path, name, lock.key, entries, _proc.boot_time(), rec)
+
+
+def recorded_at(path: str) -> Callable[[str], str | None]:
+    """For ``held_elsewhere``: the lock path that a renamed file's holder record names."""
 
     def recorded(through: str) -> str | None:
         try:  # another lock's own file, whatever its record claims, was never at ``path``
@@ -215,13 +226,7 @@ def _missing(path: str, name: str | None) -> LockStatus:
         except UnicodeError:  # a surrogate that stands for no byte
             return None
 
-    found = held_elsewhere(path, locks, recorded)
-    if found is None:
-        return LockStatus(path, name, "free", "proc")
-    lock, content = found
-    entries = [e for e in locks if e.key == lock.key]
-    rec = record.read_record(content, through_proc=True)
-    return _from_kernel(path, name, lock.key, entries, _proc.boot_time(), rec)
+    return recorded
 
 
 def list_locks(directory: str, *, include_free: bool = False) -> list[LockStatus]:

@@ -1,0 +1,73 @@
+"""A hold of this very job (or token) that has the lock busy: find it, and take a share of
+its lock, so that a ``run --reentrant`` inside it holds the lock as the hold does."""
+
+from __future__ import annotations
+
+import os
+
+from ... import _proc
+from . import kernel, record
+from .lockdir import names_inode
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+    from .lock import FlockLock
+
+
+def our_hold(
+    lock: FlockLock, path: str, env: Mapping[str, str], token: str | None
+) -> dict[str, Any] | None:
+    """The record of a live hold of ours that has the lock at ``path`` busy."""
+    from ...identity import owned
+
+    if path == lock.path:
+        fd = lock.fd
+    else:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            return None
+    try:
+        if kernel.try_lock(fd):
+            kernel.unlock(fd)
+            return None
+    finally:
+        if fd != lock.fd:
+            os.close(fd)
+    rec = record.read_record(path)
+    if rec is None or not owned(rec, env, token) or not isinstance(rec.get("pid"), int):
+        return None
+    if not _proc.exists(rec["pid"]):
+        return None  # a record its holder left behind is not a hold
+    return rec
+
+
+def join(
+    lock: FlockLock, rec: Mapping[str, Any], path: str, env: Mapping[str, str], token: str | None
+) -> bool:
+    """Take a share of the hold's lock; False if it did not give one (where holds
+    can share at all: elsewhere a run inside a hold holds nothing, as documented)."""
+    from ...identity import job_identity
+    from . import share
+
+    digest = rec.get("token_sha256")
+    if not share.SUPPORTED or not isinstance(digest, str):
+        return True
+    lock.join_failed = True  # until the holder's descriptions are ours
+    got = share.join(int(rec["pid"]), digest, token, job_identity(env))
+    if got is None:
+        return False
+    conn, fds = got
+    # Only what really is the hold's lock on this very file: a description of the
+    # file at the path that holds the lock already (taking it again is then a no-op).
+    shared = rec.get("mode") == "shared"
+    if not any(names_inode(path, fd) and kernel.try_lock(fd, shared=shared) for fd in fds):
+        for fd in fds:
+            os.close(fd)
+        share.leave(conn)
+        return False
+    lock.joined, lock.join_failed = (conn, fds), False
+    return True
