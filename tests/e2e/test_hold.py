@@ -637,6 +637,33 @@ def test_a_tmp_cleaner_in_a_loop_does_not_run_a_hold_out_of_descriptors(
     _release_then_kill_the_run("loop", token, run, lock_dir, marks)
 
 
+def test_a_nested_call_after_a_put_back_and_the_holds_end_runs_inside(
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
+) -> None:
+    """A run inside a hold, a file put back, then the hold released (handed over to the
+    run): the run's command holds the deleted file's lock, and the file at the path is held
+    by the hold's guardian until that lock ends. A nested call of the name in that command
+    waited for the guardian, which waited for the command: stuck until its --wait."""
+    cleanup.append("handed")
+    token = _hold("handed", lock_dir)
+    cmd = (
+        f"touch '{marks}/in.held'; while [ ! -e '{marks}/back' ]; do sleep 0.02; done; "
+        f'"$LOCAL_MUTEX_CLI" --wait 10 handed "touch \'{marks}/inner\'"'
+    )
+    run = procs.start(
+        ["run", "--reentrant", "--lock-dir", str(lock_dir), "handed", cmd],
+        env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+    )
+    wait_for(marks / "in.held")
+    delete_until_put_back(lock_file(lock_dir, "handed"))
+    r = run_cli(["release", "handed", "--lock-dir", str(lock_dir), "--token", token])
+    assert r.returncode == 0, r.stderr
+    (marks / "back").touch()
+    assert run.wait(30) == 0, procs.stderr(run)
+    assert (marks / "inner").exists()
+    assert "running inside it" in procs.stderr(run)
+
+
 def test_a_release_just_after_a_tmp_cleaner_waits_for_the_put_back(
     lock_dir: Path, cleanup: list[str]
 ) -> None:

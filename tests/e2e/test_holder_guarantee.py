@@ -853,7 +853,7 @@ def _first_look(path: Path, deadline: float) -> tuple[int, bool]:
     raise AssertionError(f"nothing put back at {path}")
 
 
-@pytest.mark.skipif(not hasattr(os, "O_TMPFILE"), reason="creates files without a name")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="renameat2")
 def test_a_file_put_back_is_locked_and_recorded_before_it_appears(
     procs: Procs, lock_dir: Path, marks: Path
 ) -> None:

@@ -86,7 +86,7 @@ class FlockLock:
     def enclosing(self, env: Mapping[str, str], slots: int | None = None) -> tuple[int, str] | None:
         if slots is None:
             found = nesting.enclosing_hold(env, self._key(), self._inode())
-            if found is None and self.fresh and env.get(nesting.ENV_HELD):
+            if found is None and env.get(nesting.ENV_HELD):  # inside some lock
                 from .predecessor import enclosing
 
                 found = enclosing(self, env)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import sys
 
 from ...errors import InvalidLockDir, UnsafeLockFile
 
@@ -102,10 +103,10 @@ def create_exclusive(path: str, prepare: Callable[[int], object] | None = None) 
     """A fresh lock file at ``path`` (None if something is already there, or its directory
     is gone); OSError if it cannot be created (out of descriptors, disk full, read-only).
     ``prepare`` (lock it, write its record) runs before the file appears at the path where
-    the system can create a file without a name and link it in (Linux, ``O_TMPFILE``):
-    then no newcomer can take it in the instant between its creation and its lock."""
+    the system can rename without replacing (Linux): then no newcomer can take it in the
+    instant between its creation and its lock."""
     if prepare is not None:
-        fd = _create_unnamed(path, prepare)
+        fd = _create_renamed(path, prepare)
         if fd is not _UNSUPPORTED:
             return fd
     try:
@@ -120,42 +121,67 @@ def create_exclusive(path: str, prepare: Callable[[int], object] | None = None) 
 
 
 _UNSUPPORTED = -1
+_RENAME_NOREPLACE = 1  # renameat2(2): fail with EEXIST rather than replace
 
 
-def _create_unnamed(path: str, prepare: Callable[[int], object]) -> int | None:
-    """``create_exclusive`` by ``O_TMPFILE`` and a link; ``_UNSUPPORTED`` where it cannot."""
-    flag = getattr(os, "O_TMPFILE", 0)
-    if not flag or not os.path.isdir("/proc/self/fd"):
+def _create_renamed(path: str, prepare: Callable[[int], object]) -> int | None:
+    """``create_exclusive`` by a file of our own beside the path, prepared, then renamed to
+    the path unless something is there (``renameat2``; ``_UNSUPPORTED`` where the C library
+    or the file system has no such rename). A rename moves the file's name with it, so its
+    holders' ``/proc/PID/fd`` links name the lock path, as ``status`` reads them."""
+    rename = _renameat2()
+    if rename is None:
         return _UNSUPPORTED
+    directory, base = os.path.split(path)
+    temp = os.path.join(directory, f".{base}.{os.urandom(6).hex()}")
     try:
-        directory = os.open(
-            os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-        )
-    except FileNotFoundError:
-        return None
+        fd = os.open(temp, _OPEN_FLAGS | os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    except (FileExistsError, FileNotFoundError):
+        return None  # the directory is gone: look again next tick
     try:
-        try:
-            fd = os.open(".", flag | os.O_RDWR | os.O_CLOEXEC, FILE_MODE, dir_fd=directory)
-        except OSError as exc:
-            if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
-                return _UNSUPPORTED  # a file system without it
-            if exc.errno == errno.ENOENT:
-                return None  # the directory was removed
-            raise
         try:
             os.fchmod(fd, FILE_MODE)
-            prepare(fd)
-            # dst_dir_fd makes it linkat(2), which (unlike link) follows the /proc link.
-            os.link(f"/proc/self/fd/{fd}", os.path.basename(path), dst_dir_fd=directory)
-        except (FileExistsError, FileNotFoundError):
-            os.close(fd)
-            return None  # someone created a file there first, or the directory went
-        except BaseException:
-            os.close(fd)
-            raise
+        except OSError:
+            pass
+        prepare(fd)
+        failed = rename(temp, path)
+    except BaseException:
+        _discard(temp, fd)
+        raise
+    if not failed:
         return fd
-    finally:
-        os.close(directory)
+    _discard(temp, fd)
+    if failed in (errno.EINVAL, errno.ENOSYS, errno.EPERM, errno.ENOTSUP):
+        return _UNSUPPORTED
+    return None  # EEXIST: somebody created a file there first; ENOENT: the directory went
+
+
+def _discard(temp: str, fd: int) -> None:
+    try:
+        os.unlink(temp)  # our own file, never at a lock path
+    except OSError:
+        pass
+    os.close(fd)
+
+
+def _renameat2() -> Callable[[str, str], int] | None:
+    """renameat2(..., RENAME_NOREPLACE) as a function that returns 0 or the errno."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        call = libc.renameat2
+    except (AttributeError, ImportError, OSError):
+        return None  # a C library without it (glibc < 2.28)
+    at_fdcwd = -100
+
+    def rename(old: str, new: str) -> int:
+        done = call(at_fdcwd, os.fsencode(old), at_fdcwd, os.fsencode(new), _RENAME_NOREPLACE)
+        return 0 if done == 0 else ctypes.get_errno()
+
+    return rename
 
 
 def _open_existing(path: str) -> int | None:

@@ -85,8 +85,12 @@ def find(path: str, fd: int) -> Predecessor | None:
 
 
 def enclosing(lock: FlockLock, env: Mapping[str, str]) -> tuple[int, str] | None:
-    """Inside a run whose lock file was deleted before its holder put one back: that run's
-    lock, found through the kernel, encloses us (``None``: not ours, or none)."""
+    """Inside a run whose lock file was deleted: that run's lock, found through the kernel,
+    encloses us (``None``: not ours, or none). Asked of a file we created (the holder had
+    not put one back yet) or one somebody holds: the holder, or -- once a hold ended and
+    left its lock to the run we are in -- the guardian waiting for our own command."""
+    if not lock.fresh and not _locked(key_of(os.fstat(lock.fd))):
+        return None  # free: taking it waits for nobody
     found = find(lock.path, lock.fd)
     inside = None if found is None else nesting.enclosing_hold(env, found.key)
     if found is not None and inside is not None:

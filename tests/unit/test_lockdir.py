@@ -1,0 +1,83 @@
+"""Creating a lock file that appears at its path already prepared (a put-back)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from local_mutex.backends.flock import lockdir
+
+
+def _prepare(fd: int) -> None:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.pwrite(fd, b'{"pid": 1}\n', 0)
+
+
+def _free(path: Path) -> bool:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="renameat2")
+def test_the_file_appears_locked_with_its_record_and_under_its_own_name(tmp_path: Path) -> None:
+    path = tmp_path / "x.lock"
+    fd = lockdir.create_exclusive(str(path), _prepare)
+    assert fd is not None
+    try:
+        assert path.read_bytes() == b'{"pid": 1}\n'
+        assert not _free(path)
+        assert os.readlink(f"/proc/self/fd/{fd}") == str(path)  # as status reads holders
+        assert oct(path.stat().st_mode & 0o777) == oct(lockdir.FILE_MODE)
+        assert [p.name for p in tmp_path.iterdir()] == ["x.lock"]  # nothing left beside it
+    finally:
+        os.close(fd)
+
+
+def test_a_file_already_there_is_left_alone(tmp_path: Path) -> None:
+    path = tmp_path / "x.lock"
+    path.write_bytes(b"theirs")
+    assert lockdir.create_exclusive(str(path), _prepare) is None
+    assert path.read_bytes() == b"theirs"
+    assert [p.name for p in tmp_path.iterdir()] == ["x.lock"]
+
+
+def test_a_directory_gone_is_nothing_to_create(tmp_path: Path) -> None:
+    assert lockdir.create_exclusive(str(tmp_path / "gone" / "x.lock"), _prepare) is None
+
+
+def test_without_a_rename_that_never_replaces_it_is_created_as_usual(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lockdir, "_renameat2", lambda: None)
+    path = tmp_path / "x.lock"
+    fd = lockdir.create_exclusive(str(path), _prepare)
+    assert fd is not None
+    try:
+        assert path.read_bytes() == b""  # not prepared: the caller locks it itself
+        assert _free(path)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="renameat2")
+def test_a_file_system_that_refuses_the_rename_falls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    monkeypatch.setattr(lockdir, "_renameat2", lambda: lambda old, new: errno.EINVAL)
+    path = tmp_path / "x.lock"
+    fd = lockdir.create_exclusive(str(path), _prepare)
+    assert fd is not None
+    os.close(fd)
+    assert [p.name for p in tmp_path.iterdir()] == ["x.lock"]  # the attempt's file is gone
