@@ -173,8 +173,13 @@ class FlockLock:
                 raise NotAcquired(_not_acquired_text(self.label, waited, holder), holder, waited)
             if names_inode(self.path, self.fd):
                 self.held = True
-                if self.fresh or os.fstat(self.fd).st_size:  # rare: see ``predecessor``
-                    announced = self._wait_out_predecessor(wait, start, reporter) or announced
+                # Rare (see ``predecessor``): once we waited there, look at the path again.
+                if (self.fresh or os.fstat(self.fd).st_size) and self._wait_out_predecessor(
+                    wait, start, reporter
+                ):
+                    announced = True
+                    self.held = names_inode(self.path, self.fd)
+            if self.held:
                 waited = time.monotonic() - start if announced else 0.0
                 if reporter is not None and announced:
                     reporter.acquired(self.label, waited)
