@@ -6,7 +6,7 @@ command records, at its own start (``witness.py``), any live process of another 
 command, keeps a background member in its group, and writes an end marker when it ends on its
 own. Meanwhile SIGKILL/SIGTERM/SIGINT go, at random moments, to a supervisor process (the CLI
 pid, or a supervisor it forked), to the command's top process and to one other process in its
-group. Counted:
+group, and a tmp cleaner deletes the lock file, a fourth caller coming right after. Counted:
 
 - overlaps: a command started while another caller's command still had a live process (or two
   commands' start..end intervals intersect);
@@ -33,8 +33,9 @@ from helpers import procwatch as pw
 
 WITNESS = Path(__file__).resolve().parent / "witness.py"
 SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
-KINDS = ("supervisor", "top", "member")
-CALLERS = 3
+# What each iteration may hit: three kinds of process, and the lock file (a tmp cleaner).
+KINDS = ("supervisor", "top", "member", "cleaner")
+CALLERS = 3  # started together; a fourth comes right after a deletion (``cleaner``)
 ORPHAN_GRACE = 5.0
 # A supervisor stopping a group may need TERM, then KILL ~3 s later.
 SETTLE = 4.5
@@ -61,6 +62,7 @@ class Counts:
     orphans: int = 0
     hung_callers: int = 0
     signals_sent: int = 0
+    deletions: int = 0
     statuses: dict[int, int] = field(default_factory=dict)
     details: list[str] = field(default_factory=list)
 
@@ -73,6 +75,7 @@ class Counts:
             f"iterations={self.iterations} overlaps={self.overlaps} "
             f"left_held={self.left_held} orphans={self.orphans} "
             f"hung_callers={self.hung_callers} signals_sent={self.signals_sent} "
+            f"deletions={self.deletions} "
             f"exit_statuses={{{codes}}}"
         )
 
@@ -102,25 +105,21 @@ class _Iteration:
         )
 
     def start(self, bg: str) -> None:
-        for k in range(CALLERS):
-            with open(self.marks / f"caller{k}.err", "wb") as err:
-                self.callers.append(
-                    subprocess.Popen(
-                        [
-                            *CLI,
-                            "--wait",
-                            "60",
-                            "-q",
-                            self.name,
-                            self.command(k, bg),
-                            str(self.locks),
-                        ],
-                        env=clean_env(self.env(k)),
-                        stdin=subprocess.DEVNULL,
-                        stdout=subprocess.DEVNULL,
-                        stderr=err,
-                    )
+        for _ in range(CALLERS):
+            self.start_one(bg)
+
+    def start_one(self, bg: str) -> None:
+        k = len(self.callers)
+        with open(self.marks / f"caller{k}.err", "wb") as err:
+            self.callers.append(
+                subprocess.Popen(
+                    [*CLI, "--wait", "60", "-q", self.name, self.command(k, bg), str(self.locks)],
+                    env=clean_env(self.env(k)),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
                 )
+            )
 
     # -- who is who, from /proc ----------------------------------------------------------------
 
@@ -172,7 +171,7 @@ class _Iteration:
     def overlaps(self) -> list[str]:
         found = []
         spans: dict[int, tuple[float, float | None]] = {}
-        for k in range(CALLERS):
+        for k in range(len(self.callers)):
             seen = self.marks / f"{k}.seen"
             if seen.exists() and seen.read_text().strip():
                 found.append(f"it{self.index} caller {k} started beside: {seen.read_text()!r}")
@@ -247,6 +246,14 @@ def _one(it: _Iteration, counts: Counts, bg: str) -> None:
         delay = t0 + at - time.monotonic()
         if delay > 0:
             time.sleep(delay)
+        if kind == "cleaner":  # and a newcomer at once, in the tick before any put-back
+            try:
+                lock_file(it.locks, it.name).unlink()
+                counts.deletions += 1
+            except FileNotFoundError:
+                pass
+            it.start_one(bg)
+            continue
         pid = it.target(kind)
         if pid is not None:
             try:

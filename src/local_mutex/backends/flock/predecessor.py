@@ -129,6 +129,8 @@ def wait_out(
     it is an enclosing run's: waiting for it would wait for ourselves -- else, the ceiling
     passed, the holder of the one still held.)"""
     deadline = None if wait is None else time.monotonic() + wait
+    if lock.fresh:  # marked before the look, which takes a while: should we die meanwhile
+        _mark(lock, None)
     said = False
     for _ in range(_MAX_PREDECESSORS):
         found = find(lock.path, lock.fd)
@@ -149,17 +151,17 @@ def wait_out(
     return said, None
 
 
-def _mark(lock: FlockLock, found: Predecessor) -> None:
+def _mark(lock: FlockLock, found: Predecessor | None) -> None:
     """A record in the new file, so that whoever takes it before the deleted file's holder
-    does (or after we gave up) asks the kernel too."""
+    does (or after we gave up, or died) asks the kernel too."""
     from ...identity import holder_record
 
+    if found is None:
+        message = "looking for a lock still held on a file deleted from here"
+    else:
+        message = f"pid {found.pid} holds this lock on a file deleted from here"
     rec = holder_record(
-        lock.label,
-        "",
-        shared=lock.shared,
-        env=lock.env,
-        extra={"message": f"pid {found.pid} holds this lock on a file deleted from here"},
+        lock.label, "", shared=lock.shared, env=lock.env, extra={"message": message}
     )
     try:
         record.write_record(lock.fd, rec, lock.path)
