@@ -726,6 +726,36 @@ def test_a_reentrant_run_in_the_tick_after_a_deletion_joins_the_hold(
     assert _free("window", lock_dir)
 
 
+def test_a_reentrant_run_after_a_deletion_under_a_stopped_hold_keeps_its_ceiling(
+    lock_dir: Path, marks: Path, cleanup: list[str]
+) -> None:
+    """Its hold's holder stopped (SIGSTOP) when the lock file went: the run gave it a second
+    to take the new file back, past its --wait, then waited for its own hold forever. A hold
+    that cannot take its file back cannot share its lock either: not run, within --wait."""
+    cleanup.append("stopped")
+    token = _hold("stopped", lock_dir)
+    holder_pid = _status("stopped", lock_dir)["holders"][0]["pid"]
+    os.kill(holder_pid, signal.SIGSTOP)
+    try:
+        lock_file(lock_dir, "stopped").unlink()
+        t0 = time.monotonic()
+        args = ["run", "--reentrant", "--wait", "0.2", "--lock-dir", str(lock_dir)]
+        r = run_cli(
+            [*args, "stopped", f"touch '{marks}/ran'"],
+            env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+            timeout=20,
+        )
+        took = time.monotonic() - t0
+    finally:
+        os.kill(holder_pid, signal.SIGCONT)
+    assert r.returncode == 2, r.stderr
+    assert b"did not share its lock" in r.stderr, r.stderr
+    assert not (marks / "ran").exists()
+    assert took < 0.2 + 5, took  # its start and end, on a busy machine
+    r = run_cli(["release", "stopped", "--lock-dir", str(lock_dir), "--token", token])
+    assert r.returncode == 0, r.stderr  # the hold took its file back meanwhile
+
+
 def _take_the_new_file_first(path: Path) -> int:
     """A tmp cleaner deletes the held lock file and another program creates and locks a new
     one before the holder's next look (every 0.1 s) puts one back: its descriptor."""

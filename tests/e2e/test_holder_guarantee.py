@@ -911,6 +911,108 @@ def test_a_newcomer_in_the_tick_after_a_deletion_waits_for_the_deleted_files_loc
     assert lock_is_free(path)
 
 
+def _alone(marks: Path, tag: str) -> str:
+    """A command that proves it ran alone: a second one inside it fails to make the dir."""
+    return (
+        f"mkdir '{marks}/busy' || exit 9; sleep 0.2; rmdir '{marks}/busy'; "
+        f"touch '{marks}/{tag}.ran'"
+    )
+
+
+def test_newcomers_across_two_deletions_neither_deadlock_nor_overlap(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """Deleted, a newcomer created a file and waited for the deleted one's lock; that file
+    deleted in turn, a second newcomer created a third. The first, looking again, took the
+    third file's lock for a predecessor of its own, while the second waited for the first's
+    file: each waited for the other until its --wait."""
+    holder = procs.start(["twice", _holds_then_says_done(marks), str(lock_dir)])
+    wait_for(marks / "a.held")
+    path = lock_file(lock_dir, "twice")
+    os.kill(holder.pid, signal.SIGSTOP)
+    try:
+        path.unlink()
+        first = procs.start(["--wait", "60", "twice", _alone(marks, "first"), str(lock_dir)])
+        procs.wait_stderr(first, "waiting for that lock to end")
+        path.unlink()
+        second = procs.start(["--wait", "60", "twice", _alone(marks, "second"), str(lock_dir)])
+        procs.wait_stderr(second, "waiting for that lock to end")
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+    (marks / "a.go").touch()
+    assert holder.wait(20) == 0, procs.stderr(holder)
+    t0 = time.monotonic()
+    assert first.wait(30) == 0, procs.stderr(first)
+    assert second.wait(30) == 0, procs.stderr(second)
+    assert time.monotonic() - t0 < 20, "they waited for each other"
+    assert (marks / "first.ran").exists() and (marks / "second.ran").exists()
+
+
+def test_a_command_holding_two_orphaned_locks_still_keeps_either(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """A nested run's command holds the outer lock and its own, both taken by processes
+    that were then killed (an OOM sweep of every keeper and supervisor). One walk of /proc
+    looked at one of the two descriptors only, and a newcomer of the inner name ran."""
+    inner = f'"$LOCAL_MUTEX_CLI" inner {shlex.quote(hold_until(marks, "a"))}'
+    keeper = procs.start(["outer", inner, str(lock_dir)])
+    wait_for(marks / "a.held")
+    ours = [p for p in [keeper.pid, *pw.descendants(keeper.pid)] if pw.is_local_mutex(p)]
+    assert len(ours) == 4, [pw.argv(p) for p in ours]  # two keepers, two supervisors
+    pw.kill_together(ours)
+    keeper.wait(10)
+    for name in ("inner", "outer"):
+        lock_file(lock_dir, name).unlink()
+        r = run_cli(["--wait", "0.5", name, f"touch '{marks}/{name}.ran'", str(lock_dir)])
+        assert r.returncode == 75, (name, r.stderr)
+    (marks / "a.go").touch()
+    r = run_cli(["--wait", "10", "inner", "true", str(lock_dir)])
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_hold_taken_in_the_tick_after_a_deletion_waits_for_the_deleted_files_lock(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """``hold`` creates the lock file in one process and takes it in another (its holder):
+    that one found an empty file it had not created, never looked, and held the lock
+    beside the running command. A new file is marked from its first instant now."""
+    holder = procs.start(["held", _holds_then_says_done(marks), str(lock_dir)])
+    wait_for(marks / "a.held")
+    os.kill(holder.pid, signal.SIGSTOP)
+    try:
+        lock_file(lock_dir, "held").unlink()
+        r = run_cli(["hold", "held", "--lock-dir", str(lock_dir), "--wait", "0.5"])
+        assert r.returncode == 75, r.stderr
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+    (marks / "a.go").touch()
+    assert holder.wait(20) == 0, procs.stderr(holder)
+
+
+def test_a_shared_newcomer_beside_a_deleted_shared_lock_leaves_the_mark(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """A shared newcomer may run beside a shared lock on the deleted file, but it cleared
+    the new file's mark as if that lock were gone: the next exclusive caller did not look,
+    and ran beside the first shared command."""
+    holder = procs.start(["--shared", "sh", _holds_then_says_done(marks), str(lock_dir)])
+    wait_for(marks / "a.held")
+    os.kill(holder.pid, signal.SIGSTOP)
+    try:
+        lock_file(lock_dir, "sh").unlink()
+        r = run_cli(["--shared", "--no-wait", "sh", f"touch '{marks}/beside'", str(lock_dir)])
+        assert r.returncode == 0, r.stderr
+        assert (marks / "beside").exists()
+        assert b"waiting for that lock" not in r.stderr, r.stderr  # it did not wait
+        r = run_cli(["--wait", "0.5", "sh", f"touch '{marks}/exclusive'", str(lock_dir)])
+        assert r.returncode == 75, r.stderr
+        assert not (marks / "exclusive").exists()
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+    (marks / "a.go").touch()
+    assert holder.wait(20) == 0, procs.stderr(holder)
+
+
 def test_a_nested_call_in_the_tick_after_a_deletion_runs_inside(
     procs: Procs, lock_dir: Path, marks: Path
 ) -> None:

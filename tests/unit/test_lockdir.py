@@ -55,6 +55,20 @@ def test_a_directory_gone_is_nothing_to_create(tmp_path: Path) -> None:
     assert lockdir.create_exclusive(str(tmp_path / "gone" / "x.lock"), _prepare) is None
 
 
+def test_a_new_lock_file_is_marked_from_its_first_instant(tmp_path: Path) -> None:
+    """Whoever takes it first, its creator or not, looks for a lock still held on a file
+    deleted from the path (``predecessor``): an empty new file would not say so."""
+    path = tmp_path / "x.lock"
+    fd, created = lockdir.open_or_create(str(path))
+    os.close(fd)
+    assert created
+    if sys.platform.startswith("linux"):
+        assert path.read_bytes() == lockdir.NEW_FILE_MARK
+    fd, created = lockdir.open_or_create(str(path))
+    os.close(fd)
+    assert not created
+
+
 def test_without_a_rename_that_never_replaces_it_is_created_as_usual(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -73,9 +87,7 @@ def test_without_a_rename_that_never_replaces_it_is_created_as_usual(
 def test_a_file_system_that_refuses_the_rename_falls_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import errno
-
-    monkeypatch.setattr(lockdir, "_renameat2", lambda: lambda old, new: errno.EINVAL)
+    monkeypatch.setattr(lockdir, "_renameat2", lambda: lambda old, new: False)
     path = tmp_path / "x.lock"
     fd = lockdir.create_exclusive(str(path), _prepare)
     assert fd is not None

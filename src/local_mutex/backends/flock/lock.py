@@ -109,19 +109,26 @@ class FlockLock:
         return [slot_path(self.path, i) for i in range(min(slots, MAX_SLOTS))]
 
     def held_by_our_hold(
-        self, env: Mapping[str, str], token: str | None, slots: int | None = None, _: object = None
+        self,
+        env: Mapping[str, str],
+        token: str | None,
+        slots: int | None = None,
+        wait: float | None = None,
     ) -> int | None:
         """The pid of a ``hold`` of this very job (or token) that has this lock busy (with
         ``slots``: one of those slots); the hold's descriptions of the lock are then ours
         too while we are open (``share``). A hold that ends while we ask is asked again,
         and is then gone: None. Where it did not share (``join_failed``), the caller takes
-        the lock as anyone else would. Local files: no wait ceiling (``_``) to keep."""
+        the lock as anyone else would. ``wait`` bounds the moment we give a hold to take a
+        new lock file back after a tmp cleaner (``predecessor``)."""
         from .joining import join, our_hold
+        from .predecessor import let_our_hold_adopt
 
-        if slots is None and self.fresh:
-            from .predecessor import let_our_hold_adopt
-
-            let_our_hold_adopt(self, env, token)
+        if slots is None:
+            stuck = let_our_hold_adopt(self, env, token, wait)
+            if stuck is not None:
+                self.join_failed = True
+                return stuck
         paths = [self.path] if slots is None else self._slot_paths(slots)
         for path in paths:
             for _ in range(_JOIN_TRIES):

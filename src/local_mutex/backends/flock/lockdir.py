@@ -12,6 +12,7 @@ from ...errors import InvalidLockDir, UnsafeLockFile
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
+    from typing import Any
 
     from .lock import FlockLock
 
@@ -21,6 +22,13 @@ ENV_ALLOW_OTHER_OWNER = "LOCAL_MUTEX_ALLOW_OTHER_OWNER"
 # Exactly this mode whatever the umask: others may open the file read-only to take the lock
 # (flock works on any descriptor), but only its owner may rewrite the holder record in it.
 FILE_MODE = 0o644
+
+# What a new lock file holds until its first taker looked for a lock still held on a file
+# deleted from the path (``predecessor``): any content makes a taker look, and clear it.
+NEW_FILE_MARK = (
+    b'{"v": 1, "message": "a new lock file: its first taker looks for a lock still held on '
+    b'a file deleted from here"}\n'
+)
 
 # O_NONBLOCK keeps a planted FIFO from hanging the open; it has no effect on regular files
 # and none on flock(), which takes its own LOCK_NB flag.
@@ -70,7 +78,9 @@ def open_lock_file(path: str, *, allow_other_owner: bool = False) -> int:
 
 def open_or_create(path: str, *, allow_other_owner: bool = False) -> tuple[int, bool]:
     """Open (creating if needed) the lock file: a close-on-exec descriptor, and whether we
-    created it (a tmp cleaner may have deleted a held one: ``predecessor``).
+    created it. A tmp cleaner may have deleted a held one: so a new file appears with a mark
+    in it (``NEW_FILE_MARK``), and whoever takes it first, we or not, asks the kernel
+    (``predecessor``) -- where a file can appear at the path ready-made (Linux).
 
     Never follows a symlink, never blocks on a FIFO, never unlinks anything. Opening an
     existing file first (no O_CREAT) keeps fs.protected_regular from refusing a file that
@@ -80,16 +90,15 @@ def open_or_create(path: str, *, allow_other_owner: bool = False) -> tuple[int, 
         fd = _open_existing(path)
         created = fd is None
         if fd is None:
-            try:
-                fd = os.open(path, _OPEN_FLAGS | os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
-            except FileExistsError:
-                continue  # another process created it between our two opens
+            try:  # marked from its first instant: whoever takes it first looks (``predecessor``)
+                fd = create_exclusive(path, _mark_new)
             except OSError as exc:
                 raise _refusal(path, exc) from None
-            try:
-                os.fchmod(fd, FILE_MODE)  # the umask may have taken bits away, or left 0666
-            except OSError:
-                pass
+            if fd is None:
+                if not os.path.isdir(os.path.dirname(path) or "."):
+                    gone = FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
+                    raise _refusal(path, gone) from None
+                continue  # another process created it between our two opens
         try:
             if check_opened(fd, path, allow_other_owner):
                 return fd, created
@@ -121,6 +130,12 @@ def create_exclusive(path: str, prepare: Callable[[int], object] | None = None) 
 
 
 _UNSUPPORTED = -1
+
+
+def _mark_new(fd: int) -> None:
+    os.pwrite(fd, NEW_FILE_MARK, 0)
+
+
 _RENAME_NOREPLACE = 1  # renameat2(2): fail with EEXIST rather than replace
 
 
@@ -144,16 +159,16 @@ def _create_renamed(path: str, prepare: Callable[[int], object]) -> int | None:
         except OSError:
             pass
         prepare(fd)
-        failed = rename(temp, path)
+        renamed = rename(temp, path)
     except BaseException:
         _discard(temp, fd)
         raise
-    if not failed:
+    if renamed:
         return fd
     _discard(temp, fd)
-    if failed in (errno.EINVAL, errno.ENOSYS, errno.EPERM, errno.ENOTSUP):
-        return _UNSUPPORTED
-    return None  # EEXIST: somebody created a file there first; ENOENT: the directory went
+    if os.path.lexists(path):
+        return None  # somebody created a file there first
+    return _UNSUPPORTED  # a file system without it (or the directory went: the usual way says)
 
 
 def _discard(temp: str, fd: int) -> None:
@@ -164,22 +179,27 @@ def _discard(temp: str, fd: int) -> None:
     os.close(fd)
 
 
-def _renameat2() -> Callable[[str, str], int] | None:
-    """renameat2(..., RENAME_NOREPLACE) as a function that returns 0 or the errno."""
+def _renameat2() -> Callable[[str, str], bool] | None:
+    """renameat2(..., RENAME_NOREPLACE) through the C half of ctypes (``import ctypes`` costs
+    a couple of milliseconds), as a function that says whether it renamed."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        import ctypes
+        import _ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        call = libc.renameat2
+        c: Any = _ctypes
+        address = c.dlsym(c.dlopen(None, 2), "renameat2")
     except (AttributeError, ImportError, OSError):
         return None  # a C library without it (glibc < 2.28)
     at_fdcwd = -100
 
-    def rename(old: str, new: str) -> int:
-        done = call(at_fdcwd, os.fsencode(old), at_fdcwd, os.fsencode(new), _RENAME_NOREPLACE)
-        return 0 if done == 0 else ctypes.get_errno()
+    def rename(old: str, new: str) -> bool:
+        return bool(
+            c.call_function(
+                address, (at_fdcwd, os.fsencode(old), at_fdcwd, os.fsencode(new), _RENAME_NOREPLACE)
+            )
+            == 0
+        )
 
     return rename
 

@@ -21,11 +21,12 @@ import time
 
 from ... import nesting
 from . import kernel, record
+from .lockdir import is_file_at
 from .proclocks import KernelLock, held_elsewhere, key_of, read_proc_locks
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Collection, Mapping
     from typing import Any
 
     from ...ui.lines import Reporter
@@ -59,14 +60,15 @@ class Predecessor:
         return {**(self.record() or {}), "pid": self.pid}
 
 
-def find(path: str, fd: int) -> Predecessor | None:
+def find(path: str, fd: int, skip: Collection[tuple[int, int, int]] = ()) -> Predecessor | None:
     """A lock still held on a file deleted or renamed from ``path`` (``fd``: the file
-    there now, ours). Only locks on the path's device can be such: renames stay on it."""
+    there now, ours), but none in ``skip``. Only locks on the path's device can be such:
+    renames stay on it."""
     locks = read_proc_locks()
     if not locks:
         return None
     here = key_of(os.fstat(fd))
-    candidates = [k for k in locks if k.key[:2] == here[:2] and k.key != here]
+    candidates = [k for k in locks if k.key[:2] == here[:2] and k.key != here and k.key not in skip]
     if not candidates:
         return None
     from .state import recorded_at  # a rare path: what status uses too
@@ -79,41 +81,54 @@ def find(path: str, fd: int) -> Predecessor | None:
     lock, through = found
     try:
         st = os.stat(through)
+        if os.readlink(through) == path:
+            return None  # a file at the path now, not ours: we are the one gone from it
     except OSError:
         return None  # its holder let go meanwhile
     return Predecessor(lock, through, (st.st_dev, st.st_ino))
 
 
+def _worth_a_look(lock: FlockLock) -> bool:
+    """Created by us, or new (marked, see ``lockdir.open_or_create``) and not yet taken."""
+    if lock.fresh:
+        return True
+    return os.fstat(lock.fd).st_size > 0 and not _locked(key_of(os.fstat(lock.fd)))
+
+
 def enclosing(lock: FlockLock, env: Mapping[str, str]) -> tuple[int, str] | None:
     """Inside a run whose lock file was deleted: that run's lock, found through the kernel,
-    encloses us (``None``: not ours, or none). Asked of a file we created (the holder had
-    not put one back yet) or one somebody holds: the holder, or -- once a hold ended and
-    left its lock to the run we are in -- the guardian waiting for our own command."""
-    if not lock.fresh and not _locked(key_of(os.fstat(lock.fd))):
-        return None  # free: taking it waits for nobody
+    encloses us (``None``: not ours, or none). Asked of a new file (the holder had not put
+    one back yet) or one somebody holds: the holder, or -- once a hold ended and left its
+    lock to the run we are in -- the guardian waiting for our own command."""
+    if not _worth_a_look(lock) and not _locked(key_of(os.fstat(lock.fd))):
+        return None  # taking it waits for nobody
     found = find(lock.path, lock.fd)
-    inside = None if found is None else nesting.enclosing_hold(env, found.key)
-    if found is not None and inside is not None:
-        _mark_unlocked(lock, found)  # it stays unlocked until the holder takes it
-    return inside
+    return None if found is None else nesting.enclosing_hold(env, found.key)
 
 
-def let_our_hold_adopt(lock: FlockLock, env: Mapping[str, str], token: str | None) -> None:
+def let_our_hold_adopt(
+    lock: FlockLock, env: Mapping[str, str], token: str | None, wait: float | None
+) -> int | None:
     """If the deleted file's lock is our job's hold's, give its holder the moment it needs
-    to take the new file (our own lock on it would end the hold)."""
+    to take the new file (our own lock on it would end the hold). The hold's pid if it did
+    not within that moment (or ``wait``): stopped, it cannot share its lock with us either."""
     from ...identity import owned
 
+    if not _worth_a_look(lock):
+        return None
     found = find(lock.path, lock.fd)
-    if found is None or not owned(found.record(), env, token):
-        return
-    _mark_unlocked(lock, found)  # it stays unlocked until the holder takes it
+    rec = None if found is None else found.record()
+    if found is None or rec is None or not owned(rec, env, token):
+        return None
     here = key_of(os.fstat(lock.fd))
-    deadline = time.monotonic() + ADOPT_WITHIN
-    while time.monotonic() < deadline:
+    deadline = time.monotonic() + min(ADOPT_WITHIN, ADOPT_WITHIN if wait is None else wait)
+    while True:
         # Its record goes in right after it locks: a hold is known by its record.
-        rec = record.read_record_fd(lock.fd)
-        if _locked(here) and rec is not None and rec.get("pid") != os.getpid():
-            return
+        now = record.read_record_fd(lock.fd)
+        if _locked(here) and now is not None and now.get("hold"):
+            return None
+        if time.monotonic() >= deadline:
+            return found.pid
         time.sleep(0.01)
 
 
@@ -125,73 +140,86 @@ def wait_out(
     lock: FlockLock, wait: float | None, reporter: Reporter | None
 ) -> tuple[bool, dict[str, Any] | None]:
     """Holding the file at the path: wait for every lock still held on a file deleted from
-    it (or renamed away). (Whether there was one to wait for; None once none is left -- or
-    it is an enclosing run's: waiting for it would wait for ourselves -- else, the ceiling
-    passed, the holder of the one still held.)"""
+    it (or renamed away). (Whether to look at the path again -- we waited, or it names
+    another file now --; None once no lock is left to wait for -- or it is an enclosing
+    run's: waiting for it would wait for ourselves -- else, the ceiling passed, the holder
+    of the one still held.)"""
     deadline = None if wait is None else time.monotonic() + wait
-    if lock.fresh:  # marked before the look, which takes a while: should we die meanwhile
-        _mark(lock, None)
     said = False
+    passed: set[tuple[int, int, int]] = set()  # shared locks a shared lock of ours joins
     for _ in range(_MAX_PREDECESSORS):
-        found = find(lock.path, lock.fd)
+        if not is_file_at(lock.path, lock.fd):
+            return True, None  # deleted in turn: waiting for what replaced it would deadlock
+        found = find(lock.path, lock.fd, passed)
         if found is None or nesting.enclosing_hold(lock.env, found.key) is not None:
             break
-        if not said:
-            said = True
-            _mark(lock, found)  # ours to write: we hold the file
-            if reporter is not None:
-                reporter.warning(
-                    f"lock file {lock.path!r} of {lock.label} was deleted while pid "
-                    f"{found.pid} held it; waiting for that lock to end"
-                )
-        remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        if not _outwait(found, lock.shared, remaining):
-            return True, found.holder()
-    record.clear_record(lock.fd)  # ours now: no mark for the next taker to ask about
+        fd = _open(found)
+        if fd == _GONE:
+            continue  # its holder let go meanwhile
+        if fd is None:  # another user's process: ask the kernel's list until it is gone
+            said = _say(lock, found, reporter, said)
+            if not _poll(found.lock.key, _left(deadline)):
+                return True, found.holder()
+            continue
+        try:
+            if kernel.try_lock(fd, shared=lock.shared):
+                if lock.shared and _locked(found.lock.key):
+                    passed.add(found.lock.key)  # shared beside shared: still held, though
+                continue
+            said = _say(lock, found, reporter, said)
+            with kernel.interruptible():
+                if not kernel.wait_lock(fd, shared=lock.shared, timeout=_left(deadline)):
+                    return True, found.holder()
+        finally:
+            os.close(fd)  # never kept: it is a deleted file
+    if not passed:  # ours alone now: no mark for the next taker to ask about
+        record.clear_record(lock.fd)
     return said, None
 
 
-def _mark(lock: FlockLock, found: Predecessor | None) -> None:
-    """A record in the new file, so that whoever takes it before the deleted file's holder
-    does (or after we gave up, or died) asks the kernel too."""
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(deadline - time.monotonic(), 0.0)
+
+
+def _say(lock: FlockLock, found: Predecessor, reporter: Reporter | None, said: bool) -> bool:
+    """Once: the mark in our file (whoever takes it should we give up asks too), and why
+    we wait."""
+    if said:
+        return True
     from ...identity import holder_record
 
-    if found is None:
-        message = "looking for a lock still held on a file deleted from here"
-    else:
-        message = f"pid {found.pid} holds this lock on a file deleted from here"
-    rec = holder_record(
+    message = f"pid {found.pid} holds this lock on a file deleted from here"
+    mark = holder_record(
         lock.label, "", shared=lock.shared, env=lock.env, extra={"message": message}
     )
     try:
-        record.write_record(lock.fd, rec, lock.path)
+        record.write_record(lock.fd, mark, lock.path)
     except Exception:  # a full disk: we wait all the same
         pass
+    if reporter is not None:
+        reporter.warning(
+            f"lock file {lock.path!r} of {lock.label} was deleted while pid {found.pid} "
+            "held it; waiting for that lock to end"
+        )
+    return True
 
 
-def _mark_unlocked(lock: FlockLock, found: Predecessor) -> None:
-    """Mark a file we do not hold, unless its holder took it already: a holder that takes
-    it in the instant between our look and our write loses its record to our mark (``status``
-    then names us; a ``run --reentrant`` then waits as anyone would)."""
-    if not _locked(key_of(os.fstat(lock.fd))):
-        _mark(lock, found)
+_GONE = -1
 
 
-def _outwait(found: Predecessor, shared: bool, timeout: float | None) -> bool:
-    """Wait for the lock on the deleted file in the kernel (True once it is free to us)."""
+def _open(found: Predecessor) -> int | None:
+    """The deleted file, opened through its holder's descriptor: ours to wait on. None if
+    that is not ours to open (another user's process); ``_GONE`` if its holder let go."""
     try:
         fd = os.open(found.through, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return True  # its holder let go meanwhile
-    except PermissionError:  # another user's process: its descriptors are not ours to open
-        return _poll(found.lock.key, timeout)
-    try:
-        if (os.fstat(fd).st_dev, os.fstat(fd).st_ino) != found.file:
-            return True  # the descriptor number was reused: that lock went
-        with kernel.interruptible():
-            return kernel.wait_lock(fd, shared=shared, timeout=timeout)
-    finally:
-        os.close(fd)  # never kept: it is a deleted file
+    except PermissionError:
+        return None
+    except OSError:
+        return _GONE
+    if (os.fstat(fd).st_dev, os.fstat(fd).st_ino) != found.file:
+        os.close(fd)  # the descriptor number was reused: that lock went
+        return _GONE
+    return fd
 
 
 def _poll(key: tuple[int, int, int], timeout: float | None) -> bool:

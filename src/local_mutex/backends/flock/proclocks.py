@@ -13,7 +13,7 @@ from ..._proc import PROC, USE_PROC
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection
+    from collections.abc import Callable, Collection, Iterator
 
 
 class KernelLock:
@@ -124,19 +124,19 @@ def fd_holds(pid: int, key: tuple[int, int, int]) -> bool:
 
 
 def _lock_fd(pid: int, key: tuple[int, int, int]) -> str | None:
-    found = _lock_fd_of(pid, {key})
-    return None if found is None else found[0]
+    return next((fd for fd, _ in _lock_fds(pid, {key})), None)
 
 
-def _lock_fd_of(
+def _lock_fds(
     pid: int, keys: Collection[tuple[int, int, int]]
-) -> tuple[str, tuple[int, int, int]] | None:
-    """A descriptor of ``pid`` that carries a granted lock on one of these inodes, and which."""
+) -> Iterator[tuple[str, tuple[int, int, int]]]:
+    """Each descriptor of ``pid`` that carries a granted lock on one of these inodes, and
+    which inode: one pass over its fdinfo, however many of the keys it holds."""
     base = f"{PROC}/{pid}/fdinfo"
     try:
         fds = os.listdir(base)
     except OSError:
-        return None
+        return
     for fd in fds:
         try:
             with open(f"{base}/{fd}", encoding="ascii", errors="replace") as f:
@@ -144,10 +144,10 @@ def _lock_fd_of(
                     if line.startswith("lock:"):
                         parsed = parse_lock_line(line)
                         if parsed is not None and parsed.key in keys and parsed.depth == 0:
-                            return fd, parsed.key
+                            yield fd, parsed.key
+                            break
         except OSError:
             continue
-    return None
 
 
 def all_fd_holders(key: tuple[int, int, int]) -> list[int]:
@@ -177,22 +177,26 @@ def held_elsewhere(
             return through
         return None
 
-    granted = [lock for lock in locks if not lock.depth]
-    untaken = {}  # locks whose taker has exited: held on by whoever inherited them
-    for lock in granted:
-        fd = _lock_fd(lock.pid, lock.key)
-        if fd is None:
-            untaken[lock.key] = lock
-            continue
-        through = was_at_path(lock.pid, fd)
-        if through is not None:
-            return lock, through
+    takers: dict[int, dict[tuple[int, int, int], KernelLock]] = {}
+    for lock in locks:
+        if not lock.depth:
+            takers.setdefault(lock.pid, {})[lock.key] = lock
+    # Locks whose taker no longer has them: held on by whoever inherited them.
+    untaken: dict[tuple[int, int, int], KernelLock] = {}
+    for pid, taken in takers.items():
+        seen = set()
+        for fd, key in _lock_fds(pid, taken):
+            seen.add(key)
+            through = was_at_path(pid, fd)
+            if through is not None:
+                return taken[key], through
+        untaken.update((key, lock) for key, lock in taken.items() if key not in seen)
     if not untaken:
         return None
     for entry in os.listdir(PROC):  # one walk for all of them
-        found = _lock_fd_of(int(entry), untaken) if entry.isdigit() else None
-        if found is not None:
-            through = was_at_path(int(entry), found[0])
-            if through is not None:
-                return untaken[found[1]], through
+        if entry.isdigit():
+            for fd, key in _lock_fds(int(entry), untaken):
+                through = was_at_path(int(entry), fd)
+                if through is not None:
+                    return untaken[key], through
     return None
