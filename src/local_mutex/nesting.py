@@ -38,13 +38,7 @@ def enclosing_hold(
     ``file`` (a lock file's device and inode): an enclosing holder that holds the lock on
     that file counts too -- the file it put back at the path after ours was deleted has a
     new key. (Holds it: a descriptor merely open on the file, inherited, does not count.)"""
-    entries = []
-    for item in env.get(ENV_HELD, "").split(";"):
-        pid_text, _, rest = item.partition(":")
-        item_key, _, mode = rest.rpartition(":")
-        pid = decimal(pid_text)
-        if mode in ("s", "x") and pid is not None:
-            entries.append((pid, item_key, mode))
+    entries = held_entries(env)
     for pid, item_key, mode in entries:
         # A pid that came back (the supervisor's, reused by a leftover job's child after
         # the pid space wrapped) is an ancestor yet holds nothing: where /proc can tell,
@@ -57,6 +51,18 @@ def enclosing_hold(
         if is_ancestor(pid) and _held_from(pid, file):
             return pid, mode
     return None
+
+
+def held_entries(env: Mapping[str, str]) -> list[tuple[int, str, str]]:
+    """LOCAL_MUTEX_HELD as (pid, key, mode) entries, unverified."""
+    entries = []
+    for item in env.get(ENV_HELD, "").split(";"):
+        pid_text, _, rest = item.partition(":")
+        item_key, _, mode = rest.rpartition(":")
+        pid = decimal(pid_text)
+        if mode in ("s", "x") and pid is not None:
+            entries.append((pid, item_key, mode))
+    return entries
 
 
 def _holds_here(pid: int, file: tuple[int, int]) -> bool:

@@ -1013,17 +1013,19 @@ def test_a_shared_newcomer_beside_a_deleted_shared_lock_leaves_the_mark(
     assert holder.wait(20) == 0, procs.stderr(holder)
 
 
+@pytest.mark.parametrize("how", ["rm", "mv"])
 def test_a_nested_call_in_the_tick_after_a_deletion_runs_inside(
-    procs: Procs, lock_dir: Path, marks: Path
+    procs: Procs, lock_dir: Path, marks: Path, how: str
 ) -> None:
     """The command's own call of the name, made after the lock file was deleted and before
     its keeper put one back, created the new file and took it alone; the keeper then lost
-    its put-back to it. It now runs inside its enclosing run, found through the kernel."""
+    its put-back to it. It now runs inside its enclosing run, found through that run's own
+    descriptors."""
     path = lock_file(lock_dir, "nest")
     cmd = (
         f"touch '{marks}/started'; while [ ! -e '{marks}/go' ]; do sleep 0.02; done; "
-        f"rm -f '{path}'; "
-        f"\"$LOCAL_MUTEX_CLI\" --no-wait nest \"touch '{marks}/inner'\" && touch '{marks}/after'"
+        + (f"rm -f '{path}'; " if how == "rm" else f"mv '{path}' '{marks}/moved.lock'; ")
+        + f"\"$LOCAL_MUTEX_CLI\" --no-wait nest \"touch '{marks}/inner'\" && touch '{marks}/after'"
     )
     holder = procs.start(["nest", cmd, str(lock_dir)])
     wait_for(marks / "started")

@@ -20,6 +20,7 @@ import os
 import time
 
 from ... import nesting
+from ...names import LOCK_PREFIX
 from . import kernel, record
 from .lockdir import is_file_at
 from .proclocks import KernelLock, held_elsewhere, key_of, read_proc_locks
@@ -73,8 +74,7 @@ def find(path: str, fd: int, skip: Collection[tuple[int, int, int]] = ()) -> Pre
         return None
     from .state import recorded_at  # a rare path: what status uses too
 
-    # As the holder's /proc/PID/fd link spells it: whatever symlinks the lock dir went through.
-    path = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+    path = _as_proc_names_it(path)
     found = held_elsewhere(path, candidates, recorded_at(path))
     if found is None:
         return None
@@ -89,21 +89,47 @@ def find(path: str, fd: int, skip: Collection[tuple[int, int, int]] = ()) -> Pre
 
 
 def _worth_a_look(lock: FlockLock) -> bool:
-    """Created by us, or new (marked, see ``lockdir.open_or_create``) and not yet taken."""
+    """Created by us, or with a mark in it (a new file's, a waiting newcomer's): not the
+    hold's record a run inside a hold finds in the file its hold holds."""
     if lock.fresh:
         return True
-    return os.fstat(lock.fd).st_size > 0 and not _locked(key_of(os.fstat(lock.fd)))
+    rec = record.read_record_fd(lock.fd)
+    return rec is not None and not rec.get("hold")
 
 
 def enclosing(lock: FlockLock, env: Mapping[str, str]) -> tuple[int, str] | None:
-    """Inside a run whose lock file was deleted: that run's lock, found through the kernel,
-    encloses us (``None``: not ours, or none). Asked of a new file (the holder had not put
-    one back yet) or one somebody holds: the holder, or -- once a hold ended and left its
-    lock to the run we are in -- the guardian waiting for our own command."""
-    if not _worth_a_look(lock) and not _locked(key_of(os.fstat(lock.fd))):
-        return None  # taking it waits for nobody
-    found = find(lock.path, lock.fd)
-    return None if found is None else nesting.enclosing_hold(env, found.key)
+    """Inside a run whose lock file was deleted (before its holder put one back, or after
+    a hold left its lock to the run we are in): that run's lock encloses us. Found through
+    the enclosing runs' own descriptors (``/proc/PID/fd``): one of them, of the file
+    LOCAL_MUTEX_HELD names, still names our path, deleted (or its record does, renamed)."""
+    from ..._proc import PROC, is_ancestor, open_files
+
+    path = _as_proc_names_it(lock.path)
+    for pid, key, mode in nesting.held_entries(env):
+        if not is_ancestor(pid):
+            continue
+        for name, st in open_files(pid):
+            if f"{st.st_dev}:{st.st_ino}" != key:
+                continue
+            through = f"{PROC}/{pid}/fd/{name}"
+            try:
+                target = os.readlink(through)
+            except OSError:
+                continue
+            if target == path + " (deleted)":
+                return pid, mode
+            if os.path.basename(target).startswith(LOCK_PREFIX):
+                continue  # a lock file at its own path: another name's
+            from .state import recorded_at  # renamed away: its record says whence
+
+            if recorded_at(path)(through) == path:
+                return pid, mode
+    return None
+
+
+def _as_proc_names_it(path: str) -> str:
+    """The path as a holder's /proc/PID/fd link spells it: the lock dir's symlinks resolved."""
+    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
 
 
 def let_our_hold_adopt(
