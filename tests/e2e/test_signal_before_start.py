@@ -42,6 +42,8 @@ def test_a_local_run_stopped_before_its_command_says_it_did_not_run(
     tmp_path: Path, lock_dir: Path, sig: int
 ) -> None:
     ran = tmp_path / "ran"
+    # The lock file made first: a new one is created through _ctypes too (renameat2).
+    assert run_cli(["n", "true", str(lock_dir)]).returncode == 0
     r = run_cli(["n", f"touch '{ran}'", str(lock_dir)], env=_env(tmp_path, sig))
     assert r.returncode == 128 + sig, r.stderr
     assert b"the command did not run" in r.stderr and b"Traceback" not in r.stderr

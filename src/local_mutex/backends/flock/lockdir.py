@@ -133,7 +133,10 @@ _UNSUPPORTED = -1
 
 
 def _mark_new(fd: int) -> None:
-    os.pwrite(fd, NEW_FILE_MARK, 0)
+    try:
+        os.pwrite(fd, NEW_FILE_MARK, 0)
+    except OSError:  # a full disk, a file size limit: unmarked, only its creator looks
+        pass
 
 
 _RENAME_NOREPLACE = 1  # renameat2(2): fail with EEXIST rather than replace

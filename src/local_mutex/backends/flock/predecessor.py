@@ -2,10 +2,13 @@
 from it: a tmp cleaner struck in the tick before the holder noticed (``putback``).
 
 By the file alone a newcomer cannot tell such a path from a free one, but the file says when
-to ask the kernel: one we just created, or one we took with a record left in it. Then
-``/proc/locks`` tells (``held_elsewhere``), and the lock on the deleted file is
+to ask: a new one appears with a mark in it (``lockdir.NEW_FILE_MARK``), and one left with a
+record in it had a holder that died or gave up. Whoever takes such a file asks the kernel
+(``/proc/locks``, ``held_elsewhere``), and the lock on the deleted file is
 
-- an enclosing run's (a nested call): we run inside it, as inside any enclosing holder;
+- an enclosing run's (a nested call): we run inside it, as inside any enclosing holder --
+  found through that run's own descriptors, which is cheaper and asked of every nested call
+  whose enclosing runs hold other files than the one at the path;
 - our job's hold's (``run --reentrant``): its holder takes the new file within a tick; we let
   it, never locking the file meanwhile, and then join the hold as usual;
 - anyone else's: we keep the new file locked, so that nobody newer slips in, and wait in the
@@ -200,7 +203,7 @@ def wait_out(
             os.close(fd)  # never kept: it is a deleted file
     if not passed:  # ours alone now: no mark for the next taker to ask about
         record.clear_record(lock.fd)
-    return said, None
+    return said or not is_file_at(lock.path, lock.fd), None
 
 
 def _left(deadline: float | None) -> float | None:
@@ -249,10 +252,12 @@ def _open(found: Predecessor) -> int | None:
 
 
 def _poll(key: tuple[int, int, int], timeout: float | None) -> bool:
+    """Until the lock is gone from the kernel's list. Not often: each read of /proc/locks
+    takes the kernel's file-lock semaphore for writing, which every flock() waits on."""
     deadline = None if timeout is None else time.monotonic() + timeout
     with kernel.interruptible():
         while _locked(key):
             if deadline is not None and time.monotonic() >= deadline:
                 return False
-            time.sleep(0.1)
+            time.sleep(0.25)
     return True
