@@ -26,6 +26,7 @@ from helpers import (
     lock_file,
     read_pid,
     run_cli,
+    stopped,
     wait_for,
 )
 from helpers import procwatch as pw
@@ -439,16 +440,13 @@ def test_a_run_whose_hold_does_not_share_is_refused(
     cleanup.append("mute")
     token = _hold("mute", lock_dir)
     holder_pid = _status("mute", lock_dir)["holders"][0]["pid"]
-    os.kill(holder_pid, signal.SIGSTOP)
-    try:
+    with stopped(holder_pid):
         ran = f"touch '{marks}/ran'"
         r = run_cli(
             ["run", "--reentrant", "--lock-dir", str(lock_dir), "mute", ran],
             env={"LOCAL_MUTEX_HOLD_TOKEN": token},
             timeout=60,
         )
-    finally:
-        os.kill(holder_pid, signal.SIGCONT)
     assert r.returncode == 2, r.stderr
     assert not (marks / "ran").exists()
     assert f"hold {holder_pid} of lock mute did not share its lock" in r.stderr.decode()
@@ -677,8 +675,7 @@ def test_a_release_just_after_a_tmp_cleaner_waits_for_the_put_back(
     cleanup.append("swift")
     token = _hold("swift", lock_dir)
     holder_pid = _status("swift", lock_dir)["holders"][0]["pid"]
-    os.kill(holder_pid, signal.SIGSTOP)
-    try:
+    with stopped(holder_pid):
         lock_file(lock_dir, "swift").unlink()
         release = subprocess.Popen(
             [*CLI, "release", "swift", "--lock-dir", str(lock_dir), "--token", token],
@@ -686,8 +683,6 @@ def test_a_release_just_after_a_tmp_cleaner_waits_for_the_put_back(
             stderr=subprocess.PIPE,
         )
         time.sleep(0.3)  # the release looking meanwhile (a busy machine: it may look later)
-    finally:
-        os.kill(holder_pid, signal.SIGCONT)
     _, err = release.communicate(timeout=30)
     assert release.returncode == 0, err
     assert pw.wait_gone([holder_pid], 10) == []
@@ -705,16 +700,13 @@ def test_a_reentrant_run_in_the_tick_after_a_deletion_joins_the_hold(
     token = _hold("window", lock_dir)
     holder_pid = _status("window", lock_dir)["holders"][0]["pid"]
     path = lock_file(lock_dir, "window")
-    os.kill(holder_pid, signal.SIGSTOP)
-    try:
+    with stopped(holder_pid):
         path.unlink()
         run = procs.start(
             ["run", "--reentrant", "--lock-dir", str(lock_dir), "window", hold_until(marks, "in")],
             env={"LOCAL_MUTEX_HOLD_TOKEN": token},
         )
         wait_for(path.exists, 20, "the run's new lock file")
-    finally:
-        os.kill(holder_pid, signal.SIGCONT)
     wait_for(marks / "in.held")
     time.sleep(0.3)  # the holder's looks meanwhile: one that found the file taken ended it
     assert pw.alive(holder_pid), "the hold ended"
@@ -735,8 +727,7 @@ def test_a_reentrant_run_after_a_deletion_under_a_stopped_hold_keeps_its_ceiling
     cleanup.append("stopped")
     token = _hold("stopped", lock_dir)
     holder_pid = _status("stopped", lock_dir)["holders"][0]["pid"]
-    os.kill(holder_pid, signal.SIGSTOP)
-    try:
+    with stopped(holder_pid):
         lock_file(lock_dir, "stopped").unlink()
         t0 = time.monotonic()
         args = ["run", "--reentrant", "--wait", "0.2", "--lock-dir", str(lock_dir)]
@@ -746,8 +737,6 @@ def test_a_reentrant_run_after_a_deletion_under_a_stopped_hold_keeps_its_ceiling
             timeout=20,
         )
         took = time.monotonic() - t0
-    finally:
-        os.kill(holder_pid, signal.SIGCONT)
     assert r.returncode == 2, r.stderr
     assert b"did not share its lock" in r.stderr, r.stderr
     assert not (marks / "ran").exists()

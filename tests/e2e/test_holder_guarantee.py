@@ -35,6 +35,7 @@ from helpers import (
     lock_is_free,
     read_pid,
     run_cli,
+    stopped,
     wait_for,
 )
 from helpers import procwatch as pw
@@ -890,8 +891,7 @@ def test_a_newcomer_in_the_tick_after_a_deletion_waits_for_the_deleted_files_loc
     holder = procs.start(["gone", _holds_then_says_done(marks), str(lock_dir)])
     wait_for(marks / "a.held")
     path = lock_file(lock_dir, "gone")
-    os.kill(holder.pid, signal.SIGSTOP)
-    try:
+    with stopped(holder.pid):
         path.unlink()
         r = run_cli(["--no-wait", "gone", f"touch '{marks}/early.ran'", str(lock_dir)])
         assert r.returncode == 75, r.stderr
@@ -901,8 +901,6 @@ def test_a_newcomer_in_the_tick_after_a_deletion_waits_for_the_deleted_files_loc
         late = procs.start(["--wait", "60", "gone", late_cmd, str(lock_dir)])
         procs.wait_stderr(late, "waiting for that lock to end")
         assert _locked_file_at(path)
-    finally:
-        os.kill(holder.pid, signal.SIGCONT)
     procs.wait_stderr(holder, "took the new file first")  # and it says so
     (marks / "a.go").touch()
     assert holder.wait(20) == 0, procs.stderr(holder)
@@ -929,16 +927,13 @@ def test_newcomers_across_two_deletions_neither_deadlock_nor_overlap(
     holder = procs.start(["twice", _holds_then_says_done(marks), str(lock_dir)])
     wait_for(marks / "a.held")
     path = lock_file(lock_dir, "twice")
-    os.kill(holder.pid, signal.SIGSTOP)
-    try:
+    with stopped(holder.pid):
         path.unlink()
         first = procs.start(["--wait", "60", "twice", _alone(marks, "first"), str(lock_dir)])
         procs.wait_stderr(first, "waiting for that lock to end")
         path.unlink()
         second = procs.start(["--wait", "60", "twice", _alone(marks, "second"), str(lock_dir)])
         procs.wait_stderr(second, "waiting for that lock to end")
-    finally:
-        os.kill(holder.pid, signal.SIGCONT)
     (marks / "a.go").touch()
     assert holder.wait(20) == 0, procs.stderr(holder)
     t0 = time.monotonic()
@@ -970,6 +965,28 @@ def test_a_command_holding_two_orphaned_locks_still_keeps_either(
     assert r.returncode == 0, r.stderr
 
 
+def test_a_file_renamed_away_in_another_lock_dir_is_not_this_ones_predecessor(
+    procs: Procs, tmp_path: Path, marks: Path
+) -> None:
+    """A renamed file is known by its record. That named the lock, not its directory, so a
+    held lock of the same name in another lock dir, renamed away there, made every first
+    taker here wait for it."""
+    there, here = tmp_path / "there", tmp_path / "here"
+    there.mkdir()
+    here.mkdir()
+    holder = procs.start(["same", _holds_then_says_done(marks), str(there)])
+    wait_for(marks / "a.held")
+    with stopped(holder.pid):
+        lock_file(there, "same").rename(marks / "moved-away.lock")
+        r = run_cli(["--wait", "5", "same", f"touch '{marks}/here.ran'", str(here)])
+        assert r.returncode == 0, r.stderr
+        assert b"deleted while" not in r.stderr, r.stderr
+        r = run_cli(["--no-wait", "same", "true", str(there)])  # there, it waits
+        assert r.returncode == 75, r.stderr
+    (marks / "a.go").touch()
+    assert holder.wait(20) == 0, procs.stderr(holder)
+
+
 def test_a_hold_taken_in_the_tick_after_a_deletion_waits_for_the_deleted_files_lock(
     procs: Procs, lock_dir: Path, marks: Path
 ) -> None:
@@ -978,13 +995,10 @@ def test_a_hold_taken_in_the_tick_after_a_deletion_waits_for_the_deleted_files_l
     beside the running command. A new file is marked from its first instant now."""
     holder = procs.start(["held", _holds_then_says_done(marks), str(lock_dir)])
     wait_for(marks / "a.held")
-    os.kill(holder.pid, signal.SIGSTOP)
-    try:
+    with stopped(holder.pid):
         lock_file(lock_dir, "held").unlink()
         r = run_cli(["hold", "held", "--lock-dir", str(lock_dir), "--wait", "0.5"])
         assert r.returncode == 75, r.stderr
-    finally:
-        os.kill(holder.pid, signal.SIGCONT)
     (marks / "a.go").touch()
     assert holder.wait(20) == 0, procs.stderr(holder)
 
@@ -997,8 +1011,7 @@ def test_a_shared_newcomer_beside_a_deleted_shared_lock_leaves_the_mark(
     and ran beside the first shared command."""
     holder = procs.start(["--shared", "sh", _holds_then_says_done(marks), str(lock_dir)])
     wait_for(marks / "a.held")
-    os.kill(holder.pid, signal.SIGSTOP)
-    try:
+    with stopped(holder.pid):
         lock_file(lock_dir, "sh").unlink()
         r = run_cli(["--shared", "--no-wait", "sh", f"touch '{marks}/beside'", str(lock_dir)])
         assert r.returncode == 0, r.stderr
@@ -1007,8 +1020,6 @@ def test_a_shared_newcomer_beside_a_deleted_shared_lock_leaves_the_mark(
         r = run_cli(["--wait", "0.5", "sh", f"touch '{marks}/exclusive'", str(lock_dir)])
         assert r.returncode == 75, r.stderr
         assert not (marks / "exclusive").exists()
-    finally:
-        os.kill(holder.pid, signal.SIGCONT)
     (marks / "a.go").touch()
     assert holder.wait(20) == 0, procs.stderr(holder)
 
@@ -1029,12 +1040,9 @@ def test_a_nested_call_in_the_tick_after_a_deletion_runs_inside(
     )
     holder = procs.start(["nest", cmd, str(lock_dir)])
     wait_for(marks / "started")
-    os.kill(holder.pid, signal.SIGSTOP)  # the keeper: no put-back before the nested call
-    try:
+    with stopped(holder.pid):  # the keeper: no put-back before the nested call
         (marks / "go").touch()
         wait_for(marks / "after")
-    finally:
-        os.kill(holder.pid, signal.SIGCONT)
     assert holder.wait(20) == 0, procs.stderr(holder)
     err = procs.stderr(holder)
     assert "running inside it" in err, err

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 CLI = [sys.executable, "-m", "local_mutex"]
@@ -261,3 +262,14 @@ def lock_file(lock_dir: Path, name: str | bytes) -> Path:
 
     raw = name.encode("utf-8", "surrogateescape") if isinstance(name, str) else name
     return lock_dir / f"local-mutex-{hashlib.sha256(raw).hexdigest()}.lock"
+
+
+@contextlib.contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """The process SIGSTOPped meanwhile (a debugger, a frozen VM): it cannot act, but
+    holds on to everything it has; SIGCONT after, whatever happened."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)

@@ -9,23 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from helpers import lock_is_free
 from local_mutex.backends.flock import lockdir
 
 
 def _prepare(fd: int) -> None:
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     os.pwrite(fd, b'{"pid": 1}\n', 0)
-
-
-def _free(path: Path) -> bool:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="renameat2")
@@ -35,7 +25,7 @@ def test_the_file_appears_locked_with_its_record_and_under_its_own_name(tmp_path
     assert fd is not None
     try:
         assert path.read_bytes() == b'{"pid": 1}\n'
-        assert not _free(path)
+        assert not lock_is_free(path)
         assert os.readlink(f"/proc/self/fd/{fd}") == str(path)  # as status reads holders
         assert oct(path.stat().st_mode & 0o777) == oct(lockdir.FILE_MODE)
         assert [p.name for p in tmp_path.iterdir()] == ["x.lock"]  # nothing left beside it
@@ -78,7 +68,7 @@ def test_without_a_rename_that_never_replaces_it_is_created_as_usual(
     assert fd is not None
     try:
         assert path.read_bytes() == b""  # not prepared: the caller locks it itself
-        assert _free(path)
+        assert lock_is_free(path)
     finally:
         os.close(fd)
 

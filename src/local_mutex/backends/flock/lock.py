@@ -20,6 +20,7 @@ from ...ui.lines import describe_holder, duration
 from . import kernel, record
 from .lockdir import (
     ENV_LOCK_DIR,
+    as_proc_names_it,
     cannot_put_back,
     file_id,
     is_file_at,
@@ -286,6 +287,8 @@ class FlockLock:
         self.record = dict(rec)
         if self.slot is not None:
             self.record["slot"] = self.slot
+        # Where it is: a file renamed away (a tmp cleaner) is known by it (``predecessor``).
+        self.record["lock_file"] = as_proc_names_it(self.path)
         if not record.write_record(self.fd, self.record, self.path) and rec.get("hold"):
             from ...errors import RecordNotWritten
 

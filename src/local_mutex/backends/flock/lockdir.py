@@ -284,6 +284,12 @@ def cannot_put_back(lock: FlockLock, exc: OSError) -> str | None:
     )
 
 
+def as_proc_names_it(path: str) -> str:
+    """The lock path as a holder's /proc/PID/fd link spells it (and its record, for a file
+    renamed away): the lock dir's symlinks resolved."""
+    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+
+
 def is_file_at(path: str, fd: int) -> bool:
     """Does ``path`` name the file open on ``fd`` (another link to it may exist)?"""
     try:

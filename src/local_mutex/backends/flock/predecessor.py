@@ -25,7 +25,7 @@ import time
 from ... import nesting
 from ...names import LOCK_PREFIX
 from . import kernel, record
-from .lockdir import is_file_at
+from .lockdir import as_proc_names_it, is_file_at
 from .proclocks import KernelLock, held_elsewhere, key_of, read_proc_locks
 
 TYPE_CHECKING = False
@@ -75,10 +75,10 @@ def find(path: str, fd: int, skip: Collection[tuple[int, int, int]] = ()) -> Pre
     candidates = [k for k in locks if k.key[:2] == here[:2] and k.key != here and k.key not in skip]
     if not candidates:
         return None
-    from .state import recorded_at  # a rare path: what status uses too
+    from .state import recorded_path  # a rare path: what status uses too
 
-    path = _as_proc_names_it(path)
-    found = held_elsewhere(path, candidates, recorded_at(path))
+    path = as_proc_names_it(path)
+    found = held_elsewhere(path, candidates, recorded_path)
     if found is None:
         return None
     lock, through = found
@@ -107,7 +107,7 @@ def enclosing(lock: FlockLock, env: Mapping[str, str]) -> tuple[int, str] | None
     LOCAL_MUTEX_HELD names, still names our path, deleted (or its record does, renamed)."""
     from ..._proc import PROC, is_ancestor, open_files
 
-    path = _as_proc_names_it(lock.path)
+    path = as_proc_names_it(lock.path)
     for pid, key, mode in nesting.held_entries(env):
         if not is_ancestor(pid):
             continue
@@ -123,16 +123,11 @@ def enclosing(lock: FlockLock, env: Mapping[str, str]) -> tuple[int, str] | None
                 return pid, mode
             if os.path.basename(target).startswith(LOCK_PREFIX):
                 continue  # a lock file at its own path: another name's
-            from .state import recorded_at  # renamed away: its record says whence
+            from .state import recorded_path  # renamed away: its record says whence
 
-            if recorded_at(path)(through) == path:
+            if recorded_path(through) == path:
                 return pid, mode
     return None
-
-
-def _as_proc_names_it(path: str) -> str:
-    """The path as a holder's /proc/PID/fd link spells it: the lock dir's symlinks resolved."""
-    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
 
 
 def let_our_hold_adopt(
@@ -218,9 +213,8 @@ def _say(lock: FlockLock, found: Predecessor, reporter: Reporter | None, said: b
     from ...identity import holder_record
 
     message = f"pid {found.pid} holds this lock on a file deleted from here"
-    mark = holder_record(
-        lock.label, "", shared=lock.shared, env=lock.env, extra={"message": message}
-    )
+    extra = {"message": message, "lock_file": as_proc_names_it(lock.path)}
+    mark = holder_record(lock.label, "", shared=lock.shared, env=lock.env, extra=extra)
     try:
         record.write_record(lock.fd, mark, lock.path)
     except Exception:  # a full disk: we wait all the same

@@ -19,7 +19,7 @@ from ...identity import utc_stamp
 from ...names import LOCK_PREFIX, LOCK_SUFFIX, lock_filename
 from ..base import Holder, LockStatus, Waiter
 from . import record
-from .lockdir import refusal_for
+from .lockdir import as_proc_names_it, refusal_for
 from .proclocks import (
     KernelLock,
     all_fd_holders,
@@ -31,7 +31,7 @@ from .proclocks import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Mapping
     from typing import Any
 
 
@@ -199,7 +199,7 @@ def _missing(path: str, name: str | None) -> LockStatus:
     locks = read_proc_locks()
     if locks is None:
         return LockStatus(path, name, "free", "probe")
-    found = held_elsewhere(path, locks, recorded_at(path))
+    found = held_elsewhere(as_proc_names_it(path), locks, recorded_path)
     if found is None:
         return LockStatus(path, name, "free", "proc")
     lock, content = found
@@ -208,25 +208,17 @@ def _missing(path: str, name: str | None) -> LockStatus:
     return _from_kernel(path, name, lock.key, entries, _proc.boot_time(), rec)
 
 
-def recorded_at(path: str) -> Callable[[str], str | None]:
-    """For ``held_elsewhere``: the lock path that a renamed file's holder record names."""
-
-    def recorded(through: str) -> str | None:
-        try:  # another lock's own file, whatever its record claims, was never at ``path``
-            if _is_lock_name(os.path.basename(os.readlink(through))):
-                return None
-        except OSError:
+def recorded_path(through: str) -> str | None:
+    """For ``held_elsewhere``: the lock path a renamed file's holder record names (a record
+    without one, of an older version, names none: only its own directory could tell)."""
+    try:  # another lock's own file, whatever its record claims, was never at ``path``
+        if _is_lock_name(os.path.basename(os.readlink(through))):
             return None
-        rec = record.read_record(through, through_proc=True)
-        named = rec.get("name") if rec is not None else None
-        if not isinstance(named, str):
-            return None
-        try:
-            return os.path.join(os.path.dirname(path), lock_filename(named))
-        except UnicodeError:  # a surrogate that stands for no byte
-            return None
-
-    return recorded
+    except OSError:
+        return None
+    rec = record.read_record(through, through_proc=True)
+    where = rec.get("lock_file") if rec is not None else None
+    return where if isinstance(where, str) else None
 
 
 def list_locks(directory: str, *, include_free: bool = False) -> list[LockStatus]:
