@@ -745,6 +745,26 @@ def test_a_reentrant_run_after_a_deletion_under_a_stopped_hold_keeps_its_ceiling
     assert r.returncode == 0, r.stderr  # the hold took its file back meanwhile
 
 
+def test_a_release_after_a_deletion_and_a_newcomer_that_gave_up_ends_the_hold(
+    lock_dir: Path, cleanup: list[str]
+) -> None:
+    """The holder stopped, its file deleted, a newcomer that created a new one and gave up
+    (``--no-wait``): the path names an unlocked file, and ``release`` said "not held"
+    (exit 0) while the holder, once it ran again, took that file and held on for good."""
+    cleanup.append("gaveup")
+    token = _hold("gaveup", lock_dir)
+    holder_pid = _status("gaveup", lock_dir)["holders"][0]["pid"]
+    with stopped(holder_pid):
+        lock_file(lock_dir, "gaveup").unlink()
+        r = run_cli(["--no-wait", "gaveup", "true", str(lock_dir)])
+        assert r.returncode == 75, r.stderr
+        r = run_cli(["release", "gaveup", "--lock-dir", str(lock_dir), "--token", token])
+        assert r.returncode == 0, r.stderr
+        assert b"not held" not in r.stderr, r.stderr
+    assert pw.wait_gone([holder_pid], 10) == []
+    assert _free("gaveup", lock_dir)
+
+
 def _take_the_new_file_first(path: Path) -> int:
     """A tmp cleaner deletes the held lock file and another program creates and locks a new
     one before the holder's next look (every 0.1 s) puts one back: its descriptor."""

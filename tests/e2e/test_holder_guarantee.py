@@ -987,6 +987,24 @@ def test_a_file_renamed_away_in_another_lock_dir_is_not_this_ones_predecessor(
     assert holder.wait(20) == 0, procs.stderr(holder)
 
 
+def test_a_file_moved_to_another_directory_under_its_own_name_still_excludes(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """Moved, not deleted, keeping its name (a trash or quarantine directory): its name
+    looked like any lock file's own, so nobody read its record, and a newcomer ran."""
+    holder = procs.start(["moved", _holds_then_says_done(marks), str(lock_dir)])
+    wait_for(marks / "a.held")
+    path = lock_file(lock_dir, "moved")
+    (marks / "trash").mkdir()
+    with stopped(holder.pid):
+        path.rename(marks / "trash" / path.name)
+        r = run_cli(["--wait", "0.5", "moved", f"touch '{marks}/newcomer.ran'", str(lock_dir)])
+        assert r.returncode == 75, r.stderr
+        assert not (marks / "newcomer.ran").exists()
+    (marks / "a.go").touch()
+    assert holder.wait(20) == 0, procs.stderr(holder)
+
+
 def test_a_hold_taken_in_the_tick_after_a_deletion_waits_for_the_deleted_files_lock(
     procs: Procs, lock_dir: Path, marks: Path
 ) -> None:

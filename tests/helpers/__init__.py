@@ -272,4 +272,5 @@ def stopped(pid: int) -> Iterator[None]:
     try:
         yield
     finally:
-        os.kill(pid, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+            os.kill(pid, signal.SIGCONT)

@@ -84,6 +84,7 @@ class FlockBackend:
     def release_hold(self, name: bytes, ending: Ending) -> Released:
         """End the hold on ``name`` started by this job (or with ``token``; any with
         ``force``) by stopping its holder process."""
+        from ..base import Released
         from . import record
         from .slots import existing_slots
         from .state import status_of_path
@@ -95,23 +96,25 @@ class FlockBackend:
         label = display(validate_name(name))
         path = self.path_of(name)
         candidates = existing_slots(path) if slots else [path]
+        if not slots:
+            lost = _lost_hold(path)
+            if lost is not None and not _waited_for_put_back(path, lost[0]):
+                pid, held = lost  # a stopped holder, say: it is ended where it is
+                if not force and not owned(held, env, token):
+                    raise _not_ours(label, pid)
+                from .ending import end_holder
+
+                end_holder(pid, path, label, held.get("user"), gone=lambda: not _lost_hold(path))
+                return Released(path, True, pid, _held_for(held))
+            if not os.path.lexists(path) and status_of_path(path, allow_other_owner=True).held:
+                _wait_for_a_file(path)  # put back by a holder that is no hold: said below
         existing = [c for c in candidates if os.path.lexists(c)]
-        if not existing and not slots and status_of_path(path, allow_other_owner=True).held:
-            # A tmp cleaner deleted the file under its holder, which puts one back (with
-            # its record) within its next look, 0.1 s: wait for it rather than say there
-            # is no lock here.
-            deadline = time.monotonic() + _PUT_BACK_WAIT
-            while not _has_record(path) and time.monotonic() < deadline:
-                time.sleep(0.02)
-            existing = [path] if os.path.lexists(path) else []
         if not existing:
             where = "slot files" if slots else "lock file"
             raise InvalidLockDir(
                 f"no {where} for {label} in {self.lock_dir!r}; was the hold taken with "
                 "another --lock-dir?"
             )
-        from ..base import Released
-
         refusal: Refused | None = None
         for candidate in existing:
             st = status_of_path(candidate, allow_other_owner=True)
@@ -127,18 +130,13 @@ class FlockBackend:
                 )
                 continue
             if not force and not owned(rec, env, token):
-                refusal = Refused(
-                    f"the hold on {label} (pid {rec['pid']}) belongs to another job or "
-                    "token; pass its --token, or --force to end it anyway"
-                )
+                refusal = _not_ours(label, rec["pid"])
                 continue
             pid = int(rec["pid"])
-            since = rec.get("since_epoch")
-            held = time.time() - since if isinstance(since, (int, float)) else None
             from .ending import end_holder
 
             end_holder(pid, candidate, label, rec.get("user"))
-            return Released(candidate, True, pid, held)
+            return Released(candidate, True, pid, _held_for(rec))
         if refusal is not None:
             raise refusal
         return Released(existing[0], False)
@@ -147,8 +145,42 @@ class FlockBackend:
         pass
 
 
-def _has_record(path: str) -> bool:
-    try:
-        return os.stat(path, follow_symlinks=False).st_size > 0
-    except OSError:
-        return False
+def _lost_hold(path: str) -> tuple[int, dict[str, Any]] | None:
+    from .predecessor import lost_hold
+
+    return lost_hold(path)
+
+
+def _waited_for_put_back(path: str, pid: int) -> bool:
+    """A tmp cleaner deleted the file under a hold, whose holder puts one back (with its
+    record) within its next look, 0.1 s: wait for that, rather than say there is no lock
+    here, or end a hold that holds no file at the path. False if it did not."""
+    from . import record
+    from .state import status_of_path
+
+    deadline = time.monotonic() + _PUT_BACK_WAIT
+    while time.monotonic() < deadline:
+        rec = record.read_record(path)
+        ours = rec is not None and rec.get("hold") and rec.get("pid") == pid
+        if ours and pid in {h.pid for h in status_of_path(path, allow_other_owner=True).holders}:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def _wait_for_a_file(path: str) -> None:
+    deadline = time.monotonic() + _PUT_BACK_WAIT
+    while not os.path.lexists(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _not_ours(label: str, pid: object) -> Refused:
+    return Refused(
+        f"the hold on {label} (pid {pid}) belongs to another job or token; pass its "
+        "--token, or --force to end it anyway"
+    )
+
+
+def _held_for(rec: Mapping[str, Any]) -> float | None:
+    since = rec.get("since_epoch")
+    return time.time() - since if isinstance(since, (int, float)) else None

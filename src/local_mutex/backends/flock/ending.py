@@ -15,20 +15,29 @@ from ..._fastsignal import signal
 from ...errors import Refused
 from .state import status_of_path
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 # How long ``release`` gives a holder to go after SIGTERM, then after SIGKILL.
 RELEASE_GRACE = (10.0, 2.0)
 _POLL = 0.02
 
 
-def end_holder(pid: int, path: str, label: str, user: object) -> None:
-    """SIGTERM, then SIGKILL after the grace, until ``pid`` no longer holds ``path``."""
+def end_holder(
+    pid: int, path: str, label: str, user: object, gone: Callable[[], bool] | None = None
+) -> None:
+    """SIGTERM, then SIGKILL after the grace, until ``pid`` no longer holds ``path`` (or,
+    for a hold whose file was deleted, until ``gone``)."""
     pidfd = _open_pidfd(pid)
+    let_go = gone if gone is not None else lambda: not _holds(pid, path)
     try:
-        if not _holds(pid, path):  # it let go between our look and now
+        if let_go():  # it let go between our look and now
             return
         for sig, grace in zip((signal.SIGTERM, signal.SIGKILL), RELEASE_GRACE):
             try:
                 _send(pid, pidfd, sig)
+                _send(pid, pidfd, signal.SIGCONT)  # a stopped holder acts on it now
             except ProcessLookupError:
                 return
             except PermissionError:
@@ -36,7 +45,7 @@ def end_holder(pid: int, path: str, label: str, user: object) -> None:
                     f"the hold on {label} (pid {pid}) belongs to user {user or '?'}; only "
                     "that user or root can end it"
                 ) from None
-            if _let_go(pid, pidfd, path, grace):
+            if _let_go(pid, pidfd, let_go, grace):
                 return
     finally:
         if pidfd is not None:
@@ -61,14 +70,14 @@ def _send(pid: int, pidfd: int | None, sig: int) -> None:
         os.kill(pid, sig)
 
 
-def _let_go(pid: int, pidfd: int | None, path: str, grace: float) -> bool:
+def _let_go(pid: int, pidfd: int | None, let_go: Callable[[], bool], grace: float) -> bool:
     """Within ``grace``: has the holder exited, or stopped holding the lock? (Whoever
     was queued behind it may hold the lock by then: that is not the holder.)"""
     deadline = time.monotonic() + grace
     while True:
         if pidfd is not None and select.select([pidfd], [], [], 0)[0]:
             return True  # exited
-        if not _holds(pid, path):
+        if let_go():
             return True
         left = deadline - time.monotonic()
         if left <= 0:

@@ -23,7 +23,6 @@ import os
 import time
 
 from ... import nesting
-from ...names import LOCK_PREFIX
 from . import kernel, record
 from .lockdir import as_proc_names_it, is_file_at
 from .proclocks import KernelLock, held_elsewhere, key_of, read_proc_locks
@@ -38,6 +37,7 @@ if TYPE_CHECKING:
 
 # How long a hold gets to take the new file: its holder looks every 0.1 s.
 ADOPT_WITHIN = 1.0
+ADOPT_LEAST = 0.3  # within a shorter --wait, or --no-wait
 # Files deleted from the path one after another, each still locked: waited out in turn.
 _MAX_PREDECESSORS = 16
 
@@ -66,13 +66,42 @@ class Predecessor:
 
 def find(path: str, fd: int, skip: Collection[tuple[int, int, int]] = ()) -> Predecessor | None:
     """A lock still held on a file deleted or renamed from ``path`` (``fd``: the file
-    there now, ours), but none in ``skip``. Only locks on the path's device can be such:
-    renames stay on it."""
+    there now, ours), but none in ``skip``."""
+    return _find(path, key_of(os.fstat(fd)), skip)
+
+
+def lost_hold(path: str) -> tuple[int, dict[str, Any]] | None:
+    """A live hold that holds a file deleted or renamed from ``path`` (and so not the file
+    there now, if any): its holder's pid and record (for ``release``)."""
+    from ... import _proc
+
+    try:
+        here = key_of(os.stat(path, follow_symlinks=False))
+    except OSError:
+        here = None
+    found = _find(path, here, ())
+    rec = None if found is None else found.record()
+    if rec is None or not rec.get("hold") or not isinstance(rec.get("pid"), int):
+        return None
+    return (rec["pid"], rec) if _proc.exists(rec["pid"]) else None
+
+
+def _find(
+    path: str, here: tuple[int, int, int] | None, skip: Collection[tuple[int, int, int]]
+) -> Predecessor | None:
+    """Only locks on the path's device can be such: renames stay on it."""
     locks = read_proc_locks()
     if not locks:
         return None
-    here = key_of(os.fstat(fd))
-    candidates = [k for k in locks if k.key[:2] == here[:2] and k.key != here and k.key not in skip]
+    if here is None:
+        try:
+            device = os.stat(os.path.dirname(path) or ".").st_dev
+        except OSError:
+            return None
+        on = (os.major(device), os.minor(device))
+    else:
+        on = here[:2]
+    candidates = [k for k in locks if k.key[:2] == on and k.key != here and k.key not in skip]
     if not candidates:
         return None
     from .state import recorded_path  # a rare path: what status uses too
@@ -121,9 +150,9 @@ def enclosing(lock: FlockLock, env: Mapping[str, str]) -> tuple[int, str] | None
                 continue
             if target == path + " (deleted)":
                 return pid, mode
-            if os.path.basename(target).startswith(LOCK_PREFIX):
-                continue  # a lock file at its own path: another name's
-            from .state import recorded_path  # renamed away: its record says whence
+            # Moved away (its link names where it is now, perhaps under its old name), or
+            # another name's lock file: its record says which lock file it is.
+            from .state import recorded_path
 
             if recorded_path(through) == path:
                 return pid, mode
@@ -145,7 +174,10 @@ def let_our_hold_adopt(
     if found is None or rec is None or not owned(rec, env, token):
         return None
     here = key_of(os.fstat(lock.fd))
-    deadline = time.monotonic() + min(ADOPT_WITHIN, ADOPT_WITHIN if wait is None else wait)
+    # Even --no-wait gives a running hold its tick: the lock is ours, not another's.
+    deadline = time.monotonic() + (
+        ADOPT_WITHIN if wait is None else min(ADOPT_WITHIN, max(wait, ADOPT_LEAST))
+    )
     while True:
         # Its record goes in right after it locks: a hold is known by its record.
         now = record.read_record_fd(lock.fd)

@@ -210,12 +210,8 @@ def _missing(path: str, name: str | None) -> LockStatus:
 
 def recorded_path(through: str) -> str | None:
     """For ``held_elsewhere``: the lock path a renamed file's holder record names (a record
-    without one, of an older version, names none: only its own directory could tell)."""
-    try:  # another lock's own file, whatever its record claims, was never at ``path``
-        if _is_lock_name(os.path.basename(os.readlink(through))):
-            return None
-    except OSError:
-        return None
+    without one, of an older version, names none). Whatever its name now: a file moved to
+    another directory may keep its lock file name."""
     rec = record.read_record(through, through_proc=True)
     where = rec.get("lock_file") if rec is not None else None
     return where if isinstance(where, str) else None
