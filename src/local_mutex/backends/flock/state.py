@@ -212,6 +212,11 @@ def recorded_path(through: str) -> str | None:
     """For ``held_elsewhere``: the lock path a renamed file's holder record names (a record
     without one, of an older version, names none). Whatever its name now: a file moved to
     another directory may keep its lock file name."""
+    try:  # never opened unless a plain file: a device's open may do something
+        if not stat.S_ISREG(os.stat(through).st_mode):
+            return None
+    except OSError:
+        return None
     rec = record.read_record(through, through_proc=True)
     where = rec.get("lock_file") if rec is not None else None
     return where if isinstance(where, str) else None
