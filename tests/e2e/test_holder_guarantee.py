@@ -371,8 +371,7 @@ def test_a_deleted_lock_file_is_put_back_and_still_excludes(
     assert r.returncode == 75, r.stderr
     assert not (marks / "newcomer.ran").exists()
     assert _status_code("gone", lock_dir) in (1, 3)
-    (marks / "a.go").touch()
-    assert holder.wait(20) == 0, procs.stderr(holder)
+    _let_end(holder, procs, marks)
     assert path.exists() and lock_is_free(path)
     assert back_after < 10, back_after
 
@@ -790,8 +789,7 @@ def test_a_lock_dir_removed_for_a_while_gets_the_locked_file_back_when_it_return
     r = run_cli(["--no-wait", "dirgone", f"touch '{marks}/newcomer.ran'", str(sub)])
     assert r.returncode == 75, r.stderr
     assert not (marks / "newcomer.ran").exists()
-    (marks / "a.go").touch()
-    assert holder.wait(20) == 0, procs.stderr(holder)
+    _let_end(holder, procs, marks)
     assert "both now run" not in procs.stderr(holder)
     assert "put a locked file back" in procs.stderr(holder)
 
@@ -807,8 +805,7 @@ def test_a_waiter_on_a_deleted_lock_file_ends_up_holding_the_file_at_the_path(
     path = lock_file(lock_dir, "gone")
     _remove(path, how, marks)  # the waiter sleeps in flock() on the inode just removed
     wait_for(lambda: _locked_file_at(path), 10, f"a locked file back at {path}")
-    (marks / "a.go").touch()
-    assert holder.wait(20) == 0, procs.stderr(holder)
+    _let_end(holder, procs, marks)
     wait_for(marks / "w.held", 20)
     assert _locked_file_at(path), "the waiter holds a file no longer at the lock path"
     r = run_cli(["--no-wait", "gone", f"touch '{marks}/newcomer.ran'", str(lock_dir)])
@@ -868,16 +865,27 @@ def test_a_file_put_back_is_locked_and_recorded_before_it_appears(
     for _ in range(10):
         path.unlink()
         looks.append(_first_look(path, time.monotonic() + 10))
-    (marks / "a.go").touch()
-    assert holder.wait(20) == 0, procs.stderr(holder)
+    _let_end(holder, procs, marks)
     assert all(size > 0 and not free for size, free in looks), looks
 
 
-def _holds_then_says_done(marks: Path) -> str:
-    return (
+def _holding(
+    procs: Procs, name: str, lock_dir: Path, marks: Path, *opts: str
+) -> subprocess.Popen[bytes]:
+    """A run of NAME whose command holds until ``a.go``, then writes ``a.done`` (so a
+    command after it can tell it came after)."""
+    cmd = (
         f"touch '{marks}/a.held'; while [ ! -e '{marks}/a.go' ]; do sleep 0.02; done; "
         f"touch '{marks}/a.done'"
     )
+    holder = procs.start([*opts, name, cmd, str(lock_dir)])
+    wait_for(marks / "a.held")
+    return holder
+
+
+def _let_end(holder: subprocess.Popen[bytes], procs: Procs, marks: Path) -> None:
+    (marks / "a.go").touch()
+    assert holder.wait(20) == 0, procs.stderr(holder)
 
 
 def test_a_newcomer_in_the_tick_after_a_deletion_waits_for_the_deleted_files_lock(
@@ -888,8 +896,7 @@ def test_a_newcomer_in_the_tick_after_a_deletion_waits_for_the_deleted_files_loc
     finds the lock the kernel still holds on the deleted file, and waits for it holding the
     new one. The keeper is stopped here, so the newcomers surely come first; the first one
     gives up (``--no-wait``), leaving a mark in the file, and the next one asks again."""
-    holder = procs.start(["gone", _holds_then_says_done(marks), str(lock_dir)])
-    wait_for(marks / "a.held")
+    holder = _holding(procs, "gone", lock_dir, marks)
     path = lock_file(lock_dir, "gone")
     with stopped(holder.pid):
         path.unlink()
@@ -902,8 +909,7 @@ def test_a_newcomer_in_the_tick_after_a_deletion_waits_for_the_deleted_files_loc
         procs.wait_stderr(late, "waiting for that lock to end")
         assert _locked_file_at(path)
     procs.wait_stderr(holder, "took the new file first")  # and it says so
-    (marks / "a.go").touch()
-    assert holder.wait(20) == 0, procs.stderr(holder)
+    _let_end(holder, procs, marks)
     assert late.wait(20) == 0, procs.stderr(late)
     assert (marks / "late.ran").exists(), "the newcomer ran before the holder's command ended"
     assert lock_is_free(path)
@@ -924,8 +930,7 @@ def test_newcomers_across_two_deletions_neither_deadlock_nor_overlap(
     deleted in turn, a second newcomer created a third. The first, looking again, took the
     third file's lock for a predecessor of its own, while the second waited for the first's
     file: each waited for the other until its --wait."""
-    holder = procs.start(["twice", _holds_then_says_done(marks), str(lock_dir)])
-    wait_for(marks / "a.held")
+    holder = _holding(procs, "twice", lock_dir, marks)
     path = lock_file(lock_dir, "twice")
     with stopped(holder.pid):
         path.unlink()
@@ -934,8 +939,7 @@ def test_newcomers_across_two_deletions_neither_deadlock_nor_overlap(
         path.unlink()
         second = procs.start(["--wait", "60", "twice", _alone(marks, "second"), str(lock_dir)])
         procs.wait_stderr(second, "waiting for that lock to end")
-    (marks / "a.go").touch()
-    assert holder.wait(20) == 0, procs.stderr(holder)
+    _let_end(holder, procs, marks)
     t0 = time.monotonic()
     assert first.wait(30) == 0, procs.stderr(first)
     assert second.wait(30) == 0, procs.stderr(second)
@@ -974,8 +978,7 @@ def test_a_file_renamed_away_in_another_lock_dir_is_not_this_ones_predecessor(
     there, here = tmp_path / "there", tmp_path / "here"
     there.mkdir()
     here.mkdir()
-    holder = procs.start(["same", _holds_then_says_done(marks), str(there)])
-    wait_for(marks / "a.held")
+    holder = _holding(procs, "same", there, marks)
     with stopped(holder.pid):
         lock_file(there, "same").rename(marks / "moved-away.lock")
         r = run_cli(["--wait", "5", "same", f"touch '{marks}/here.ran'", str(here)])
@@ -983,8 +986,7 @@ def test_a_file_renamed_away_in_another_lock_dir_is_not_this_ones_predecessor(
         assert b"deleted while" not in r.stderr, r.stderr
         r = run_cli(["--no-wait", "same", "true", str(there)])  # there, it waits
         assert r.returncode == 75, r.stderr
-    (marks / "a.go").touch()
-    assert holder.wait(20) == 0, procs.stderr(holder)
+    _let_end(holder, procs, marks)
 
 
 def test_a_file_moved_to_another_directory_under_its_own_name_still_excludes(
@@ -992,8 +994,7 @@ def test_a_file_moved_to_another_directory_under_its_own_name_still_excludes(
 ) -> None:
     """Moved, not deleted, keeping its name (a trash or quarantine directory): its name
     looked like any lock file's own, so nobody read its record, and a newcomer ran."""
-    holder = procs.start(["moved", _holds_then_says_done(marks), str(lock_dir)])
-    wait_for(marks / "a.held")
+    holder = _holding(procs, "moved", lock_dir, marks)
     path = lock_file(lock_dir, "moved")
     (marks / "trash").mkdir()
     with stopped(holder.pid):
@@ -1001,8 +1002,7 @@ def test_a_file_moved_to_another_directory_under_its_own_name_still_excludes(
         r = run_cli(["--wait", "0.5", "moved", f"touch '{marks}/newcomer.ran'", str(lock_dir)])
         assert r.returncode == 75, r.stderr
         assert not (marks / "newcomer.ran").exists()
-    (marks / "a.go").touch()
-    assert holder.wait(20) == 0, procs.stderr(holder)
+    _let_end(holder, procs, marks)
 
 
 def test_a_hold_taken_in_the_tick_after_a_deletion_waits_for_the_deleted_files_lock(
@@ -1011,14 +1011,12 @@ def test_a_hold_taken_in_the_tick_after_a_deletion_waits_for_the_deleted_files_l
     """``hold`` creates the lock file in one process and takes it in another (its holder):
     that one found an empty file it had not created, never looked, and held the lock
     beside the running command. A new file is marked from its first instant now."""
-    holder = procs.start(["held", _holds_then_says_done(marks), str(lock_dir)])
-    wait_for(marks / "a.held")
+    holder = _holding(procs, "held", lock_dir, marks)
     with stopped(holder.pid):
         lock_file(lock_dir, "held").unlink()
         r = run_cli(["hold", "held", "--lock-dir", str(lock_dir), "--wait", "0.5"])
         assert r.returncode == 75, r.stderr
-    (marks / "a.go").touch()
-    assert holder.wait(20) == 0, procs.stderr(holder)
+    _let_end(holder, procs, marks)
 
 
 def test_a_shared_newcomer_beside_a_deleted_shared_lock_leaves_the_mark(
@@ -1027,8 +1025,7 @@ def test_a_shared_newcomer_beside_a_deleted_shared_lock_leaves_the_mark(
     """A shared newcomer may run beside a shared lock on the deleted file, but it cleared
     the new file's mark as if that lock were gone: the next exclusive caller did not look,
     and ran beside the first shared command."""
-    holder = procs.start(["--shared", "sh", _holds_then_says_done(marks), str(lock_dir)])
-    wait_for(marks / "a.held")
+    holder = _holding(procs, "sh", lock_dir, marks, "--shared")
     with stopped(holder.pid):
         lock_file(lock_dir, "sh").unlink()
         r = run_cli(["--shared", "--no-wait", "sh", f"touch '{marks}/beside'", str(lock_dir)])
@@ -1038,8 +1035,7 @@ def test_a_shared_newcomer_beside_a_deleted_shared_lock_leaves_the_mark(
         r = run_cli(["--wait", "0.5", "sh", f"touch '{marks}/exclusive'", str(lock_dir)])
         assert r.returncode == 75, r.stderr
         assert not (marks / "exclusive").exists()
-    (marks / "a.go").touch()
-    assert holder.wait(20) == 0, procs.stderr(holder)
+    _let_end(holder, procs, marks)
 
 
 @pytest.mark.parametrize("how", ["rm", "mv"])
