@@ -56,16 +56,24 @@ def _hold(name: str, lock_dir: Path, *extra: str, env: dict[str, str] | None = N
 
 
 def _inside(
-    name: str, procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
+    name: str,
+    procs: Procs,
+    lock_dir: Path,
+    marks: Path,
+    cleanup: list[str],
+    command: str | None = None,
+    started: str = "in.held",
 ) -> tuple[str, subprocess.Popen[bytes]]:
-    """A hold of NAME and a `run --reentrant` inside it that holds until ``in.go``."""
+    """A hold of NAME and a `run --reentrant` inside it, its command (by default, one
+    that holds until ``in.go``) past the marker ``started``."""
     cleanup.append(name)
     token = _hold(name, lock_dir)
+    command = command or hold_until(marks, "in")
     run = procs.start(
-        ["run", "--reentrant", "--lock-dir", str(lock_dir), name, hold_until(marks, "in")],
+        ["run", "--reentrant", "--lock-dir", str(lock_dir), name, command],
         env={"LOCAL_MUTEX_HOLD_TOKEN": token},
     )
-    wait_for(marks / "in.held")
+    wait_for(marks / started)
     return token, run
 
 
@@ -544,17 +552,11 @@ def test_a_run_inside_a_hold_stops_a_descendant_that_left_the_group_when_its_sup
 ) -> None:
     """The keeper of a run inside a hold was no subreaper: with its supervisor killed, a
     descendant in a session of its own went to PID 1, ran on and outlived the hold."""
-    cleanup.append("orphan")
-    token = _hold("orphan", lock_dir)
     cmd = (
         f"setsid sh -c 'echo $$ > {marks}/escaped; exec sleep 60' >/dev/null 2>&1 & "
         f"while [ ! -s {marks}/escaped ]; do sleep 0.02; done; touch {marks}/top; sleep 60"
     )
-    run = procs.start(
-        ["run", "--reentrant", "--lock-dir", str(lock_dir), "orphan", cmd],
-        env={"LOCAL_MUTEX_HOLD_TOKEN": token},
-    )
-    wait_for(marks / "top")
+    _, run = _inside("orphan", procs, lock_dir, marks, cleanup, cmd, "top")
     escaped = int((marks / "escaped").read_text())
     supervisor = pw.supervisor_child(run.pid)
     assert supervisor is not None
@@ -644,17 +646,11 @@ def test_a_nested_call_after_a_put_back_runs_inside(
     released (handed over to the run), by its guardian until the command's lock ends. A
     nested call of the name in that command waited for them: for the guardian, which waited
     for the command, stuck until its --wait. It runs inside, found through the kernel."""
-    cleanup.append("handed")
-    token = _hold("handed", lock_dir)
     cmd = (
         f"touch '{marks}/in.held'; while [ ! -e '{marks}/back' ]; do sleep 0.02; done; "
         f'"$LOCAL_MUTEX_CLI" --wait 10 handed "touch \'{marks}/inner\'"'
     )
-    run = procs.start(
-        ["run", "--reentrant", "--lock-dir", str(lock_dir), "handed", cmd],
-        env={"LOCAL_MUTEX_HOLD_TOKEN": token},
-    )
-    wait_for(marks / "in.held")
+    token, run = _inside("handed", procs, lock_dir, marks, cleanup, cmd)
     delete_until_put_back(lock_file(lock_dir, "handed"))
     if released:
         r = run_cli(["release", "handed", "--lock-dir", str(lock_dir), "--token", token])
