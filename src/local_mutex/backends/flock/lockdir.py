@@ -155,7 +155,7 @@ def _create_renamed(path: str, prepare: Callable[[int], object]) -> int | None:
     try:
         fd = os.open(temp, _OPEN_FLAGS | os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
     except (FileExistsError, FileNotFoundError):
-        return None  # the directory is gone: look again next tick
+        return None  # the directory is gone (or that name taken): the caller looks again
     try:
         try:
             os.fchmod(fd, FILE_MODE)
