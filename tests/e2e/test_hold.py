@@ -761,6 +761,65 @@ def test_a_release_after_a_deletion_and_a_newcomer_that_gave_up_ends_the_hold(
     assert _free("gaveup", lock_dir)
 
 
+def test_a_file_moved_away_and_left_to_a_run_inside_still_excludes(
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
+) -> None:
+    """Moved to another directory while a run inside the hold held it, the hold released
+    before it put a file back: ending, it emptied the record that said whose file it was,
+    and a newcomer ran while the run's command went on."""
+    token, run = _inside("left", procs, lock_dir, marks, cleanup)
+    holder_pid = _status("left", lock_dir)["holders"][0]["pid"]
+    path = lock_file(lock_dir, "left")
+    (marks / "trash").mkdir()
+    with stopped(holder_pid):
+        path.rename(marks / "trash" / path.name)
+        r = run_cli(["release", "left", "--lock-dir", str(lock_dir), "--token", token])
+        assert r.returncode == 0, r.stderr
+    r = run_cli(["--wait", "0.5", "left", f"touch '{marks}/newcomer.ran'", str(lock_dir)])
+    assert r.returncode == 75, r.stderr
+    assert not (marks / "newcomer.ran").exists()
+    (marks / "in.go").touch()
+    assert run.wait(30) == 0, procs.stderr(run)
+
+
+def _hold_forged(path: Path, record: dict[str, Any]) -> subprocess.Popen[bytes]:
+    """Another process holding a file that was never a lock file, its content a record
+    that claims to be a hold of our lock file (anyone can write one)."""
+    code = (
+        "import fcntl, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)\n"
+        "os.write(fd, sys.argv[2].encode())\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('held', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", code, str(path), json.dumps(record) + "\n"],
+        stdout=subprocess.PIPE,
+    )
+    assert p.stdout is not None and p.stdout.readline() == b"held\n"
+    return p
+
+
+def test_release_never_signals_a_pid_a_planted_record_names(lock_dir: Path, tmp_path: Path) -> None:
+    """A hold whose lock file was deleted is found by its record; the pid in a record is
+    only a claim. ``release --force`` signalled whatever pid a planted one named."""
+    victim = subprocess.Popen(["sleep", "60"])
+    target = os.path.join(os.path.realpath(lock_dir), lock_file(lock_dir, "forged").name)
+    forger = _hold_forged(
+        tmp_path / "planted", {"hold": True, "pid": victim.pid, "lock_file": target}
+    )
+    try:
+        r = run_cli(["release", "forged", "--lock-dir", str(lock_dir), "--force"])
+        assert victim.poll() is None, r.stderr
+        assert b"released" not in r.stderr, r.stderr
+    finally:
+        victim.kill()
+        forger.kill()
+        victim.wait()
+        forger.wait()
+
+
 def _take_the_new_file_first(path: Path) -> int:
     """A tmp cleaner deletes the held lock file and another program creates and locks a new
     one before the holder's next look (every 0.1 s) puts one back: its descriptor."""

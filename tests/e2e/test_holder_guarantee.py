@@ -1005,6 +1005,37 @@ def test_a_file_moved_to_another_directory_under_its_own_name_still_excludes(
     _let_end(holder, procs, marks)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives a file to another user (chown)")
+def test_a_record_planted_by_another_user_is_no_predecessor(
+    lock_dir: Path, tmp_path: Path, marks: Path
+) -> None:
+    """A record that names our lock file, in a file another user owns and a process holds:
+    a first taker (root sees every process's descriptors) waited for it, while ``status``
+    said free. Only records in files we own (or root's), as lock files must be, count."""
+    planted = tmp_path / "planted"
+    target = os.path.join(os.path.realpath(lock_dir), lock_file(lock_dir, "planted").name)
+    planted.write_text(json.dumps({"pid": 1, "lock_file": target}) + "\n")
+    os.chown(planted, 65534, 65534)
+    holder = subprocess.Popen(
+        [
+            PY,
+            "-c",
+            "import fcntl, sys, time; f = open(sys.argv[1]); "
+            "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
+            str(planted),
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        r = run_cli(["--wait", "3", "planted", f"touch '{marks}/ran'", str(lock_dir)])
+        assert r.returncode == 0, r.stderr
+        assert (marks / "ran").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_hold_taken_in_the_tick_after_a_deletion_waits_for_the_deleted_files_lock(
     procs: Procs, lock_dir: Path, marks: Path
 ) -> None:

@@ -150,10 +150,15 @@ class FlockLock:
 
     def hand_over(self) -> None:
         """Close our descriptions without unlocking them: runs inside our hold share them,
-        and the lock is held until the last of those ends. The record goes: the hold is
-        over (a run must not take it for a hold to join), and ``status`` names the runs."""
+        and the lock is held until the last of those ends. The hold's record goes: the hold
+        is over (a run must not take it for a hold to join), and ``status`` names the runs;
+        what stays says where the file is (a file moved away is known by it: ``predecessor``)."""
+        left = {"lock_file": as_proc_names_it(self.path), "message": "left to runs inside a hold"}
         for fd in self.descriptions() if self.record is not None else ():
-            record.clear_record(fd)
+            try:
+                record.write_record(fd, left, self.path)
+            except Exception:  # a full disk: no record at all, then
+                record.clear_record(fd)
         self.held = False
         # A guardian holds the file put back for as long as the lock on the deleted file
         # lives: the commands inside hold that lock now, so it stays (it ends by itself).

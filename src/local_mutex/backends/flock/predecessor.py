@@ -81,9 +81,11 @@ def lost_hold(path: str) -> tuple[int, dict[str, Any]] | None:
         here = None
     found = _find(path, here, ())
     rec = None if found is None else found.record()
-    if rec is None or not rec.get("hold") or not isinstance(rec.get("pid"), int):
+    if found is None or rec is None or not rec.get("hold") or not isinstance(rec["pid"], int):
         return None
-    return (rec["pid"], rec) if _proc.exists(rec["pid"]) else None
+    # The pid a record names is only a claim: it must hold that very lock (a pid reused
+    # since, or a record planted to have another process signalled, does not).
+    return (rec["pid"], rec) if _proc.holds_lock(rec["pid"], {found.file}) else None
 
 
 def _find(

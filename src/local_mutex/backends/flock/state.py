@@ -213,9 +213,12 @@ def recorded_path(through: str) -> str | None:
     without one, of an older version, names none). Whatever its name now: a file moved to
     another directory may keep its lock file name."""
     try:  # never opened unless a plain file: a device's open may do something
-        if not stat.S_ISREG(os.stat(through).st_mode):
-            return None
+        st = os.stat(through)
     except OSError:
+        return None
+    # Nor trusted unless ours (or root's), as a lock file must be: anyone else could plant a
+    # record naming our lock file, and make us wait for whatever they hold.
+    if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()):
         return None
     rec = record.read_record(through, through_proc=True)
     where = rec.get("lock_file") if rec is not None else None
