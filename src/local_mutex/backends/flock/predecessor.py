@@ -106,10 +106,8 @@ def _find(
     candidates = [k for k in locks if k.key[:2] == on and k.key != here and k.key not in skip]
     if not candidates:
         return None
-    from .state import recorded_path  # a rare path: what status uses too
-
     path = as_proc_names_it(path)
-    found = held_elsewhere(path, candidates, recorded_path)
+    found = held_elsewhere(path, candidates, record.recorded_path)
     if found is None:
         return None
     lock, through = found
@@ -154,9 +152,7 @@ def enclosing(lock: FlockLock, env: Mapping[str, str]) -> tuple[int, str] | None
                 return pid, mode
             # Moved away (its link names where it is now, perhaps under its old name), or
             # another name's lock file: its record says which lock file it is.
-            from .state import recorded_path
-
-            if recorded_path(through) == path:
+            if record.recorded_path(through) == path:
                 return pid, mode
     return None
 

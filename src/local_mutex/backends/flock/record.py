@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 
 from ..._json import dumps, loads_object
 from ...errors import RecordNotWritten
@@ -95,3 +96,20 @@ def _parse(data: bytes) -> dict[str, Any] | None:
         if isinstance(value, (dict, list)):
             del rec[key]
     return rec
+
+
+def recorded_path(through: str) -> str | None:
+    """The lock file a holder record names, read through a /proc/PID/fd link: how a lock
+    file renamed away (perhaps to another directory, under its old name) is known (a
+    record of an older version names none)."""
+    try:  # never opened unless a plain file: a device's open may do something
+        st = os.stat(through)
+    except OSError:
+        return None
+    # Nor trusted unless ours (or root's), as a lock file must be: anyone else could plant a
+    # record naming our lock file, and make us wait for whatever they hold.
+    if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()):
+        return None
+    rec = read_record(through, through_proc=True)
+    where = rec.get("lock_file") if rec is not None else None
+    return where if isinstance(where, str) else None

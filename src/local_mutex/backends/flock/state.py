@@ -199,30 +199,13 @@ def _missing(path: str, name: str | None) -> LockStatus:
     locks = read_proc_locks()
     if locks is None:
         return LockStatus(path, name, "free", "probe")
-    found = held_elsewhere(as_proc_names_it(path), locks, recorded_path)
+    found = held_elsewhere(as_proc_names_it(path), locks, record.recorded_path)
     if found is None:
         return LockStatus(path, name, "free", "proc")
     lock, content = found
     entries = [e for e in locks if e.key == lock.key]
     rec = record.read_record(content, through_proc=True)
     return _from_kernel(path, name, lock.key, entries, _proc.boot_time(), rec)
-
-
-def recorded_path(through: str) -> str | None:
-    """For ``held_elsewhere``: the lock path a renamed file's holder record names (a record
-    without one, of an older version, names none). Whatever its name now: a file moved to
-    another directory may keep its lock file name."""
-    try:  # never opened unless a plain file: a device's open may do something
-        st = os.stat(through)
-    except OSError:
-        return None
-    # Nor trusted unless ours (or root's), as a lock file must be: anyone else could plant a
-    # record naming our lock file, and make us wait for whatever they hold.
-    if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()):
-        return None
-    rec = record.read_record(through, through_proc=True)
-    where = rec.get("lock_file") if rec is not None else None
-    return where if isinstance(where, str) else None
 
 
 def list_locks(directory: str, *, include_free: bool = False) -> list[LockStatus]:
