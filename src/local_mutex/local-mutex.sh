@@ -14,6 +14,10 @@ esac
 # package there), else next to its real path (a symlink to this file from elsewhere).
 exec "${LOCAL_MUTEX_PYTHON:-python3}" -I -S -c '
 import os, sys
+if sys.version_info < (3, 9):  # an interpreter older than ours: say so, not a traceback
+    sys.stderr.write("local-mutex: needs Python >= 3.9, %s is %s; set LOCAL_MUTEX_PYTHON"
+                     " to a newer one\n" % (sys.executable, sys.version.split()[0]))
+    raise SystemExit(2)
 here = sys.argv.pop(1)
 parent = os.path.dirname(os.path.dirname(os.path.abspath(here)))
 if not os.path.isdir(os.path.join(parent, "local_mutex")):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import clean_env, pyenv_python
+from helpers import clean_env, needs_pyenv, pyenv_python
 
 BOOTSTRAP = Path(__file__).resolve().parents[2] / "setup" / "bootstrap.py"
 
@@ -102,16 +102,9 @@ def test_unusable_tool_cache_falls_back_to_the_user_cache(tmp_path: Path) -> Non
 # -- old interpreters: the bootstrap parses on any Python 3 and says what it needs --------
 
 
-def _needs_pyenv(version: str) -> pytest.MarkDecorator:
-    return pytest.mark.skipif(
-        pyenv_python(version) is None,
-        reason=f"no pyenv Python {version} here (~/.pyenv/versions/{version}.*)",
-    )
-
-
 @pytest.mark.parametrize(
     "version",
-    [pytest.param(v, marks=_needs_pyenv(v)) for v in ("3.6", "3.7", "3.8")],
+    [pytest.param(v, marks=needs_pyenv(v)) for v in ("3.6", "3.7", "3.8")],
 )
 @pytest.mark.parametrize("mode", ["action", "setup"])
 def test_an_old_python_gets_the_friendly_error(tmp_path: Path, version: str, mode: str) -> None:
@@ -150,7 +143,7 @@ def test_an_old_python_gets_the_friendly_error(tmp_path: Path, version: str, mod
 
 @pytest.mark.parametrize(
     "version",
-    [pytest.param(v, marks=_needs_pyenv(v)) for v in ("3.6", "3.7", "3.8")],
+    [pytest.param(v, marks=needs_pyenv(v)) for v in ("3.6", "3.7", "3.8")],
 )
 def test_an_old_python_compiles_the_bootstrap(tmp_path: Path, version: str) -> None:
     """The whole file compiles (not just the lines that run before the version check)."""

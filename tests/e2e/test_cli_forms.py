@@ -13,7 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CLI, Procs, clean_env, hold_until, lock_file, run_cli, wait_for
+from helpers import (
+    CLI,
+    Procs,
+    clean_env,
+    hold_until,
+    lock_file,
+    needs_pyenv,
+    pyenv_python,
+    run_cli,
+    wait_for,
+)
 from helpers.gitserver import git_daemon
 
 SHIM = Path(__file__).resolve().parents[2] / "src" / "local_mutex" / "local-mutex.sh"
@@ -308,6 +318,34 @@ def test_the_shim_runs_outside_a_locked_command_too(lock_dir: Path) -> None:
     assert r.returncode == 0 and r.stdout == b"a b\n" and r.stderr == b"", r.stderr
     r = subprocess.run(["sh", str(SHIM), "--help"], env=env, capture_output=True, timeout=60)
     assert r.returncode == 0 and r.stdout.startswith(b"Usage: local-mutex [OPTIONS] NAME")
+
+
+@pytest.mark.parametrize(
+    "version",
+    [pytest.param(v, marks=needs_pyenv(v)) for v in ("3.6", "3.7", "3.8")],
+)
+def test_the_shim_on_an_old_python_says_what_it_needs(lock_dir: Path, version: str) -> None:
+    python = pyenv_python(version)
+    assert python is not None
+    r = subprocess.run(
+        ["sh", str(SHIM), "old", "echo must-not-run", str(lock_dir)],
+        env=clean_env({"LOCAL_MUTEX_PYTHON": python}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    full = subprocess.run(
+        [python, "-c", "import sys; print(sys.version.split()[0])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == (
+        f"local-mutex: needs Python >= 3.9, {python} is {full}; "
+        "set LOCAL_MUTEX_PYTHON to a newer one\n"
+    )
+    assert list(lock_dir.iterdir()) == []  # no lock was taken
 
 
 # -- remotes: -q, and --remote self ---------------------------------------------------------

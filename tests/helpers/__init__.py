@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+import pytest
+
 CLI = [sys.executable, "-m", "local_mutex"]
 SCRUB = (
     "GITHUB_ACTIONS",
@@ -105,6 +107,13 @@ def pyenv_python(version: str) -> str | None:
         key=lambda p: tuple(int(x) for x in p.parts[-3].split(".") if x.isdigit()),
     )
     return str(found[-1]) if found else None
+
+
+def needs_pyenv(version: str) -> pytest.MarkDecorator:
+    return pytest.mark.skipif(
+        pyenv_python(version) is None,
+        reason=f"no pyenv Python {version} here (~/.pyenv/versions/{version}.*)",
+    )
 
 
 def wait_for(predicate_or_path: object, timeout: float = 20.0, what: str = "") -> None:
