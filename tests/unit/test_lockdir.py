@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,27 @@ def test_a_file_system_that_refuses_the_rename_falls_back(
     assert fd is not None
     os.close(fd)
     assert [p.name for p in tmp_path.iterdir()] == ["x.lock"]  # the attempt's file is gone
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="renameat2")
+def test_what_a_creator_killed_mid_creation_left_goes_with_the_next_creation(
+    tmp_path: Path,
+) -> None:
+    """A SIGKILL between creating the file beside the path and renaming it leaves that file;
+    the next creation of the same lock file removes it once it is clearly abandoned."""
+    path = tmp_path / "x.lock"
+    old = time.time() - lockdir._TEMP_LEFT_AFTER - 5
+    left = tmp_path / ".x.lock.0123456789ab"  # as a killed creator leaves it
+    recent = tmp_path / ".x.lock.ba9876543210"  # a creator mid-way right now
+    other = tmp_path / ".y.lock.0123456789ab"  # another lock's
+    odd = tmp_path / ".x.lock.not-ours"  # not a name we make
+    for f in (left, recent, other, odd):
+        f.write_bytes(lockdir.NEW_FILE_MARK)
+    for f in (left, other, odd):
+        os.utime(f, (old, old))
+    fd = lockdir.create_exclusive(str(path), _prepare)
+    assert fd is not None
+    os.close(fd)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["x.lock", recent.name, other.name, odd.name]
+    )

@@ -6,6 +6,7 @@ import errno
 import os
 import stat
 import sys
+import time
 
 from ...errors import InvalidLockDir, UnsafeLockFile
 
@@ -82,7 +83,8 @@ def open_or_create(path: str, *, allow_other_owner: bool = False) -> tuple[int, 
     in it (``NEW_FILE_MARK``), and whoever takes it first, we or not, asks the kernel
     (``predecessor``) -- where a file can appear at the path ready-made (Linux).
 
-    Never follows a symlink, never blocks on a FIFO, never unlinks anything. Opening an
+    Never follows a symlink, never blocks on a FIFO, never unlinks a lock file (only what a
+    creator killed mid-creation left beside one: ``_sweep_temps``). Opening an
     existing file first (no O_CREAT) keeps fs.protected_regular from refusing a file that
     another user created in sticky /tmp; O_EXCL makes the create step race-free.
     """
@@ -167,11 +169,39 @@ def _create_renamed(path: str, prepare: Callable[[int], object]) -> int | None:
         _discard(temp, fd)
         raise
     if renamed:
+        _sweep_temps(directory, base)
         return fd
     _discard(temp, fd)
     if os.path.lexists(path):
         return None  # somebody created a file there first
     return _UNSUPPORTED  # a file system without it (or the directory went: the usual way says)
+
+
+# A file of ours beside the path older than this was left by a creator killed before its
+# rename (the step takes microseconds; one stopped there renames or falls back unharmed).
+_TEMP_LEFT_AFTER = 60.0
+
+
+def _sweep_temps(directory: str, base: str) -> None:
+    """Remove what creators of this lock file killed mid-creation left: our own
+    ``.<base>.<hex>`` files, past ``_TEMP_LEFT_AFTER``. Only when a new file is created."""
+    prefix = f".{base}."
+    now = time.time()
+    try:
+        with os.scandir(directory or ".") as entries:
+            for entry in entries:
+                name = entry.name
+                if not name.startswith(prefix) or len(name) != len(prefix) + 12:
+                    continue
+                st = entry.stat(follow_symlinks=False)
+                if (
+                    stat.S_ISREG(st.st_mode)
+                    and st.st_uid == os.geteuid()
+                    and now - st.st_mtime > _TEMP_LEFT_AFTER
+                ):
+                    os.unlink(entry.path)
+    except OSError:
+        pass  # tidying only: a file gone meanwhile, a directory we may not list
 
 
 def _discard(temp: str, fd: int) -> None:
