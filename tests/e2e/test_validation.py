@@ -62,6 +62,23 @@ def test_bad_lock_dirs(tmp_path: Path, marks: Path) -> None:
     _assert_refused(["--lock-dir", "rel", "n", cmd], marks, "must be an absolute path")
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="no /proc")
+@pytest.mark.parametrize("verb", [[], ["--shared"], ["--slots", "2"], ["each"], ["hold"]])
+def test_a_lock_dir_that_takes_no_new_files_is_refused_at_once(
+    marks: Path, verb: list[str]
+) -> None:
+    """/proc passes root's writability check, yet answers "no such file" to every new
+    file: each attempt looked like a race lost to a creator, and the run spun forever,
+    deaf to SIGTERM (a stop before the command starts waits for the lock file)."""
+    cmd = [] if verb == ["hold"] else [f"touch '{marks}/ran'"]
+    r = run_cli([*verb, "--lock-dir", "/proc", "n", *cmd], timeout=30, input=b"item\n")
+    err = r.stderr.decode()
+    assert r.returncode == 2, err
+    assert "lock dir '/proc'" in err, err
+    assert ("takes no new files" in err) == (os.geteuid() == 0), err  # else: not writable
+    assert not (marks / "ran").exists()
+
+
 def test_unwritable_lock_dir(tmp_path: Path, marks: Path) -> None:
     locked = tmp_path / "ro"
     locked.mkdir()

@@ -120,15 +120,27 @@ def create_exclusive(path: str, prepare: Callable[[int], object] | None = None) 
         fd = _create_renamed(path, prepare)
         if fd is not _UNSUPPORTED:
             return fd
-    try:
-        fd = os.open(path, _OPEN_FLAGS | os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
-    except (FileExistsError, FileNotFoundError):
-        return None
-    try:
-        os.fchmod(fd, FILE_MODE)
-    except OSError:
-        pass
+    fd = _open_new(path)
+    if fd is not None:
+        try:
+            os.fchmod(fd, FILE_MODE)
+        except OSError:
+            pass
     return fd
+
+
+def _open_new(path: str) -> int | None:
+    """A new file at ``path`` (O_EXCL); None if something is there or the directory is
+    gone. A directory that is there yet answers "no such file" takes no new files (/proc):
+    that is an error, or the caller would look again forever."""
+    try:
+        return os.open(path, _OPEN_FLAGS | os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    except FileExistsError:
+        return None
+    except FileNotFoundError:
+        if os.path.isdir(os.path.dirname(path) or "."):
+            raise
+        return None
 
 
 _UNSUPPORTED = -1
@@ -154,9 +166,8 @@ def _create_renamed(path: str, prepare: Callable[[int], object]) -> int | None:
         return _UNSUPPORTED
     directory, base = os.path.split(path)
     temp = os.path.join(directory, f".{base}.{os.urandom(6).hex()}")
-    try:
-        fd = os.open(temp, _OPEN_FLAGS | os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
-    except (FileExistsError, FileNotFoundError):
+    fd = _open_new(temp)
+    if fd is None:
         return None  # the directory is gone (or that name taken): the caller looks again
     try:
         try:
@@ -261,6 +272,10 @@ def _refusal(path: str, exc: OSError) -> Exception:
     if exc.errno in (errno.ENOENT, errno.ENOTDIR) and not os.path.isdir(where):
         # The directory went away after it was checked (a tmp cleaner, a rename).
         return InvalidLockDir(f"lock dir {where!r} does not exist or is not a directory")
+    if exc.errno == errno.ENOENT:  # there, but it takes no new files (/proc)
+        return InvalidLockDir(
+            f"cannot create lock file {path!r}: lock dir {where!r} takes no new files"
+        )
     return UnsafeLockFile(f"lock file {path!r} cannot be opened: {exc.strerror}")
 
 
