@@ -12,7 +12,9 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-import pytest
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import pytest
 
 CLI = [sys.executable, "-m", "local_mutex"]
 SCRUB = (
@@ -110,6 +112,8 @@ def pyenv_python(version: str) -> str | None:
 
 
 def needs_pyenv(version: str) -> pytest.MarkDecorator:
+    import pytest  # here: processes the tests start import this package without pytest
+
     return pytest.mark.skipif(
         pyenv_python(version) is None,
         reason=f"no pyenv Python {version} here (~/.pyenv/versions/{version}.*)",
