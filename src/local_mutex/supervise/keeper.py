@@ -24,8 +24,9 @@ from .. import _proc
 from .._fastsignal import signal
 from ..errors import LockLost, SpawnError
 from . import reaper, supervisor
+from .hooks import guardian_of, session_of, tell_deadline
 from .relay import Relay, SignalsHeld
-from .supervisor import FORWARDED, STOP_NOW, Spec
+from .supervisor import FORWARDED, HANGUP, STOP_NOW, Spec
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -37,9 +38,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Outcome", "SignalsHeld", "Spec", "supervise"]
 
-# How much later than the keeper the supervisor enforces a lease's stop deadline; less
-# than the margin the lifecycle adds to --kill-after (lifecycle.STOP_MARGIN).
-_SUPERVISOR_LATE = 1.0
 # How often to wake for a signal another thread took, without the interpreter's wakeup fd.
 _NO_WAKEUP_FD = 0.1
 
@@ -117,6 +115,7 @@ def supervise(
         if reaper.reap_strays():  # leftovers of earlier commands we adopted (``each``)
             spare = frozenset(_proc.children(os.getpid()))  # still running: not this one's
         subreaper = reaper.become_subreaper(prctl)  # a dead supervisor's orphans: ours
+    watch = session_of(lock)
     if held is not None:
         held.forking = True  # a stop signal from now on is the command's: see SignalsHeld
     try:
@@ -127,7 +126,7 @@ def supervise(
     if child == 0:
         os.close(out_r)
         os.close(life_w)
-        supervisor.main(spec, out_w, life_r, keep_fds, os.getppid(), mask, prctl)
+        supervisor.main(spec, out_w, life_r, keep_fds, os.getppid(), mask, prctl, watch)
     os.close(out_w)
     os.close(life_r)
     relay = Relay(child)
@@ -141,15 +140,17 @@ def supervise(
                     relay(sig, None)
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             if lock is not None:
-                _tell_deadline(lock, life_w)
-            outcome, text, reaped = _wait(child, out_r, life_w, lock, reporter, relay, keep_fds)
+                tell_deadline(lock, life_w)
+            outcome, text, reaped = _wait(
+                child, out_r, life_w, lock, reporter, relay, keep_fds, watch
+            )
             ended = True
             outcome.signals += [sig for sig in relay.relayed if sig not in outcome.signals]
             if outcome.supervisor_died is not None or text.startswith("error"):
                 # Inside another's lock, its descriptions are shared with other runs: not a
                 # way to tell which processes are this command's.
                 ours = keep_fds if lock is not None else ()
-                spare |= _guardian_of(lock)
+                spare |= guardian_of(lock)
                 _stop_orphaned(outcome, spec, subreaper, reporter, text, ours, spare)
         finally:
             relay.done = True
@@ -227,27 +228,6 @@ def _alone() -> bool:
     return threading is None or threading.active_count() == 1
 
 
-def _guardian_of(lock: Lock | None) -> frozenset[int]:
-    """The lock's guardian (optional in the ``Lock`` protocol): our child, to outlive us as
-    long as the command does, not to be stopped as one of its orphans."""
-    pid = getattr(lock, "guardian", None)
-    return frozenset({pid}) if isinstance(pid, int) else frozenset()
-
-
-def _tell_deadline(lock: Lock, life: int) -> None:
-    """For a leased lock: by when (monotonic) the supervisor must have stopped the command
-    on its own, should no newer deadline follow (a keeper frozen by SIGSTOP renews
-    nothing, yet keeps the pipe open)."""
-    stop_deadline = getattr(lock, "stop_deadline", None)
-    deadline = stop_deadline() if stop_deadline is not None else None
-    if deadline is not None:
-        # A second late: the keeper, when it runs, acts first and says why.
-        try:
-            os.write(life, f"deadline {deadline + _SUPERVISOR_LATE!r}\n".encode())
-        except OSError:
-            pass
-
-
 def _wait(
     child: int,
     out: int,
@@ -256,9 +236,11 @@ def _wait(
     reporter: Reporter | None,
     relay: Relay,
     keep_fds: Sequence[int],
+    watch: int | None = None,
 ) -> tuple[Outcome, str, bool]:
     """Until the supervisor's last line (``done``), or its death: (outcome, that line, is
-    the supervisor reaped -- only if it died)."""
+    the supervisor reaped -- only if it died). ``watch``: the lock's session socket, whose
+    hangup (the server ended the session) runs the check at once, not at the next tick."""
     outcome = Outcome()
     handed = {_identity(fd) for fd in keep_fds}  # the supervisor holds these files too
     buffer = b""
@@ -269,6 +251,8 @@ def _wait(
     poller.register(out, select.POLLIN)
     if relay.wake is not None:
         poller.register(relay.wake, select.POLLIN)
+    if watch is not None and interval is not None:
+        poller.register(watch, HANGUP)
     while True:
         timeout = max(next_check - time.monotonic(), 0.0) if interval is not None else None
         if relay.wake is None:  # to run the handler of a signal another thread took
@@ -277,6 +261,10 @@ def _wait(
         ready = {fd for fd, _ in poller.poll(wait_ms)}
         if relay.wake in ready:
             relay.drain()
+        if watch is not None and watch in ready:
+            poller.unregister(watch)  # once: a hangup stays readable, and would spin
+            watch = None
+            next_check = time.monotonic()
         if out in ready:
             data = os.read(out, 4096)
             if not data:
@@ -303,7 +291,7 @@ def _wait(
                     _hand_down(child, life, fresh, reporter)
                 handed = set(kept)  # files still open: a closed one's inode may come back
             next_check = time.monotonic() + (interval or 0.0)
-            _tell_deadline(lock, life)
+            tell_deadline(lock, life)
     try:
         _, status = os.waitpid(child, 0)
     except ChildProcessError:  # reaped by someone else (an embedding program's os.wait)
@@ -322,6 +310,9 @@ def _check(
         outcome.lost = exc
         try:
             os.kill(child, STOP_NOW)
+            # A stopped supervisor (SIGSTOP, a debugger) would act on it only when continued,
+            # while the command runs on beside the lock's next holder.
+            os.kill(child, signal.SIGCONT)
         except OSError:
             pass
         return None
@@ -349,7 +340,9 @@ def _hand_down(child: int, life: int, fds: Sequence[int], reporter: Reporter | N
 
 
 def _parse_done(outcome: Outcome, text: str) -> None:
-    _, status, timed_out, kill_sent, gave_up, keeper_gone, ran_out, signals, started = text.split()
+    fields = text.split()
+    _, status, timed_out, kill_sent, gave_up, keeper_gone, ran_out, closed = fields[:8]
+    signals, started = fields[8:]
     outcome.status = int(status)
     outcome.timed_out, outcome.kill_sent = timed_out == "1", kill_sent == "1"
     outcome.gave_up, outcome.keeper_gone = gave_up == "1", keeper_gone == "1"
@@ -358,6 +351,11 @@ def _parse_done(outcome: Outcome, text: str) -> None:
             "lost the lease: no renewal went through in time (the keeper could not run "
             "or the server did not answer), so the supervisor stopped the command itself "
             "before anyone could take the lock over"
+        )
+    if closed == "1" and outcome.lost is None:
+        outcome.lost = LockLost(
+            "lost the lock: the server ended its session (the keeper could not run), so the "
+            "supervisor stopped the command itself"
         )
     outcome.signals = [int(s) for s in signals.split(",")] if signals != "-" else []
     outcome.started = float(started)

@@ -22,6 +22,7 @@ import _thread
 import errno
 import fcntl
 import os
+import select
 import time
 
 from .._fastsignal import STOP_SIGNALS, signal
@@ -42,6 +43,8 @@ STOP_NOW = signal.SIGUSR1
 # the keeper-watch thread: a process-directed signal delivered to that thread would leave
 # the main thread asleep in waitpid() with the handler never run.
 HANDLED = (*FORWARDED, STOP_NOW, signal.SIGALRM)
+# A socket whose peer closed it (POLLRDHUP: Linux; elsewhere POLLHUP, once both ways shut).
+HANGUP = getattr(select, "POLLRDHUP", 0) | select.POLLHUP
 # After the first forwarded signal: TERM at +4 s, KILL at +7 s; the runner kills at +10 s.
 ESCALATE_TERM_AFTER = 4.0
 ESCALATE_KILL_AFTER = 7.0
@@ -90,6 +93,7 @@ class _Supervisor:
         self.kill_sent = False
         self.keeper_gone = False
         self.lease_ran_out = False
+        self.session_closed = False  # the server ended the lock's session
         self.signals: list[int] = []
         self.last_request: dict[int, float] = {}
         self.kept: list[int] = []  # descriptions of the lock handed down mid-run
@@ -223,19 +227,27 @@ def _install(sup: _Supervisor) -> None:
             signal.signal(sig, sup.on_signal)
 
 
-def _watch_keeper(sup: _Supervisor, life: int) -> None:
+def _watch_keeper(sup: _Supervisor, life: int, session: int | None) -> None:
     """Thread: watch the keeper. It holds the pipe's other end, so EOF means it died; and
     for a leased lock it writes ``deadline T`` after each renewal: if T passes with no newer
     one (a keeper that is frozen, not dead), the command is stopped all the same, before
-    the lease runs out. ``fds NAME``: take the descriptions it hands down (``handdown``)."""
-    import select
-
+    the lease runs out. ``fds NAME``: take the descriptions it hands down (``handdown``).
+    ``session``: the lock's server socket; its hangup (the server ended the session: the
+    lock is someone else's now) stops the command at once, frozen keeper or not."""
+    poller = select.poll()  # not select(): descriptors may be past FD_SETSIZE
+    poller.register(life, select.POLLIN)
+    if session is not None:
+        poller.register(session, HANGUP)  # never POLLIN: the keeper reads that socket
     deadline: float | None = None
     buffer = b""
     while True:
         timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         try:
-            if not select.select([life], [], [], timeout)[0]:
+            ready = dict(poller.poll(None if timeout is None else int(timeout * 1000) + 1))
+            if session in ready:
+                sup.session_closed = True
+                break
+            if not ready:
                 sup.lease_ran_out = True
                 break
             data = os.read(life, 4096)
@@ -300,15 +312,17 @@ def main(
     keeper: int,
     mask: Iterable[int],
     prctl: int | None,
+    session: int | None = None,
 ) -> None:
     """The supervisor's whole life, in the forked child, which starts with HANDLED blocked
-    (``mask`` is the caller's own). Never returns."""
+    (``mask`` is the caller's own); ``session``: see ``_watch_keeper``. Never returns."""
     code = 70
     try:
         # The caller's wakeup fd (an event loop's, before 3.12 resets it in forked children)
         # must not hear of the signals handled here.
         signal.set_wakeup_fd(-1)
-        code = _run(_Supervisor(spec, keeper, subreaper=False), out, life, keep_fds, mask, prctl)
+        sup = _Supervisor(spec, keeper, subreaper=False)
+        code = _run(sup, out, life, keep_fds, mask, prctl, session)
     except BaseException as exc:
         _write(out, f"error {type(exc).__name__}: {exc}\n".replace("\n", " ").strip() + "\n")
     finally:
@@ -322,6 +336,7 @@ def _run(
     keep_fds: Sequence[int],
     mask: Iterable[int],
     prctl: int | None,
+    session: int | None,
 ) -> int:
     _install(sup)
     tty = terminal.foreground_tty()
@@ -340,7 +355,7 @@ def _run(
         return 0
     _write(out, f"pid {pid}\n")  # first: should we die now, the keeper knows whom to stop
     terminal.give_terminal(tty, pid)  # the child took it already; this resumes it too
-    _thread.start_new_thread(_watch_keeper, (sup, life))  # born with HANDLED blocked
+    _thread.start_new_thread(_watch_keeper, (sup, life, session))  # born with HANDLED blocked
     # Now requests reach the main thread: the caller's mask, but never blocking what we
     # handle (a caller that blocks SIGALRM or SIGUSR1 would disarm --timeout and our
     # "stop now"; the command still gets the caller's mask as it was).
@@ -363,10 +378,8 @@ def _run(
     else:
         code = os.waitstatus_to_exitcode(status)
         code = 128 - code if code < 0 else code
-    flags = (
-        f"{int(sup.timed_out)} {int(sup.kill_sent)} {int(gave_up)} {int(sup.keeper_gone)} "
-        f"{int(sup.lease_ran_out)}"
-    )
+    ended = (sup.timed_out, sup.kill_sent, gave_up, sup.keeper_gone, sup.lease_ran_out)
+    flags = " ".join(str(int(f)) for f in (*ended, sup.session_closed))  # keeper._parse_done
     signals = ",".join(str(s) for s in sup.signals) or "-"
     if sup.spec.farewell is not None and not gave_up:
         _say_farewell(*sup.spec.farewell)

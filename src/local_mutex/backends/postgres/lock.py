@@ -5,11 +5,11 @@ the moment it lets go; the wait ceiling is the session's ``lock_timeout``, so th
 polling. ``--no-wait`` is ``pg_try_advisory_lock``. Slots queue on a gate key and the head
 of that queue polls the slot keys, as the local backend does with files.
 
-While held, ``check`` watches the socket for an unasked-for message (the server's FATAL
-before it closes, or EOF) and heartbeats on a timer: a statement that re-sends the holder
-record and asks ``pg_locks`` whether this session still holds the key. A lost session, or
-a heartbeat unanswered within the deadline (the kernel's ``tcp_user_timeout`` on our socket),
-raises ``LockLost`` well before the server's drop bound hands the lock to someone else.
+While held, ``check`` reads an unasked-for message (the server's FATAL before it closes, or
+EOF: keeper and supervisor poll ``session_fd`` for that hangup) and heartbeats on a timer: a
+statement that re-sends the holder record and asks ``pg_locks`` whether this session still
+holds the key. A lost session, or a heartbeat unanswered within the deadline (the kernel's
+``tcp_user_timeout``), raises ``LockLost`` well before the server's drop bound ends it.
 """
 
 from __future__ import annotations
@@ -268,8 +268,11 @@ class PostgresLock:
         except LockLost as exc:
             raise RecordNotWritten(str(exc)) from None
 
-    def keep_fds(self) -> tuple[int, ...]:
+    def session_fd(self) -> int | None:
         # None inside a hold of this job's (``--reentrant``): that session is the hold's.
+        return None if self.session is None else self.session.fileno()
+
+    def keep_fds(self) -> tuple[int, ...]:
         return () if self.session is None else (self.session.fileno(),)
 
     def check_interval(self) -> float | None:
@@ -370,10 +373,7 @@ class PostgresLock:
         if session.stuck:  # a heartbeat went unanswered (reported as a lost lock)
             session.close()
             return
-        try:
-            # Bounded: a server that stopped answering must not keep us after the command
-            # ended. Closing a stuck session shuts its socket down, so the server ends the
-            # session (and frees the lock) as soon as it runs again.
+        try:  # bounded: closing a stuck session makes the server end it once it runs again
             session.fetch(f"SELECT {unlock}({key})", timeout=self.drop.heartbeat_deadline)
         except Exception as exc:
             raise Unavailable(

@@ -99,6 +99,8 @@ class Session:
             "lock_timeout": "0",
             **self.drop.server_settings(),
         }
+        if info.server_version >= 170000:  # a server or role default would end a wait
+            settings["transaction_timeout"] = "0"
         calls = ", ".join(f"set_config('{k}', '{v}', false)" for k, v in settings.items())
         row = self.fetch(
             "SELECT pg_is_in_recovery(), pg_backend_pid(), "
