@@ -33,15 +33,15 @@ from local_mutex.backends import Ending, Take  # noqa: E402
 from local_mutex.backends.postgres import record  # noqa: E402
 from local_mutex.backends.postgres.address import (  # noqa: E402
     DropBound,
-    hide_secrets,
-    mask,
     password_of,
     password_warning,
     without_password,
 )
 from local_mutex.backends.postgres.backend import PostgresBackend  # noqa: E402
+from local_mutex.backends.postgres.connect import connect_params  # noqa: E402
 from local_mutex.backends.postgres.keys import gate_key, name_key, slot_key  # noqa: E402
 from local_mutex.backends.postgres.session import refuse_server  # noqa: E402
+from local_mutex.backends.secrets import hide_secrets, mask  # noqa: E402
 from local_mutex.errors import (  # noqa: E402
     BadAddress,
     NotAcquired,
@@ -730,6 +730,16 @@ def test_child_env_stays_in_the_domain_without_the_password(pg: PgServer) -> Non
         other = PostgresBackend(child["LOCAL_MUTEX_REMOTE"], env=child)
         assert other.status(b"nested").held
         other.close()
+        # That password is for this lock domain only: a nested call naming another server,
+        # database or user never sends it (a server set to password auth would read it).
+        drop = DropBound.from_env({})
+        assert connect_params(pg.url, child, drop)["password"] == PASSWORD
+        for elsewhere in (
+            pg.url.replace("127.0.0.1", "localhost"),
+            pg.url.rsplit("/", 1)[0] + "/template1",
+            pg.url.replace("postgres@", "someone@"),
+        ):
+            assert "password" not in connect_params(elsewhere, child, drop), elsewhere
     finally:
         lock.release()
         backend.close()

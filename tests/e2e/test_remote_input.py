@@ -192,3 +192,26 @@ def test_an_address_that_is_not_one_is_refused(address: str, verb: str, tmp_path
     # The same from the environment.
     r = run_cli(args[:1] + args[3:], env={"LOCAL_MUTEX_REMOTE": address}, cwd=tmp_path)
     assert r.returncode == 2 and b"is not a lock address" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "verb", [["x", "true"], ["status", "x"], ["status", "--json", "x"], ["list", "--json"]]
+)
+def test_a_password_in_a_git_url_is_never_shown(verb: list[str]) -> None:
+    """Messages, status and JSON show the URL with its password masked (git's own words
+    included), after one warning that says where the URL is readable."""
+    url = "http://user:TOPSECRET99@127.0.0.1:1/locks.git"
+    r = run_cli(["--remote", url, *verb], timeout=60)
+    assert r.returncode in (3, 69), r.stderr
+    out = (r.stdout + r.stderr).decode()
+    assert "TOPSECRET99" not in out and "Traceback" not in out, out
+    assert "http://user:***@127.0.0.1:1/locks.git" in out, out
+    assert "the --remote URL holds a password" in r.stderr.decode()
+
+
+def test_a_token_with_an_unparsable_url_is_a_clear_error(tmp_path: Path) -> None:
+    env = {"LOCAL_MUTEX_GIT_TOKEN": "t0ken", "TMPDIR": str(tmp_path)}
+    r = run_cli(["--remote", "http://[::1/locks.git", "n", "true"], env=env)
+    assert r.returncode == 2, r.stderr
+    assert "is not a valid URL" in _one_error_line(r.stderr)
+    assert list(tmp_path.iterdir()) == []  # no scratch repository left behind

@@ -6,6 +6,7 @@ from ...errors import BadAddress
 from ...identity import ENV_GIT_TOKEN, ENV_TOKEN, new_token, utc_stamp
 from ...names import validate_name
 from ..base import Holder, HoldInfo, LockStatus, Released
+from ..secrets import has_password, mask
 from .letgo import unlock
 from .lock import GitLock
 from .plumbing import GIT_TIMEOUT, Git
@@ -52,7 +53,14 @@ class GitBackend:
     ) -> None:
         self.env = env
         self.url, token = resolve_url(url, env)
-        self.address = self.url
+        self.address = mask(self.url)  # what messages, status and JSON show
+        # For the CLI to print (library code never prints): a password in the URL.
+        self.warning = (
+            "the --remote URL holds a password, which anyone who can list processes on this "
+            f"machine can read; prefer ${ENV_GIT_TOKEN} (the URL is shown as {self.address})"
+            if has_password(self.url)
+            else None
+        )
         self.prefix = DEFAULT_PREFIX if key_prefix is None else key_prefix
         self.lease = DEFAULT_LEASE if lease is None else lease
         self.poll = DEFAULT_POLL if poll is None else poll

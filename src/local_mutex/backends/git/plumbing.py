@@ -14,7 +14,8 @@ import time
 from urllib.parse import urlsplit
 
 from ..._proc import decimal, exists
-from ...errors import Unavailable
+from ...errors import BadAddress, Unavailable
+from ..secrets import hide_secrets, mask
 from .spawn import run_git
 
 TYPE_CHECKING = False
@@ -144,6 +145,7 @@ class Git:
         if not url.strip():
             raise Unavailable("the remote URL is empty")
         self.url = url
+        self.shown = mask(url)  # what messages say: git may quote the URL, password and all
         self.timeout = GIT_TIMEOUT
         # When set (monotonic): every git call ends by then, however many a step makes.
         self.deadline: float | None = None
@@ -163,7 +165,11 @@ class Git:
 
     def _add_token(self, token: str) -> None:
         # Environment-only config (git >= 2.31): the header is invisible to `ps`.
-        parts = urlsplit(self.url)
+        try:
+            parts = urlsplit(self.url)
+        except ValueError as exc:  # ``http://[::1/x``: no URL git could reach either
+            self.close()
+            raise BadAddress(f"--remote {self.shown!r} is not a valid URL ({exc})") from None
         scope = f"{parts.scheme}://{parts.netloc}/" if parts.scheme in ("http", "https") else ""
         key = f"http.{scope}.extraheader" if scope else "http.extraheader"
         basic = base64.b64encode(f"x-access-token:{token}".encode()).decode()
@@ -203,7 +209,10 @@ class Git:
         return proc
 
     def _why(self, proc: subprocess.CompletedProcess[bytes]) -> str:
-        return why(proc.stderr.decode("utf-8", "replace")) or f"exit {proc.returncode}"
+        return self._hide(why(proc.stderr.decode("utf-8", "replace"))) or f"exit {proc.returncode}"
+
+    def _hide(self, text: str) -> str:
+        return hide_secrets(text.replace(self.url, self.shown), self.url)
 
     # -- reading --
 
@@ -226,7 +235,7 @@ class Git:
             reason = self._why(proc)
             if "couldn't find remote ref" in reason:
                 return None
-            raise Unavailable(f"cannot read {ref} from {self.url}: {reason}")
+            raise Unavailable(f"cannot read {ref} from {self.shown}: {reason}")
         # FETCH_HEAD names what was fetched: reading it saves a git process per look.
         with open(os.path.join(self.dir, "FETCH_HEAD"), encoding="utf-8") as f:
             return f.read().split("\t", 1)[0].strip()
@@ -286,10 +295,11 @@ class Git:
         status = [line for line in out.splitlines() if line[:1] in "*+-=! " and "\t" in line]
         if proc.returncode == 0 and status and status[0][0] != "!":
             return True
+        err = self._hide(err)
         self.refusal = why(err) or "; ".join(line.split("\t", 2)[-1] for line in status)
         cause = refused_for_good(err)
         if cause is not None:
-            raise Unavailable(f"push to {self.url} failed: {cause}")
+            raise Unavailable(f"push to {self.shown} failed: {cause}")
         if any(
             line.startswith("!") and any(sign in line for sign in _LOST_RACE) for line in status
         ):
@@ -300,4 +310,4 @@ class Git:
         detail = detail or f"exit {proc.returncode}"
         if status and self.refusal and self.refusal not in detail:
             detail = f"{detail}: {self.refusal}"
-        raise Unavailable(f"push to {self.url} failed: {detail}")
+        raise Unavailable(f"push to {self.shown} failed: {detail}")

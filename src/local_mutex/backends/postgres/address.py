@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from ...errors import BadAddress
+from ..secrets import has_password, mask
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -41,33 +42,6 @@ def is_postgres(address: str) -> bool:
     return address.startswith(SCHEMES)
 
 
-def secrets_of(url: str) -> list[str]:
-    """Every password in the URL (percent-decoded); ``user:@`` and ``password=`` hold none."""
-    from urllib.parse import unquote
-
-    found = [_QUERY_PW.search(url), _USERINFO.match(url)]
-    return [unquote(m["pw"]) for m in found if m is not None and m["pw"]]
-
-
-def has_password(url: str) -> bool:
-    return bool(secrets_of(url))
-
-
-def hide_secrets(text: str, url: str) -> str:
-    """``text`` with every password of ``url`` in it replaced by ``***``."""
-    for secret in secrets_of(url):
-        text = text.replace(secret, "***")
-    return text
-
-
-def mask(url: str) -> str:
-    """The URL with any password replaced by ``***``: for messages, status and JSON."""
-    url = _USERINFO.sub(
-        lambda m: f"{m['scheme']}{m['user']}:***@" if m["pw"] else m[0], url, count=1
-    )
-    return _QUERY_PW.sub(lambda m: f"{m['key']}***" if m["pw"] else m[0], url)
-
-
 def without_password(url: str) -> str:
     """The URL with any password removed: what a nested call is given."""
     url = _USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}@", url, count=1)
@@ -79,8 +53,11 @@ def without_password(url: str) -> str:
 
 def password_of(url: str) -> str | None:
     """The password libpq would use (a query's ``password=`` overrides the userinfo's)."""
-    found = secrets_of(url)
-    return found[0] if found else None
+    from urllib.parse import unquote
+
+    found = [_QUERY_PW.search(url), _USERINFO.match(url)]
+    secrets = [unquote(m["pw"]) for m in found if m is not None and m["pw"]]
+    return secrets[0] if secrets else None
 
 
 def password_warning(url: str) -> str | None:

@@ -15,8 +15,9 @@ import time
 from ...errors import BadAddress, Refused, Unavailable, Unsupported
 from ...identity import ENV_TOKEN, owned
 from ..base import LockStatus, Released
+from ..secrets import mask
 from . import observe
-from .address import DropBound, is_postgres, load_driver, mask, password_warning
+from .address import DropBound, is_postgres, load_driver, password_warning
 from .connect import driver_message
 from .keys import MAX_SLOTS, describe_key, gate_key, name_key, slot_key
 from .lock import PostgresLock

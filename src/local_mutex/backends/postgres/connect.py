@@ -14,7 +14,8 @@ import select
 import time
 
 from ...errors import BadAddress, Unavailable
-from .address import ENV_PASSWORD, DropBound, hide_secrets, load_driver, mask
+from ..secrets import hide_secrets, mask
+from .address import ENV_PASSWORD, DropBound, domain, load_driver
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -75,18 +76,28 @@ def connect_params(url: str, env: Mapping[str, str], drop: DropBound) -> dict[st
     try:
         given = conninfo_to_dict(url)
     except Exception as exc:  # psycopg.ProgrammingError: a malformed URL
-        raise BadAddress(f"bad PostgreSQL URL {mask(url)}: {driver_message(str(exc))}") from None
+        why = hide_secrets(driver_message(str(exc)), url)
+        raise BadAddress(f"bad PostgreSQL URL {mask(url)}: {why}") from None
     params: dict[str, Any] = {}
     for var, param in _ENV_PARAMS:
         if param not in given and env.get(var):
             params[param] = env[var]
-    if "password" not in given and "password" not in params and env.get(ENV_PASSWORD):
+    if "password" not in given and "password" not in params and _forwarded_to(url, env):
         params["password"] = env[ENV_PASSWORD]
     if "connect_timeout" not in given and "connect_timeout" not in params:
         params["connect_timeout"] = "10"
     for key, value in drop.client_params().items():
         params.setdefault(key, value)
     return params
+
+
+def _forwarded_to(url: str, env: Mapping[str, str]) -> bool:
+    """Is there a password an enclosing run forwarded for this very lock domain? Only its
+    own server, database and user get it, never a server a nested call names."""
+    from ...nesting import ENV_REMOTE
+
+    outer = env.get(ENV_REMOTE, "")
+    return bool(env.get(ENV_PASSWORD)) and bool(outer) and domain(outer) == domain(url)
 
 
 def connect_seconds(url: str, params: Mapping[str, Any]) -> float:

@@ -67,7 +67,7 @@ def application_name(pid: int, host: str, hold: bool = False) -> str:
 
 def waiter_command(url: str) -> str:
     """How a waiter shows in ``status``: its command line, the password masked."""
-    from .address import hide_secrets, mask
+    from ..secrets import hide_secrets, mask
 
     argv = list(sys.argv)
     if argv and argv[0] in ("", "-c"):  # the $LOCAL_MUTEX_CLI shim, python -c

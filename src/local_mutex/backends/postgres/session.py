@@ -18,7 +18,8 @@ from contextlib import contextmanager
 
 from ..._proc import decimal
 from ...errors import BadAddress, Unavailable
-from .address import MIN_SERVER, DropBound, load_driver, mask
+from ..secrets import mask
+from .address import MIN_SERVER, DropBound, load_driver
 from .connect import (
     connect_error,
     connect_params,

@@ -1,0 +1,58 @@
+"""Passwords in remote URLs never shown, however malformed the URL holding them."""
+
+from __future__ import annotations
+
+import string
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from local_mutex.backends.secrets import has_password, hide_secrets, mask, secrets_of
+
+# What a password may hold, raw: the delimiters a URL parser stops at included.
+_PASSWORD = st.text(string.ascii_letters + string.digits + "/?#@%:+=", min_size=8, max_size=24)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://u:pw@h:5432/db", "postgresql://u:***@h:5432/db"),
+        ("postgresql://u:SEC/RET@h:5432/db", "postgresql://u:***@h:5432/db"),
+        ("postgresql://u:SEC@RET@h/db", "postgresql://u:***@h/db"),
+        ("postgresql://u:SEC?RET@h/db", "postgresql://u:***@h/db"),
+        (
+            "postgresql://u:pw@h/db?application_name=a@b",
+            "postgresql://u:***@h/db?application_name=a@b",
+        ),
+        ("postgresql://h/db?password=pw&x=1", "postgresql://h/db?password=***&x=1"),
+        (
+            "https://x-access-token:TOK@github.com/o/r.git",
+            "https://x-access-token:***@github.com/o/r.git",
+        ),
+        ("postgresql://u:@h/db", "postgresql://u:@h/db"),
+        ("postgresql://u@h/db", "postgresql://u@h/db"),
+        ("git://h:9418/r.git", "git://h:9418/r.git"),
+    ],
+)
+def test_mask(url: str, shown: str) -> None:
+    assert mask(url) == shown
+    assert has_password(url) == (shown != url)
+
+
+def test_pieces_a_driver_split_the_password_into_are_hidden_too() -> None:
+    url = "postgresql://postgres:SECRET/WORD@127.0.0.1:5/postgres"
+    said = 'invalid integer value "SECRET/WORD@127.0.0.1:5" for port; host "WORD@127.0.0.1"'
+    assert "SECRET" not in hide_secrets(said, url) and "WORD" not in hide_secrets(said, url)
+    encoded = "postgresql://u:SEC%ZZRET@h/db"  # an invalid escape: quoted as written
+    assert hide_secrets('invalid percent-encoded token: "SEC%ZZRET"', encoded).count("***") == 1
+    assert "p%40ss" in secrets_of("postgresql://u:p%40ss@h/db")
+    assert "p@ss" in secrets_of("postgresql://u:p%40ss@h/db")  # and as the server gets it
+
+
+@given(_PASSWORD, st.sampled_from(["postgresql", "postgres", "https", "http"]))
+def test_no_password_survives_masking(password: str, scheme: str) -> None:
+    url = f"{scheme}://user:{password}@db.example:5432/name"
+    assert password not in mask(url)
+    quoted = f"error connecting to {url}: bad password {password!r} for user"
+    assert password not in hide_secrets(quoted, url)
