@@ -84,3 +84,27 @@ def test_a_git_timeout_leaves_no_git_helper_behind(silent: Silent, call: str) ->
         git.close()
         pw.signal_quietly(pw.tagged(TAG, tag))
     assert os.path.isdir(git.dir) is False
+
+
+@pytest.mark.parametrize(
+    ("verb", "ceiling"),
+    [("run", ["--no-wait"]), ("run", ["--wait", "1"]), ("hold", ["--wait", "1"])],
+)
+def test_a_wait_ceiling_holds_against_a_remote_that_never_answers(
+    silent: Silent, verb: str, ceiling: list[str]
+) -> None:
+    """Each git call may take 60 s; a take bounded by --wait (or --no-wait) gives up within
+    it and a few seconds' grace (a push to a distant server takes a second or two) -- it
+    took the full 60 s -- and says it was not acquired (75), leaving no git helper."""
+    tag = uuid.uuid4().hex
+    args = ["hold", "x"] if verb == "hold" else ["x", "true"]
+    r = subprocess.run(
+        [*CLI, "--remote", silent.url, *ceiling, *args],
+        env=clean_env({TAG: tag}),
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        timeout=40,
+    )
+    assert r.returncode == 75, r.stderr
+    assert b"not acquired after" in r.stderr and b"timed out" in r.stderr, r.stderr
+    assert _left(tag) == []

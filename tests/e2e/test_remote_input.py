@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from helpers import run_cli
-from helpers.gitserver import git_daemon
+from helpers.gitserver import git_daemon, install_hook, lock_state
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -215,3 +215,25 @@ def test_a_token_with_an_unparsable_url_is_a_clear_error(tmp_path: Path) -> None
     assert r.returncode == 2, r.stderr
     assert "is not a valid URL" in _one_error_line(r.stderr)
     assert list(tmp_path.iterdir()) == []  # no scratch repository left behind
+
+
+def test_a_lock_push_that_landed_but_lost_its_answer_is_let_go_again(
+    remote: Remote, tmp_path: Path
+) -> None:
+    """The server applies the lock push, then dies before it answers: the push "failed"
+    (69), yet the branch was locked -- by a run that ran nothing and that nobody would
+    release for a whole lease (a hold: for ever). It is undone as a stopped take's is."""
+    armed = tmp_path / "armed"
+    install_hook(
+        remote.repo,
+        "reference-transaction",
+        'cat > /dev/null\n[ "$1" = committed ] || exit 0\n'
+        f"if rm '{armed}' 2>/dev/null; then kill -9 $PPID; fi\nexit 0\n",
+    )
+    for verb in (["x", f"touch '{tmp_path}/ran'"], ["hold", "x"]):
+        armed.touch()
+        r = run_cli(["--remote", remote.url, *verb], timeout=60)
+        assert r.returncode == 69, r.stderr
+        assert b"was undone" in r.stderr, r.stderr
+        assert r.stdout == b"" and not (tmp_path / "ran").exists()
+        assert lock_state(remote.url, "x") == "free"

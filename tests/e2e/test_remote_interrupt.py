@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -185,3 +186,27 @@ def test_a_server_that_does_not_answer_the_undo_is_said_plainly(
     finally:
         cli.kill()
         cli.wait()
+
+
+def test_a_lock_push_acknowledged_too_late_for_its_lease_runs_nothing(
+    gated: Gated, tmp_path: Path
+) -> None:
+    """A server that takes longer to acknowledge the lock push than the lease leaves (here
+    6 s of 9: the command would be stopped as it starts, and the lease runs out while it
+    is being stopped) must not start the command at all: it let go again, exit 69."""
+    gated.hold(1)
+    args = ["--remote", gated.url, "--lease", "9", "--kill-after", "1"]
+    cli = subprocess.Popen(
+        [*CLI, *args, "x", f"touch '{tmp_path}/ran'"],
+        env=clean_env(),
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    gated.inflight(1)
+    time.sleep(6.5)  # the slow server: past the point the command would have to stop
+    gated.go(1)
+    _, err = cli.communicate(timeout=40)
+    assert cli.returncode == 69, err
+    assert b"too late to run anything under a 9s lease" in err, err
+    assert not (tmp_path / "ran").exists()
+    assert gated.state("x") == "free"

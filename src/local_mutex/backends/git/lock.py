@@ -22,6 +22,7 @@ from ...errors import Interrupted, LockLost, NotAcquired, Unavailable, Unsupport
 from ...identity import job_identity, run_url, token_hash
 from ...names import digest, display
 from .letgo import unlock, withdraw
+from .plumbing import PushRefused
 from .protocol import RemoteState, branch_for, describe, format_message, parse_message
 
 TYPE_CHECKING = False
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
 LEASE_PER_STOP = 3.0
 _ATTEMPTS = 5
 RELEASE_TIMEOUT = 10.0
+# Past --wait, how long the git call under way may still take: a take that was answered in
+# time (a push to a distant server takes a second or two) is not cut off; a hung one is.
+_WAIT_GRACE = 5.0
 
 
 class GitLock:
@@ -104,7 +108,12 @@ class GitLock:
         ours = parse_message(new, text, self.ref)
         # From here a stop signal may find the push landed, or about to: see ``take``.
         self.pending = (current, ours)
-        if not self.git.push(self.ref, new, current.oid):
+        try:
+            pushed = self.git.push(self.ref, new, current.oid)
+        except PushRefused:
+            self.pending = None  # the server said no: nothing landed, nothing to undo
+            raise
+        if not pushed:
             self.pending = None
             return None
         self.acked_sent = sent
@@ -124,6 +133,16 @@ class GitLock:
             )
         waited = self.take(take.wait, take.reporter, lease=lease, message=None, extra={})
         self.lease = lease
+        late = time.time() - self.acked_sent
+        if time.time() >= self._stop_by(lease):
+            # Acknowledged so late that the command would be stopped as it starts, beside
+            # whoever takes the lease over once it runs out: run nothing under it.
+            self.abandon()
+            raise Unavailable(
+                f"remote lock {self.label} was taken, but {self.backend.address} took "
+                f"{late:.1f}s to acknowledge it, too late to run anything under a {lease:g}s "
+                "lease; let go again"
+            )
         return waited
 
     def take(
@@ -137,6 +156,8 @@ class GitLock:
     ) -> float:
         """Take it with this lease (None: until released) and these body fields."""
         start = time.monotonic()
+        limit = None if wait is None else start + max(wait, 0.0) + _WAIT_GRACE
+        self.git.deadline = limit  # every git call of the take ends by then, a hung one too
         try:
             with interruptible():
                 # What this process itself pushed last: a CAS straight on it saves reading
@@ -152,17 +173,24 @@ class GitLock:
                 ours, slept = self._take(current, start, wait, lease, message or "run", extra)
                 if reporter is not None and (busy or slept):
                     reporter.acquired(self.label, time.monotonic() - start)
-        except (Interrupted, KeyboardInterrupt) as exc:
-            # Stopped with a lock push started: the server may apply it even though we
-            # gave up on it (killing our end does not stop the server), and we would exit
-            # saying nothing ran while the branch stays locked. Undo it before we go.
-            if self.pending is not None:
-                note = withdraw(self, *self.pending)
-                if note and isinstance(exc, Interrupted):
-                    exc.args = (f"{exc}{note}",)
+        except (Interrupted, KeyboardInterrupt, Unavailable) as exc:
+            # Stopped (or failed: a timeout, a lost answer) with a lock push started: the
+            # server may apply it even though we gave up on it, and we would exit saying
+            # nothing ran while the branch stays locked. Undo it before we go.
+            note = withdraw(self, *self.pending) if self.pending is not None else ""
+            if note and not isinstance(exc, KeyboardInterrupt):
+                exc.args = (f"{exc}{note}",)
+            elapsed = time.monotonic() - start
+            if isinstance(exc, Unavailable) and limit is not None and time.monotonic() >= limit:
+                raise NotAcquired(
+                    f"remote lock {self.label} not acquired after {elapsed:.1f}s: {exc}",
+                    None,
+                    elapsed,
+                ) from None
             raise
         finally:
             self.pending = None
+            self.git.deadline = None
         if "takeover_of" in ours.body and reporter is not None:
             reporter.notice(
                 f"took over remote lock {self.label}: the previous holder's lease had expired"
@@ -244,8 +272,10 @@ class GitLock:
         return None if self.ours is None else self.lease
 
     def _stop_by(self, lease: float) -> float:
-        """Epoch time by which the command must have been stopped."""
-        return self.acked_sent + lease - self.stop_grace
+        """Epoch time by which the command must have been stopped: a third of the lease
+        before it runs out (clocks that disagree by less cannot let a contender in beside
+        it), or the time stopping may take, if more."""
+        return self.acked_sent + lease - max(self.stop_grace, lease / 3)
 
     def stop_deadline(self) -> float | None:
         """When (monotonic) the command must be stopped if no renewal goes through by

@@ -136,6 +136,10 @@ def _sweep(parent: str, namespace: str) -> None:
             shutil.rmtree(entry.path, ignore_errors=True)
 
 
+class PushRefused(Unavailable):
+    """The server answered a push with a refusal that lasts: nothing of it landed."""
+
+
 class Git:
     """One remote, talked to through a private temporary bare repository."""
 
@@ -299,7 +303,7 @@ class Git:
         self.refusal = why(err) or "; ".join(line.split("\t", 2)[-1] for line in status)
         cause = refused_for_good(err)
         if cause is not None:
-            raise Unavailable(f"push to {self.shown} failed: {cause}")
+            raise PushRefused(f"push to {self.shown} failed: {cause}")
         if any(
             line.startswith("!") and any(sign in line for sign in _LOST_RACE) for line in status
         ):
@@ -310,4 +314,6 @@ class Git:
         detail = detail or f"exit {proc.returncode}"
         if status and self.refusal and self.refusal not in detail:
             detail = f"{detail}: {self.refusal}"
-        raise Unavailable(f"push to {self.shown} failed: {detail}")
+        # The server's own answer (status lines) is a refusal; without one (a connection
+        # lost, an answer that never came) the push may still have landed.
+        raise (PushRefused if status else Unavailable)(f"push to {self.shown} failed: {detail}")
