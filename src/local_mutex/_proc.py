@@ -215,7 +215,9 @@ def children(pid: int) -> list[int]:
         tasks = []
     for tid in tasks:
         try:
-            with open(f"{PROC}/{pid}/task/{tid}/children", encoding="ascii") as f:
+            # Bytes: a signal handler calls this, and a first text read would import a
+            # codec there, which a signal in the middle of it breaks.
+            with open(f"{PROC}/{pid}/task/{tid}/children", "rb") as f:
                 found.extend(int(p) for p in f.read().split())
         except (OSError, ValueError):
             return _children_by_scan(pid)

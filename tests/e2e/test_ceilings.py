@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from helpers import Procs, hold_until, run_cli, wait_for
 
 
@@ -71,6 +73,21 @@ def test_timeout_escalates_to_sigkill_137(lock_dir: Path) -> None:
     )
     assert r.returncode == 137
     assert "SIGKILL" in r.stderr.decode()
+
+
+@pytest.mark.parametrize("kill_after", ["0", "0.001"])
+@pytest.mark.parametrize(
+    ("command", "statuses"), [("sleep 30", {124, 137}), ("trap '' TERM; sleep 30", {137})]
+)
+def test_no_grace_at_all_still_ends_as_a_timeout(
+    lock_dir: Path, kill_after: str, command: str, statuses: set[int]
+) -> None:
+    """--kill-after 0: the KILL is due as the TERM goes out, and its 1 ms timer fired in
+    the middle of the supervisor's own alarm handler, which broke (exit 70). (A command
+    that obeys TERM may or may not be gone before the KILL: 124 or 137.)"""
+    r = run_cli(["--timeout", "0.3", "--kill-after", kill_after, "t", command, str(lock_dir)])
+    assert r.returncode in statuses, r.stderr
+    assert b"ran past --timeout 0.3s" in r.stderr and b"supervisor" not in r.stderr, r.stderr
 
 
 def test_timeout_counts_a_descendant_that_left_the_group_and_needed_sigkill(

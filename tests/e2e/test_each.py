@@ -289,7 +289,8 @@ def test_a_command_that_cannot_start_fails_each_item_named(lock_dir: Path) -> No
     assert r.returncode == 2, r.stderr  # --keep-going: the number of items that failed
     err = r.stderr.decode().splitlines()
     assert [x for x in err if "cannot start the command" in x] == [
-        f"local-mutex: item {item!r}: cannot start the command: No such file or directory"
+        f"local-mutex: item {item!r}: cannot start the command: /nonexistent/prog: No such "
+        "file or directory (the program, or the interpreter its #! names)"
         for item in ("a", "b")
     ]
     assert "each: 0 items ran, 2 could not run, 2 failed (first: 'a', exit 125) in" in err[-1]
@@ -409,3 +410,25 @@ def test_items_of_several_megabytes(null: bool) -> None:
     items = list(read_items(io.BytesIO(data), null=null))
     assert [len(x) for x in items] == [5_000_000, 4, 3_000_001]
     assert items == split_items(data, null=null)
+
+
+def test_an_item_with_a_nul_byte_is_refused_before_its_lock(lock_dir: Path) -> None:
+    """A line may hold a NUL byte, which no environment variable can: with a template
+    that leaves the item out of the name, the lock was taken and the supervisor failed
+    (exit 70, the item counted as ran)."""
+    r = run_cli(
+        [
+            "each",
+            "--keep-going",
+            "--lock-dir",
+            str(lock_dir),
+            "fixed",
+            'echo "[$LOCAL_MUTEX_ITEM]"',
+        ],
+        input=b"a\0b\nc\n",
+    )
+    err = r.stderr.decode()
+    assert r.stdout == b"[c]\n", err
+    assert "item 'a\\x00b': it holds a NUL byte" in err, err
+    assert "1 item ran, 1 could not run, 1 failed (first: 'a\\x00b', exit 2)" in err, err
+    assert "supervisor" not in err

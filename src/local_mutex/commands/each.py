@@ -163,6 +163,8 @@ def run_each(
     for item in items:
         item_env = {**base_env, ENV_ITEM: item}
         try:
+            if "\0" in item:  # before its lock is taken: no environment variable holds one
+                raise ValidationError(f"it holds a NUL byte, which ${ENV_ITEM} cannot")
             run = run_locked(
                 backend,
                 name_bytes(expand(parts, item)),

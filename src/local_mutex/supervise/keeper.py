@@ -26,7 +26,8 @@ from ..errors import LockLost, SpawnError
 from . import reaper, supervisor
 from .hooks import guardian_of, session_of, tell_deadline
 from .relay import Relay, SignalsHeld
-from .supervisor import FORWARDED, HANGUP, STOP_NOW, Spec
+from .spec import Spec
+from .supervisor import FORWARDED, HANGUP, STOP_NOW
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

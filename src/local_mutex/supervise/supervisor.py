@@ -28,10 +28,11 @@ import time
 from .._fastsignal import STOP_SIGNALS, signal
 from ..nesting import ENV_HELD, handed_down
 from . import reaper, terminal
+from .spec import Spec, find_program
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Iterable, Sequence
     from types import FrameType
 
 SHELL = "/bin/sh"
@@ -54,31 +55,6 @@ _SAME_REQUEST = 0.1
 # Python ignores these itself; the command must get the defaults (``yes | head`` needs SIGPIPE).
 # (Signals we catch are reset by exec anyway; ones our caller ignored stay ignored.)
 _RESET_FOR_CHILD = (signal.SIGPIPE, signal.SIGXFSZ)
-
-
-class Spec:
-    """What to run and how: a shell command, or a program with its arguments."""
-
-    __slots__ = ("argv", "env", "farewell", "kill_after", "stdin_devnull", "timeout")
-
-    def __init__(
-        self,
-        argv: Sequence[str],
-        env: Mapping[str, str],
-        *,
-        timeout: float | None = None,
-        kill_after: float = 5.0,
-        stdin_devnull: bool = False,
-    ) -> None:
-        self.argv, self.env, self.timeout = list(argv), env, timeout
-        self.kill_after, self.stdin_devnull = kill_after, stdin_devnull
-        # A socket and what to say on it once everything of the command is over (a run
-        # inside a hold tells its holder; the keeper does too, if it lives).
-        self.farewell: tuple[int, bytes] | None = None
-
-    @classmethod
-    def shell(cls, command: str, env: Mapping[str, str], **options: object) -> Spec:
-        return cls(["sh", "-c", command], env, **options)  # type: ignore[arg-type]
 
 
 class _Supervisor:
@@ -128,6 +104,15 @@ class _Supervisor:
         self._schedule(time.monotonic() + self.spec.kill_after, signal.SIGKILL)
 
     def on_alarm(self, signum: int, frame: FrameType | None) -> None:
+        # Not re-entered: an event due at once (--kill-after 0) re-arms the timer for 1 ms,
+        # which would fire in the middle of this handler's own sends.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        try:
+            self._alarm()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+    def _alarm(self) -> None:
         now = time.monotonic()
         # Edit the list in place: a signal handled in the middle of this may append to it.
         due = [e for e in self.events if e[0] <= now]
@@ -204,19 +189,6 @@ class _Supervisor:
         if spec.timeout is not None:
             self._schedule(self.started + spec.timeout, signal.SIGTERM, is_timeout=True)
         return pid
-
-
-def find_program(spec: Spec) -> str:
-    """The program of an argv run, searched in the command's own PATH (posix_spawnp
-    would search ours)."""
-    name = spec.argv[0]
-    if "/" in name:
-        return name
-    for directory in spec.env.get("PATH", os.defpath).split(os.pathsep):
-        candidate = os.path.join(directory or ".", name)
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    raise FileNotFoundError(errno.ENOENT, f"{name}: not found in PATH")
 
 
 def _install(sup: _Supervisor) -> None:
@@ -351,7 +323,10 @@ def _run(
     try:
         pid = sup.start(keep_fds, mask, tty)
     except OSError as exc:
-        _write(out, f"spawnfail {exc.errno or 0} {exc.strerror or exc}\n")
+        why = exc.strerror or str(exc)
+        if exc.errno == errno.ENOENT and sup.spec.argv[0] not in why:  # name what is missing
+            why = f"{sup.spec.argv[0]}: {why} (the program, or the interpreter its #! names)"
+        _write(out, f"spawnfail {exc.errno or 0} {why}\n")
         return 0
     _write(out, f"pid {pid}\n")  # first: should we die now, the keeper knows whom to stop
     terminal.give_terminal(tty, pid)  # the child took it already; this resumes it too

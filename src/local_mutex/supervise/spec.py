@@ -1,0 +1,48 @@
+"""What a supervised run runs: a shell command, or a program with its arguments."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+
+class Spec:
+    """What to run and how: a shell command, or a program with its arguments."""
+
+    __slots__ = ("argv", "env", "farewell", "kill_after", "stdin_devnull", "timeout")
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        timeout: float | None = None,
+        kill_after: float = 5.0,
+        stdin_devnull: bool = False,
+    ) -> None:
+        self.argv, self.env, self.timeout = list(argv), env, timeout
+        self.kill_after, self.stdin_devnull = kill_after, stdin_devnull
+        # A socket and what to say on it once everything of the command is over (a run
+        # inside a hold tells its holder; the keeper does too, if it lives).
+        self.farewell: tuple[int, bytes] | None = None
+
+    @classmethod
+    def shell(cls, command: str, env: Mapping[str, str], **options: object) -> Spec:
+        return cls(["sh", "-c", command], env, **options)  # type: ignore[arg-type]
+
+
+def find_program(spec: Spec) -> str:
+    """The program of an argv run, searched in the command's own PATH (posix_spawnp
+    would search ours)."""
+    name = spec.argv[0]
+    if "/" in name:
+        return name
+    for directory in spec.env.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(directory or ".", name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise FileNotFoundError(errno.ENOENT, f"{name}: not found in PATH")
