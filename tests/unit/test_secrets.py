@@ -5,7 +5,7 @@ from __future__ import annotations
 import string
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from local_mutex.backends.secrets import has_password, hide_secrets, mask, secrets_of
@@ -53,6 +53,7 @@ def test_pieces_a_driver_split_the_password_into_are_hidden_too() -> None:
 @given(_PASSWORD, st.sampled_from(["postgresql", "postgres", "https", "http"]))
 def test_no_password_survives_masking(password: str, scheme: str) -> None:
     url = f"{scheme}://user:{password}@db.example:5432/name"
+    assume(password not in url.replace(password, "", 1))  # not also the URL's other text
     assert password not in mask(url)
     quoted = f"error connecting to {url}: bad password {password!r} for user"
     assert password not in hide_secrets(quoted, url)
