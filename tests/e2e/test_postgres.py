@@ -1085,6 +1085,16 @@ def test_cli_bad_addresses(pg: PgServer, tmp_path: Path) -> None:
     assert "hunter2" not in bad.stderr + bad.stdout
     nodb = _cli(pg, "run", "--remote", pg.url.rsplit("/", 1)[0] + "/nope", "n", f"touch {ran}")
     assert nodb.returncode == 2 and 'database "nope" does not exist' in nodb.stderr
+    # Settings that no retry can fix are bad input (2), not an unreachable server (69).
+    for url, extra, said in [
+        (pg.url, {"PGSERVICE": "nosuch"}, 'definition of service "nosuch" not found'),
+        (pg.url, {"PGSERVICE": "x", "PGSERVICEFILE": str(tmp_path / "none")}, "not found"),
+        (pg.url + "?sslmode=require", {}, "SSL was required"),
+        (pg.url, {"PGSSLMODE": "verify-full"}, "SSL was required"),
+        (pg.url, {"PGCONNECT_TIMEOUT": "abc"}, "connect_timeout"),
+    ]:
+        r = _cli(pg, "run", "--remote", url, "n", f"touch {ran}", env=extra)
+        assert r.returncode == 2 and said in r.stderr, (extra, r.stderr)
     assert not ran.exists()
 
 

@@ -287,3 +287,36 @@ def test_no_wait_is_a_ceiling_on_connecting_to_a_hung_server(pg: PgServer, tmp_p
                 if proc.poll() is None:
                     proc.kill()
                 proc.wait(20)
+
+
+def test_status_and_list_keep_their_bound_whatever_connect_timeout_says(
+    pg: PgServer, tmp_path: Path
+) -> None:
+    """status and list give up within their 10 s on a server that hangs, even when the URL
+    turns libpq's connect timeout off (``connect_timeout=0``: they hung for good) or
+    PGCONNECT_TIMEOUT sets a longer one (30 s before)."""
+    cases = [
+        (["status", "--remote", f"{pg.url}?connect_timeout=0", "x"], {}),
+        (["list", "--remote", pg.url], {"PGCONNECT_TIMEOUT": "30"}),
+    ]
+    with pg.frozen():
+        started = time.monotonic()
+        procs = [
+            subprocess.Popen(
+                [*CLI, *args],
+                env={**_env(pg), **extra},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for args, extra in cases
+        ]
+        try:
+            for proc in procs:
+                code, _ = _ended_within(proc, max(started + READ + MARGIN - time.monotonic(), 0.1))
+                assert code == 3
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait(20)

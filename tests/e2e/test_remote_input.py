@@ -237,3 +237,20 @@ def test_a_lock_push_that_landed_but_lost_its_answer_is_let_go_again(
         assert b"was undone" in r.stderr, r.stderr
         assert r.stdout == b"" and not (tmp_path / "ran").exists()
         assert lock_state(remote.url, "x") == "free"
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+@pytest.mark.parametrize("verb", [["n", "touch ran"], ["status", "n"], ["hold", "n"]])
+def test_an_empty_remote_is_refused_not_taken_for_this_machine(
+    value: str, verb: list[str], tmp_path: Path
+) -> None:
+    """``--remote "$REMOTE"`` with the variable unset ran under this machine's lock, even
+    with $LOCAL_MUTEX_REMOTE naming a remote: the exclusion across machines, quietly lost."""
+    env = {
+        "LOCAL_MUTEX_REMOTE": "git://127.0.0.1:1/locks.git",
+        "LOCAL_MUTEX_LOCK_DIR": str(tmp_path),
+    }
+    r = run_cli(["--remote", value, *verb], env=env, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "--remote is empty" in _one_error_line(r.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no lock file, nothing ran

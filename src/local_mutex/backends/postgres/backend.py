@@ -68,8 +68,14 @@ class PostgresBackend:
 
     def _session(self) -> Session:
         if self._observer is None:
+            # Connecting too is bounded as a read is, whatever connect_timeout the URL or
+            # PGCONNECT_TIMEOUT gives (0: none at all).
             self._observer = Session(
-                self.url, self.env, app_name="local-mutex-observer", drop=self.drop
+                self.url,
+                self.env,
+                app_name="local-mutex-observer",
+                drop=self.drop,
+                deadline=time.monotonic() + observe.READ_SECONDS,
             )
         return self._observer
 

@@ -59,6 +59,10 @@ _BAD_ADDRESS = (
     'missing "="',
     "end of string reached",
     "unexpected spaces",
+    "bad value for",  # psycopg's own check of connect_timeout
+    'definition of service "',  # PGSERVICE names none
+    'service file "',  # PGSERVICEFILE names none
+    "but ssl was required",  # sslmode the server cannot meet: trying again will not help
 )
 LIBPQ_FLOOR = 2.0  # libpq reads a connect_timeout under 2 s as 2 s
 
