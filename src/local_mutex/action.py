@@ -203,6 +203,9 @@ def _hold(inputs: ActionInputs, step: _Step, backend: Backend) -> int:
     step.outputs.update(
         {"acquired": "true", "token": info.token, "waited-seconds": f"{info.waited:.3f}"}
     )
+    from .holds.start import delivered
+
+    delivered(info)  # the job's end ends it too (its anchor), whoever has the token
     if backend.persistent_holds:
         ends = "until a release step (remote holds do not end with the job)"
     else:

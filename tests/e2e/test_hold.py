@@ -24,6 +24,7 @@ from helpers import (
     hold_file,
     hold_until,
     lock_file,
+    lock_is_free,
     read_pid,
     run_cli,
     stopped,
@@ -1248,3 +1249,38 @@ def test_a_hold_inside_a_run_of_the_same_lock_is_refused(lock_dir: Path) -> None
     assert r.returncode == 0, r.stderr
     assert r.stdout.decode().split("\n")[:2] == ["same 2", "other 0"], r.stdout
     assert b"would wait for itself" in r.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/wchan"), reason="needs /proc/PID/wchan")
+def test_a_hold_whose_token_never_got_out_ends_with_its_caller(lock_dir: Path) -> None:
+    """The holder said "ok" and went on keeping the lock; its caller, blocked printing
+    the token (a full pipe, a frozen container), was then killed: a hold nobody could
+    ever release with its token (it lasted for good, without --ttl). The holder now keeps
+    it only once the caller says the token reached its reader."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        while True:
+            os.write(write_end, b"x" * 65536)
+    except BlockingIOError:
+        pass
+    os.set_blocking(write_end, True)
+    path = lock_file(lock_dir, "undelivered")
+    try:
+        caller = subprocess.Popen(
+            [*CLI, "hold", "--lock-dir", str(lock_dir), "undelivered"],
+            env=clean_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=write_end,  # full: printing the token blocks
+            stderr=subprocess.DEVNULL,
+        )
+        # The holder said "ok": its caller is stuck writing the token into the full pipe.
+        wchan = Path(f"/proc/{caller.pid}/wchan")
+        wait_for(lambda: "pipe_write" in wchan.read_text(), 30, "the caller printing")
+        assert not lock_is_free(path)
+        caller.kill()
+        caller.wait(10)
+        wait_for(lambda: lock_is_free(path), 20, "the hold ended with its caller")
+    finally:
+        os.close(read_end)
+        os.close(write_end)

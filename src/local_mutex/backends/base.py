@@ -263,13 +263,22 @@ class HoldInfo:
     """A hold that was taken: where, by which process (None for a persistent hold), the
     token that releases it, and how long it waited."""
 
-    __slots__ = ("lock_file", "name", "pid", "token", "waited")
+    __slots__ = ("ack_fd", "lock_file", "name", "pid", "token", "waited")
 
     def __init__(
-        self, name: str, lock_file: str, pid: int | None, token: str, waited: float
+        self,
+        name: str,
+        lock_file: str,
+        pid: int | None,
+        token: str,
+        waited: float,
+        ack_fd: int | None = None,
     ) -> None:
         self.name, self.lock_file, self.pid = name, lock_file, pid
         self.token, self.waited = token, waited
+        # A holder process waits on this pipe for word that the token reached someone
+        # (``holds.start.delivered``); closed without it, the holder ends the hold.
+        self.ack_fd = ack_fd
 
 
 class Released:

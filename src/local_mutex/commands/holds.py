@@ -127,6 +127,9 @@ def hold(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
         sig = stops.pending[0]
         why = f"stopped by signal {sig}"
         return _end_undelivered(parsed, env, reporter, name, taken, why, 128 + sig)
+    from ..holds.start import delivered
+
+    delivered(info)  # only now does the holder keep it: killed before this, it ends
     where = f"detached pid {info.pid}" if info.pid else info.lock_file
     reporter.notice(
         f"holding {info.name} in {where}; release with: {release_hint(name, parsed, address)}"

@@ -23,7 +23,7 @@ from ..errors import LockLost, NotAcquired, RecordNotWritten, Unavailable, Valid
 from ..identity import job_identity, new_token, token_hash, utc_stamp
 from ..lifecycle import Held
 from ..runspec import Options
-from .start import ENV_READY_FD, ENV_SPEC
+from .start import DELIVERED, ENV_ACK_FD, ENV_READY_FD, ENV_SPEC
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -37,6 +37,24 @@ def _say(fd: int, text: str) -> None:
     os.close(fd)
 
 
+def _delivered(fd: int) -> bool:
+    """Wait for the caller's word that the token reached its reader (``start.delivered``).
+    Its end closed without it -- the caller killed with the token in its hands -- means
+    nobody has the token: the hold must end, not outlive every way to release it."""
+    said = b""
+    try:
+        while DELIVERED not in said:
+            chunk = os.read(fd, 64)
+            if not chunk:
+                break
+            said += chunk
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return DELIVERED in said
+
+
 def _stop(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
@@ -44,6 +62,7 @@ def _stop(signum: int, frame: object) -> None:
 def main() -> int:
     spec: dict[str, Any] = loads_object(os.environ.pop(ENV_SPEC, "")) or {}
     ready = int(os.environ.pop(ENV_READY_FD, "-1"))
+    ack = int(os.environ.pop(ENV_ACK_FD, "-1"))
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -88,7 +107,8 @@ def main() -> int:
     _say(ready, f"ok {token} {held.waited:.3f} {lock_file}")
     os.chdir("/")  # a long-lived daemon must not pin the caller's directory (or its mount)
     try:
-        _keep(held, spec.get("anchor"), ttl, sharing)
+        if _delivered(ack):
+            _keep(held, spec.get("anchor"), ttl, sharing)
     except LockLost as exc:
         return exc.exit_code
     finally:

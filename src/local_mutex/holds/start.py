@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 ENV_SPEC = "LOCAL_MUTEX_HOLD_SPEC"
 ENV_READY_FD = "LOCAL_MUTEX_HOLD_READY_FD"
+ENV_ACK_FD = "LOCAL_MUTEX_HOLD_ACK_FD"
+DELIVERED = b"delivered\n"
 JOB_PROCESSES = ("Runner.Worker", "act")
 _BOOT = (
     "import sys; sys.path.insert(0, sys.argv.pop(1)); "
@@ -86,28 +88,37 @@ def start_hold(
         "anchor": job_anchor(env),
     }
     read_end, write_end = os.pipe()
-    child_env = {**env, ENV_SPEC: dumps(spec), ENV_READY_FD: str(write_end)}
+    ack_read, ack_write = os.pipe()
+    child_env = {
+        **env,
+        ENV_SPEC: dumps(spec),
+        ENV_READY_FD: str(write_end),
+        ENV_ACK_FD: str(ack_read),
+    }
     package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         proc = subprocess.Popen(
             [sys.executable, "-c", _BOOT, package_parent],
             env=child_env,
-            pass_fds=(write_end,),
+            pass_fds=(write_end, ack_read),
             start_new_session=True,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
     except OSError as exc:
+        os.close(ack_write)
         raise SpawnError(f"cannot start the holder process: {exc.strerror}") from None
     finally:
         os.close(write_end)
+        os.close(ack_read)
     try:
         with os.fdopen(read_end, "rb") as ready, interruptible():
             answer = ready.read().decode("utf-8", "surrogateescape")
     except BaseException:
         # Stopped while the holder waits (or just as it took the lock and said so): it
         # is ours to end -- its SIGTERM lets go of whatever it holds.
+        os.close(ack_write)
         proc.terminate()
         try:
             proc.wait(_END_WAIT)
@@ -117,7 +128,9 @@ def start_hold(
     kind, _, rest = answer.partition(" ")
     if kind == "ok":
         token, waited, where = rest.split(" ", 2)
-        return HoldInfo(display(raw), where or lock_file, proc.pid, token, float(waited))
+        where = where or lock_file
+        return HoldInfo(display(raw), where, proc.pid, token, float(waited), ack_write)
+    os.close(ack_write)
     proc.wait()
     detail = loads_object(rest) or {}
     text = str(detail.get("message") or f"the holder process ended (status {proc.returncode})")
@@ -130,3 +143,18 @@ def start_hold(
             float(waited_f) if isinstance(waited_f, (int, float)) else 0.0,
         )
     raise _ANSWERS.get(kind, SpawnError)(text)
+
+
+def delivered(info: HoldInfo) -> None:
+    """Tell the holder that the token reached its reader (printed, an output written):
+    only then is the hold its to keep. Until then -- this process killed with the token
+    still in its hands -- nobody could ever end the hold with it, so the holder ends it."""
+    fd, info.ack_fd = info.ack_fd, None
+    if fd is None:
+        return
+    try:
+        os.write(fd, DELIVERED)
+    except OSError:
+        pass  # the holder is gone: nothing is held
+    finally:
+        os.close(fd)
