@@ -254,3 +254,25 @@ def test_an_empty_remote_is_refused_not_taken_for_this_machine(
     assert r.returncode == 2, r.stderr
     assert "--remote is empty" in _one_error_line(r.stderr)
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no lock file, nothing ran
+
+
+def test_a_renewal_that_landed_but_lost_its_answer_is_still_ours(
+    remote: Remote, tmp_path: Path
+) -> None:
+    """The server applies a renewal, then dies before it answers. The next renewal's
+    compare-and-swap then found our own renewal on the branch and took it for a takeover:
+    a healthy command stopped (69), and the lock left held by the dead run for a lease."""
+    armed = tmp_path / "armed"
+    install_hook(
+        remote.repo,
+        "reference-transaction",
+        'cat > /dev/null\n[ "$1" = committed ] || exit 0\n'
+        f"if rm '{armed}' 2>/dev/null; then kill -9 $PPID; fi\nexit 0\n",
+    )
+    # --kill-after 1 allows a 9 s lease, renewed every 3 s; the first renewal loses its answer.
+    cmd = f"touch '{armed}'; sleep 7; echo done"
+    r = run_cli(["--remote", remote.url, "--lease", "9", "--kill-after", "1", "x", cmd], timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == b"done\n" and not armed.exists(), r.stderr  # the hook did fire
+    assert b"lost" not in r.stderr and b"changed hands" not in r.stderr, r.stderr
+    assert lock_state(remote.url, "x") == "free"

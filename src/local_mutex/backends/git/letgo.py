@@ -84,6 +84,9 @@ def unlock(
             refused += 1
             time.sleep(_REFUSED_PAUSE * 2 ** (refused - 1))
             continue
+        if ours is not None and seen in lock.unanswered:  # a renewal of ours landed after all
+            current = lock.read()
+            continue
         if ours is not None:
             raise LockLost(f"remote lock {lock.label} changed hands before release")
         current = lock.read()

@@ -60,6 +60,9 @@ class GitLock:
         self.lease: float | None = None  # set once taken for a run
         # While a lock push of ours may be under way: (the state it replaces, ours).
         self.pending: tuple[RemoteState, RemoteState] | None = None
+        # Renewals pushed without an answer (oid: when sent): one may have landed all the
+        # same, and the branch then names our own renewal, not someone else's lock.
+        self.unanswered: dict[str, float] = {}
         self.warned = False
 
     # -- reading -------------------------------------------------------------------------
@@ -310,8 +313,14 @@ class GitLock:
         moved = False
         try:
             new = self.git.commit(ours.oid, text, self.backend.actor)
+            self.unanswered[new] = now
             if not self.git.push(self.ref, new, ours.oid):
                 seen = self.git.fetch(self.ref)
+                if seen is not None and seen != new and seen in self.unanswered:
+                    # An earlier renewal of ours landed, its answer lost: ours still, as
+                    # of when that one was sent. Renew on top of it next time.
+                    self._renewed(seen, self.unanswered[seen])
+                    return None
                 if seen == ours.oid:
                     # Refused, yet nobody moved the branch: still ours, a failed push like
                     # any other; the next check tries again before the deadline.
@@ -330,9 +339,14 @@ class GitLock:
                 f"lost the lease on remote lock {self.label}: it was taken over before "
                 "its renewal went through"
             )
-        self.acked_sent = now
-        self.ours = self.backend.pushed[self.ref] = parse_message(new, text, self.ref)
+        self._renewed(new, now, text)
         return None
+
+    def _renewed(self, oid: str, sent: float, text: str | None = None) -> None:
+        self.acked_sent = sent
+        message = self.git.message(oid) if text is None else text
+        self.ours = self.backend.pushed[self.ref] = parse_message(oid, message, self.ref)
+        self.unanswered.clear()
 
     # -- letting go ----------------------------------------------------------------------
 
