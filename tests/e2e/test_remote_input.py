@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_cli
+from helpers import Procs, hold_until, run_cli, wait_for
 from helpers.gitserver import git_daemon, install_hook, lock_state
 
 pytestmark = pytest.mark.timeout(120)
@@ -276,3 +276,22 @@ def test_a_renewal_that_landed_but_lost_its_answer_is_still_ours(
     assert r.stdout == b"done\n" and not armed.exists(), r.stderr  # the hook did fire
     assert b"lost" not in r.stderr and b"changed hands" not in r.stderr, r.stderr
     assert lock_state(remote.url, "x") == "free"
+
+
+def test_a_waiter_rides_out_a_server_blip(remote: Remote, procs: Procs, marks: Path) -> None:
+    """The repository gone for a moment (a server restarting): a waiter's poll failing
+    once ended its wait with 69 at once, while the holder rode the same blip out."""
+    holder = procs.start(["--remote", remote.url, "x", hold_until(marks)])
+    wait_for(marks / "h.held", 30, "the holder's command")
+    waiter = procs.start(
+        ["--remote", remote.url, "--poll", "0.5", "--wait", "60", "x", "echo mine"]
+    )
+    procs.wait_stderr(waiter, "waiting for lock x")
+    away = remote.repo.with_name("away.git")
+    remote.repo.rename(away)
+    time.sleep(1.0)  # the blip: a poll or two finds no repository
+    away.rename(remote.repo)
+    (marks / "h.go").touch()
+    assert holder.wait(30) == 0, procs.stderr(holder)
+    assert waiter.wait(30) == 0, procs.stderr(waiter)
+    assert procs.stdout(waiter) == "mine\n"

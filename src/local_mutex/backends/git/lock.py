@@ -214,6 +214,7 @@ class GitLock:
         slept = False
         poll = self.backend.poll
         unexplained = 0  # pushes in a row that failed while the branch stayed as it was
+        unreachable = 0  # polls in a row the server did not answer
         while True:
             if not current.locked:
                 ours = self.try_take(current, message=message, lease=lease, extra=extra)
@@ -248,10 +249,18 @@ class GitLock:
                 pause = min(pause, max(wait - elapsed, 0.0))
             time.sleep(pause)
             slept = True
-            # A cheap ls-remote first; fetch the commit only when the branch moved.
-            if self.git.head(self.ref) != last_oid:
-                current = self.read()
-                last_oid = current.oid
+            try:
+                # A cheap ls-remote first; fetch the commit only when the branch moved.
+                if self.git.head(self.ref) != last_oid:
+                    current = self.read()
+                    last_oid = current.oid
+                unreachable = 0
+            except Unavailable:
+                # A server restarting, a network blip: a waiter rides it out, as the holder
+                # does its renewals, within --wait; only an outage that lasts ends the wait.
+                unreachable += 1
+                if unreachable >= _ATTEMPTS:
+                    raise
 
     def _not_taken(self, tries: int) -> str:
         pushes = "a push" if tries == 1 else f"{tries} pushes"
