@@ -68,6 +68,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             return show(args)
+        except (KeyError, ValueError) as exc:
+            if not completing:
+                raise
+            # Set by hand, not by the shell's completion script: COMP_WORDS or COMP_CWORD
+            # missing or not a number (click would print a traceback).
+            return _reporter().failure(
+                UsageError(
+                    f"{COMPLETE_VAR} asks for completions, but the shell's variables are "
+                    f"missing or malformed ({exc}): the script that "
+                    f"{COMPLETE_VAR}=bash_source local-mutex prints sets them"
+                )
+            )
         except OSError as exc:  # click ends quietly (exit 1) on EPIPE only: a full disk
             from .errors import EXIT_IOERR
 

@@ -465,6 +465,21 @@ def test_a_stray_completion_variable_does_not_stop_the_command(value: str, tmp_p
     assert r.returncode == 0 and (tmp_path / "ran").exists(), r.stderr
 
 
+@pytest.mark.parametrize(
+    "shell_vars",
+    [{}, {"COMP_WORDS": "local-mutex st"}, {"COMP_WORDS": "x", "COMP_CWORD": "x"}],
+)
+def test_a_completion_request_without_the_shells_variables_is_one_clear_line(
+    shell_vars: dict[str, str],
+) -> None:
+    """Set by hand, without COMP_WORDS or a numeric COMP_CWORD: click printed a traceback."""
+    env = {"_LOCAL_MUTEX_COMPLETE": "bash_complete", **shell_vars}
+    r = subprocess.run([*CLI], env=clean_env(env), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "the shell's variables are missing or malformed" in r.stderr
+
+
 def test_completion_offers_verbs_and_options() -> None:
     assert "plain,status" in _complete("local-mutex st", 1).splitlines()
     assert "plain,--lock-dir" in _complete("local-mutex run --lock", 2).splitlines()
