@@ -130,7 +130,7 @@ def run_locked(
                     reporter=reporter,
                     subreaper=subreaper,
                     held=held,
-                    then=lambda: _release(lock, reporter),
+                    then=lambda outcome: _release(lock, reporter, outcome.lost is not None),
                 )
             except BaseException:
                 held.letting_go = True
@@ -217,9 +217,13 @@ def _run_inside(
     return result
 
 
-def _release(lock: Lock, reporter: Reporter | None) -> None:
+def _release(lock: Lock, reporter: Reporter | None, lost: bool = False) -> None:
     """Let go; a remote that cannot be told keeps the command's status (its lease or
-    session will end by itself), with a warning."""
+    session will end by itself), with a warning -- none for a lock already lost, whose
+    error says it all."""
+    if lost:
+        _let_go(lock)
+        return
     try:
         lock.release()
     except Unavailable as exc:

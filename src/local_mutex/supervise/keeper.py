@@ -90,14 +90,14 @@ def supervise(
     reporter: Reporter | None = None,
     subreaper: bool = False,
     held: SignalsHeld | None = None,
-    then: Callable[[], None] | None = None,
+    then: Callable[[Outcome], None] | None = None,
 ) -> Outcome:
     """Run the command to the end under a forked supervisor and report how it ended.
 
     Returns with the stop signals blocked (unblocked by ``held`` on exit), so a late
     signal cannot kill the caller before it releases the lock. ``subreaper``: adopt the
     command's orphans if the supervisor dies (only for a process of our own, the CLI).
-    ``then()`` runs once the command is over and everything of it stopped -- the lock's
+    ``then(outcome)`` runs once the command is over and everything of it stopped -- the lock's
     release -- while the supervisor is still tearing itself down (a third of a millisecond
     the next holder need not wait for); the supervisor is reaped after it. It runs with
     the stop signals blocked: keep it short (nothing that may block on the terminal).
@@ -161,7 +161,7 @@ def supervise(
             if held is not None:
                 held.pending.extend(relay.pending)
         if then is not None:
-            then()
+            then(outcome)
     finally:
         if not ended:
             # An error of ours mid-run: the closed pipes tell the supervisor to stop the
