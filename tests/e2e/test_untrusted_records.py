@@ -65,7 +65,7 @@ def test_newlines_and_workflow_commands_in_a_record_stay_inside_their_line(
             "name": name,
             "command": "make\n::error title=x::from the command",
             "cwd": "/src\n::warning::from the cwd",
-            "host": "h\x1b[2J\x9b2J",
+            "host": "h\x1b[2J\x9b2J\u2028\u2029",
         }
     ).replace('"pid": 0', '"pid": PID')
     with planted(lock_file(lock_dir, name), marks, rec):
@@ -75,6 +75,7 @@ def test_newlines_and_workflow_commands_in_a_record_stay_inside_their_line(
         for line in (r.stdout + r.stderr).splitlines():
             assert not line.lstrip().startswith(b"::"), line
             assert b"\x1b" not in line and b"\x9b" not in line and "\x9b".encode() not in line
+            assert "\u2028".encode() not in line and "\u2029".encode() not in line
     assert b"'make ::error title=x::from the command'" in views[0].stdout
 
 

@@ -40,7 +40,8 @@ def printable(text: str) -> str:
     """``text`` with control characters escaped (``\\n``, ``\\x1b``): a record field, a
     path or an argument can hold anything, and one line must stay one line -- a raw
     newline could even start a ``::error::`` workflow command of its own. C1 controls
-    (a terminal may read ``\x9b`` as an escape) and surrogates that stand for no byte of
+    (a terminal may read ``\x9b`` as an escape), the line and paragraph separators (a new
+    line to many log viewers) and surrogates that stand for no byte of
     a name (a record's JSON may hold ``\\ud800``; they cannot be written) are escaped too."""
     if all(" " <= c < "\x7f" for c in text):
         return text
@@ -48,7 +49,7 @@ def printable(text: str) -> str:
 
 
 def _shown(c: str) -> bool:
-    if c < " " or "\x7f" <= c <= "\x9f":
+    if c < " " or "\x7f" <= c <= "\x9f" or c in "\u2028\u2029":  # those two: new lines
         return False
     return not "\ud800" <= c <= "\udfff" or "\udc80" <= c <= "\udcff"  # a name's raw bytes
 
