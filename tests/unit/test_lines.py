@@ -1,0 +1,24 @@
+"""One line stays one line: what a name, a record or a command holds is printed escaped."""
+
+from __future__ import annotations
+
+import pytest
+
+from local_mutex.ui.lines import printable
+
+
+@pytest.mark.parametrize(
+    ("raw", "shown"),
+    [
+        ("plain text", "plain text"),
+        ("a\nb", "a\\nb"),
+        ("a\x1b[2Jb", "a\\x1b[2Jb"),
+        ("a\x85b\x9bc", "a\\x85b\\x9bc"),
+        ("a\u2028b\u2029c", "a\\u2028b\\u2029c"),  # a new line to many log viewers
+        ("caf\u00e9 \u6f22\u5b57", "caf\u00e9 \u6f22\u5b57"),
+        ("a\udcffb", "a\udcffb"),  # a name's raw byte 0xFF: written back as that byte
+        ("a\ud800b", "a\\ud800b"),  # a surrogate that stands for no byte
+    ],
+)
+def test_printable(raw: str, shown: str) -> None:
+    assert printable(raw) == shown
