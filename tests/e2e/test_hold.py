@@ -1284,3 +1284,33 @@ def test_a_hold_whose_token_never_got_out_ends_with_its_caller(lock_dir: Path) -
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+def test_a_hold_waiting_for_its_token_to_get_out_still_keeps_its_ttl(lock_dir: Path) -> None:
+    """The TTL counts from taking the lock: a caller stuck printing the token (a full
+    pipe, a frozen terminal) must not stretch it -- the hold ends on time all the same."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        while True:
+            os.write(write_end, b"x" * 65536)
+    except BlockingIOError:
+        pass
+    os.set_blocking(write_end, True)
+    path = lock_file(lock_dir, "ttl-undelivered")
+    caller = subprocess.Popen(
+        [*CLI, "hold", "--ttl", "1", "--lock-dir", str(lock_dir), "ttl-undelivered"],
+        env=clean_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=write_end,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: path.exists() and not lock_is_free(path), 30, "the holder took it")
+        wait_for(lambda: lock_is_free(path), 20, "the TTL ended the hold")
+        assert caller.poll() is None  # still stuck printing: the TTL alone ended it
+    finally:
+        caller.kill()
+        caller.wait(10)
+        os.close(read_end)
+        os.close(write_end)

@@ -295,3 +295,28 @@ def test_a_waiter_rides_out_a_server_blip(remote: Remote, procs: Procs, marks: P
     assert holder.wait(30) == 0, procs.stderr(holder)
     assert waiter.wait(30) == 0, procs.stderr(waiter)
     assert procs.stdout(waiter) == "mine\n"
+
+
+def test_a_lock_push_the_server_reported_before_the_connection_dropped_is_taken(
+    remote: Remote, tmp_path: Path
+) -> None:
+    """The server applies the lock push and reports it, then the connection drops (git
+    exits 1): that push landed. It was taken for a refusal -- nothing ran (69), no token,
+    and the branch stayed locked for good (a hold) or for a lease (a run)."""
+    armed = tmp_path / "armed"
+    install_hook(
+        remote.repo,
+        "post-receive",
+        f"cat > /dev/null\nif rm '{armed}' 2>/dev/null; then kill -9 $PPID; fi\nexit 0\n",
+    )
+    armed.touch()
+    r = run_cli(["--remote", remote.url, "x", "echo ran"], timeout=60)
+    assert (r.returncode, r.stdout) == (0, b"ran\n"), r.stderr
+    assert not armed.exists()  # the hook did drop the connection
+    armed.touch()
+    held = run_cli(["hold", "--remote", remote.url, "x"], timeout=60)
+    assert held.returncode == 0 and len(held.stdout.strip()) == 32, held.stderr
+    token = held.stdout.decode().strip()
+    r = run_cli(["release", "--remote", remote.url, "x", "--token", token], timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert lock_state(remote.url, "x") == "free"

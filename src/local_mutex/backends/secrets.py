@@ -9,24 +9,34 @@ from urllib.parse import unquote
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _QUERY_PW = re.compile(r"(?P<key>[?&]password=)(?P<pw>[^&#]*)")
+# ``host:9418/path@x``: a port (1 to 5 digits), then a path with an @ in it. Read as a
+# password instead it would be one of a port's shape followed by a raw "/": we do not.
+_PORT_AND_PATH = re.compile(r"\d{1,5}/")
 # Pieces of a password split at a delimiter are hidden too, down to this length (shorter
 # ones would blank out letters all over a message).
 _SHORTEST_PIECE = 4
 
 
 def _userinfo_password(url: str) -> tuple[int, int] | None:
-    """The span of the password in ``scheme://user:password@host...``. The userinfo ends
-    at the last ``@`` before the query (a host holds none), else at the last ``@`` at all
-    (a password with a raw ``?``)."""
+    """The span of the password in ``scheme://user:password@host...``: to the last ``@``
+    before the query (a host holds none), or, for a password with a raw ``?`` in it, to
+    the last ``@`` of all -- unless a ``/`` comes before the ``?``, as a path would put it
+    (``host:5432/db?user=ci@server`` holds no password; nor, then, does a password with
+    a raw ``/`` and, after it, a raw ``?``). The wider of the two."""
     scheme = _SCHEME.match(url)
     if scheme is None:
         return None
-    query = url.find("?", scheme.end())
-    at = url.rfind("@", scheme.end(), query if query >= 0 else len(url))
-    if at < 0:
-        at = url.rfind("@", scheme.end())
-    colon = url.find(":", scheme.end(), at) if at >= 0 else -1
-    return None if colon < 0 or colon + 1 == at else (colon + 1, at)
+    start = scheme.end()
+    query = url.find("?", start)
+    ats = [url.rfind("@", start, query if query >= 0 else len(url))]
+    last = url.rfind("@", start)
+    if last > ats[0] and "/" not in url[start : query if query >= 0 else last]:
+        ats.append(last)
+    for at in reversed(ats):  # the widest first
+        colon = url.find(":", start, at) if at >= 0 else -1
+        if colon >= 0 and colon + 1 < at and not _PORT_AND_PATH.match(url, colon + 1, at):
+            return colon + 1, at  # not ``user:@``, nor ``host:9418/path@x`` (a port)
+    return None
 
 
 def secrets_of(url: str) -> list[str]:
@@ -47,9 +57,16 @@ def has_password(url: str) -> bool:
 
 
 def hide_secrets(text: str, url: str) -> str:
-    """``text`` with every password of ``url`` in it replaced by ``***``."""
+    """``text`` with every password of ``url`` in it replaced by ``***``; one shorter than
+    ``_SHORTEST_PIECE`` only where a URL holds it (``:a@``, ``password=a``), or a one-letter
+    password would blank that letter out of every word."""
     for secret in secrets_of(url):
-        text = text.replace(secret, "***")
+        if len(secret) >= _SHORTEST_PIECE:
+            text = text.replace(secret, "***")
+        else:
+            text = text.replace(f":{secret}@", ":***@").replace(
+                f"password={secret}", "password=***"
+            )
     return text
 
 

@@ -37,24 +37,6 @@ def _say(fd: int, text: str) -> None:
     os.close(fd)
 
 
-def _delivered(fd: int) -> bool:
-    """Wait for the caller's word that the token reached its reader (``start.delivered``).
-    Its end closed without it -- the caller killed with the token in its hands -- means
-    nobody has the token: the hold must end, not outlive every way to release it."""
-    said = b""
-    try:
-        while DELIVERED not in said:
-            chunk = os.read(fd, 64)
-            if not chunk:
-                break
-            said += chunk
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-    return DELIVERED in said
-
-
 def _stop(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
@@ -107,8 +89,7 @@ def main() -> int:
     _say(ready, f"ok {token} {held.waited:.3f} {lock_file}")
     os.chdir("/")  # a long-lived daemon must not pin the caller's directory (or its mount)
     try:
-        if _delivered(ack):
-            _keep(held, spec.get("anchor"), ttl, sharing)
+        _keep(held, spec.get("anchor"), ttl, sharing, ack if ack >= 0 else None)
     except LockLost as exc:
         return exc.exit_code
     finally:
@@ -133,9 +114,18 @@ def _sharing(backend: Backend, token: str, env: dict[str, str]) -> Sharing | Non
         return None  # runs inside the hold then hold nothing of their own, as elsewhere
 
 
-def _keep(held: Held, anchor: int | None, ttl: float | None, sharing: Sharing | None) -> None:
+def _keep(
+    held: Held,
+    anchor: int | None,
+    ttl: float | None,
+    sharing: Sharing | None,
+    ack: int | None,
+) -> None:
     """Until the TTL runs out or the anchor process exits (SIGTERM ends it earlier),
-    looking at the lock every tick and answering runs that join the hold."""
+    looking at the lock every tick and answering runs that join the hold. And until the
+    caller says the token reached its reader (``ack``, see ``start.delivered``): its end
+    closed without that word -- the caller killed with the token in its hands -- means
+    nobody has the token, and the hold must not outlive every way to release it."""
     deadline = None if not ttl else time.monotonic() + ttl
     watch = None
     if anchor:
@@ -144,6 +134,7 @@ def _keep(held: Held, anchor: int | None, ttl: float | None, sharing: Sharing | 
         except (AttributeError, OSError):
             watch = None
     tick = held.lock.check_interval() if held.lock is not None else None
+    said = b""
     while True:
         remaining = None if deadline is None else deadline - time.monotonic()
         if remaining is not None and remaining <= 0:
@@ -153,12 +144,20 @@ def _keep(held: Held, anchor: int | None, ttl: float | None, sharing: Sharing | 
             if not _proc.exists(anchor):
                 return
             pause = _min(pause, 1.0) or 1.0
-        waitables: list[Any] = [w for w in (watch, sharing) if w is not None]
+        waitables: list[Any] = [w for w in (watch, sharing, ack) if w is not None]
         ready: list[Any] = []
         if waitables:
             ready = select.select(waitables, [], [], pause)[0]
             if watch is not None and watch in ready:
                 return
+            if ack is not None and ack in ready:
+                chunk = _read(ack)
+                said += chunk
+                if DELIVERED in said or not chunk:
+                    os.close(ack)
+                    ack = None
+                    if DELIVERED not in said:
+                        return
         else:
             time.sleep(3600.0 if pause is None else pause)
         # A release (SIGTERM) waits until what runs inside hold is settled: the holder's
@@ -179,6 +178,13 @@ def _keep(held: Held, anchor: int | None, ttl: float | None, sharing: Sharing | 
                 held.lock.given = sharing.joined_with()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _read(fd: int) -> bytes:
+    try:
+        return os.read(fd, 64)
+    except OSError:
+        return b""
 
 
 def _min(a: float | None, b: float | None) -> float | None:

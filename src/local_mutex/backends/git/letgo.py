@@ -86,7 +86,8 @@ def unlock(
             continue
         if ours is not None and seen in lock.unanswered:  # a renewal of ours landed after all
             current = lock.read()
-            continue
+            if current.oid in lock.unanswered:
+                continue  # (else the branch moved on meanwhile: not ours to unlock)
         if ours is not None:
             raise LockLost(f"remote lock {lock.label} changed hands before release")
         current = lock.read()

@@ -297,7 +297,9 @@ class Git:
         out = proc.stdout.decode("utf-8", "replace")
         err = proc.stderr.decode("utf-8", "replace")
         status = [line for line in out.splitlines() if line[:1] in "*+-=! " and "\t" in line]
-        if proc.returncode == 0 and status and status[0][0] != "!":
+        if status and status[0][0] != "!":
+            # The server reported the ref updated: it landed, whatever went wrong after (a
+            # connection dropped by a post-receive hook exits 1 all the same).
             return True
         err = self._hide(err)
         self.refusal = why(err) or "; ".join(line.split("\t", 2)[-1] for line in status)
