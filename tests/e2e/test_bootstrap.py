@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import clean_env, needs_pyenv, pyenv_python
+from helpers import clean_env, old_pythons, pyenv_python, version_of
 
 BOOTSTRAP = Path(__file__).resolve().parents[2] / "setup" / "bootstrap.py"
 
@@ -102,10 +102,7 @@ def test_unusable_tool_cache_falls_back_to_the_user_cache(tmp_path: Path) -> Non
 # -- old interpreters: the bootstrap parses on any Python 3 and says what it needs --------
 
 
-@pytest.mark.parametrize(
-    "version",
-    [pytest.param(v, marks=needs_pyenv(v)) for v in ("3.6", "3.7", "3.8")],
-)
+@pytest.mark.parametrize("version", old_pythons())
 @pytest.mark.parametrize("mode", ["action", "setup"])
 def test_an_old_python_gets_the_friendly_error(tmp_path: Path, version: str, mode: str) -> None:
     python = pyenv_python(version)
@@ -129,22 +126,14 @@ def test_an_old_python_gets_the_friendly_error(tmp_path: Path, version: str, mod
         [python, str(BOOTSTRAP), mode], env=env, capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 2, r.stderr
-    full = subprocess.run(
-        [python, "-c", "import sys; print(sys.version.split()[0])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    full = version_of(python)
     assert r.stderr == f"::error::local-mutex needs Python >= 3.9, {python} is {full}\n"
     assert r.stdout == ""
     assert not cache.exists() and not (tmp_path / "xdg").exists()  # nothing installed
     assert all(f.read_text() == "" for f in files.values())
 
 
-@pytest.mark.parametrize(
-    "version",
-    [pytest.param(v, marks=needs_pyenv(v)) for v in ("3.6", "3.7", "3.8")],
-)
+@pytest.mark.parametrize("version", old_pythons())
 def test_an_old_python_compiles_the_bootstrap(tmp_path: Path, version: str) -> None:
     """The whole file compiles (not just the lines that run before the version check)."""
     python = pyenv_python(version)

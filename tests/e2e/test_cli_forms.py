@@ -19,9 +19,10 @@ from helpers import (
     clean_env,
     hold_until,
     lock_file,
-    needs_pyenv,
+    old_pythons,
     pyenv_python,
     run_cli,
+    version_of,
     wait_for,
 )
 from helpers.gitserver import git_daemon
@@ -320,10 +321,7 @@ def test_the_shim_runs_outside_a_locked_command_too(lock_dir: Path) -> None:
     assert r.returncode == 0 and r.stdout.startswith(b"Usage: local-mutex [OPTIONS] NAME")
 
 
-@pytest.mark.parametrize(
-    "version",
-    [pytest.param(v, marks=needs_pyenv(v)) for v in ("3.6", "3.7", "3.8")],
-)
+@pytest.mark.parametrize("version", old_pythons())
 def test_the_shim_on_an_old_python_says_what_it_needs(lock_dir: Path, version: str) -> None:
     python = pyenv_python(version)
     assert python is not None
@@ -334,12 +332,7 @@ def test_the_shim_on_an_old_python_says_what_it_needs(lock_dir: Path, version: s
         text=True,
         timeout=60,
     )
-    full = subprocess.run(
-        [python, "-c", "import sys; print(sys.version.split()[0])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    full = version_of(python)
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr == (
         f"local-mutex: needs Python >= 3.9, {python} is {full}; "

@@ -21,6 +21,7 @@ from helpers import (
     Procs,
     clean_env,
     delete_until_put_back,
+    full_pipe,
     hold_file,
     hold_until,
     lock_file,
@@ -1257,14 +1258,7 @@ def test_a_hold_whose_token_never_got_out_ends_with_its_caller(lock_dir: Path) -
     the token (a full pipe, a frozen container), was then killed: a hold nobody could
     ever release with its token (it lasted for good, without --ttl). The holder now keeps
     it only once the caller says the token reached its reader."""
-    read_end, write_end = os.pipe()
-    os.set_blocking(write_end, False)
-    try:
-        while True:
-            os.write(write_end, b"x" * 65536)
-    except BlockingIOError:
-        pass
-    os.set_blocking(write_end, True)
+    read_end, write_end = full_pipe()
     path = lock_file(lock_dir, "undelivered")
     try:
         caller = subprocess.Popen(
@@ -1289,14 +1283,7 @@ def test_a_hold_whose_token_never_got_out_ends_with_its_caller(lock_dir: Path) -
 def test_a_hold_waiting_for_its_token_to_get_out_still_keeps_its_ttl(lock_dir: Path) -> None:
     """The TTL counts from taking the lock: a caller stuck printing the token (a full
     pipe, a frozen terminal) must not stretch it -- the hold ends on time all the same."""
-    read_end, write_end = os.pipe()
-    os.set_blocking(write_end, False)
-    try:
-        while True:
-            os.write(write_end, b"x" * 65536)
-    except BlockingIOError:
-        pass
-    os.set_blocking(write_end, True)
+    read_end, write_end = full_pipe()
     path = lock_file(lock_dir, "ttl-undelivered")
     caller = subprocess.Popen(
         [*CLI, "hold", "--ttl", "1", "--lock-dir", str(lock_dir), "ttl-undelivered"],

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from helpers import Procs, hold_until, run_cli, wait_for
-from helpers.gitserver import git_daemon, install_hook, lock_state
+from helpers.gitserver import drop_connection_once, git_daemon, lock_state
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -224,12 +224,7 @@ def test_a_lock_push_that_landed_but_lost_its_answer_is_let_go_again(
     (69), yet the branch was locked -- by a run that ran nothing and that nobody would
     release for a whole lease (a hold: for ever). It is undone as a stopped take's is."""
     armed = tmp_path / "armed"
-    install_hook(
-        remote.repo,
-        "reference-transaction",
-        'cat > /dev/null\n[ "$1" = committed ] || exit 0\n'
-        f"if rm '{armed}' 2>/dev/null; then kill -9 $PPID; fi\nexit 0\n",
-    )
+    drop_connection_once(remote.repo, armed)
     for verb in (["x", f"touch '{tmp_path}/ran'"], ["hold", "x"]):
         armed.touch()
         r = run_cli(["--remote", remote.url, *verb], timeout=60)
@@ -263,12 +258,7 @@ def test_a_renewal_that_landed_but_lost_its_answer_is_still_ours(
     compare-and-swap then found our own renewal on the branch and took it for a takeover:
     a healthy command stopped (69), and the lock left held by the dead run for a lease."""
     armed = tmp_path / "armed"
-    install_hook(
-        remote.repo,
-        "reference-transaction",
-        'cat > /dev/null\n[ "$1" = committed ] || exit 0\n'
-        f"if rm '{armed}' 2>/dev/null; then kill -9 $PPID; fi\nexit 0\n",
-    )
+    drop_connection_once(remote.repo, armed)
     # --kill-after 1 allows a 9 s lease, renewed every 3 s; the first renewal loses its answer.
     cmd = f"touch '{armed}'; sleep 7; echo done"
     r = run_cli(["--remote", remote.url, "--lease", "9", "--kill-after", "1", "x", cmd], timeout=60)
@@ -304,11 +294,7 @@ def test_a_lock_push_the_server_reported_before_the_connection_dropped_is_taken(
     exits 1): that push landed. It was taken for a refusal -- nothing ran (69), no token,
     and the branch stayed locked for good (a hold) or for a lease (a run)."""
     armed = tmp_path / "armed"
-    install_hook(
-        remote.repo,
-        "post-receive",
-        f"cat > /dev/null\nif rm '{armed}' 2>/dev/null; then kill -9 $PPID; fi\nexit 0\n",
-    )
+    drop_connection_once(remote.repo, armed, "post-receive")
     armed.touch()
     r = run_cli(["--remote", remote.url, "x", "echo ran"], timeout=60)
     assert (r.returncode, r.stdout) == (0, b"ran\n"), r.stderr

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -118,6 +119,34 @@ def needs_pyenv(version: str) -> pytest.MarkDecorator:
         pyenv_python(version) is None,
         reason=f"no pyenv Python {version} here (~/.pyenv/versions/{version}.*)",
     )
+
+
+def old_pythons() -> list[Any]:
+    """Parameters for each interpreter older than ours, skipped where pyenv has none."""
+    import pytest
+
+    return [pytest.param(v, marks=needs_pyenv(v)) for v in ("3.6", "3.7", "3.8")]
+
+
+def version_of(python: str) -> str:
+    """What ``python`` says its version is (``3.6.15``)."""
+    code = "import sys; print(sys.version.split()[0])"
+    return subprocess.run(
+        [python, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def full_pipe() -> tuple[int, int]:
+    """(read end, write end) of a pipe whose buffer is full: a write to it blocks."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        while True:
+            os.write(write_end, b"x" * 65536)
+    except BlockingIOError:
+        pass
+    os.set_blocking(write_end, True)
+    return read_end, write_end
 
 
 def wait_for(predicate_or_path: object, timeout: float = 20.0, what: str = "") -> None:

@@ -87,6 +87,18 @@ def install_hook(repo: Path, name: str, body: str) -> None:
     hook.chmod(0o755)
 
 
+def drop_connection_once(repo: Path, armed: Path, hook: str = "reference-transaction") -> None:
+    """While ``armed`` exists, the next push's server process is killed once the branch
+    is updated (``reference-transaction``: before it answers; ``post-receive``: after it
+    reported the update), as a lost connection would; ``armed`` is gone once it fired."""
+    when = '[ "$1" = committed ] || exit 0\n' if hook == "reference-transaction" else ""
+    install_hook(
+        repo,
+        hook,
+        f"cat > /dev/null\n{when}if rm '{armed}' 2>/dev/null; then kill -9 $PPID; fi\nexit 0\n",
+    )
+
+
 def gate_pushes(repo: Path, marks: Path) -> None:
     """A pre-receive hook that numbers the pushes the server receives (1, 2, ...) and holds
     push N on the server while ``marks/hold.N`` exists: it touches ``marks/inflight.N`` and
