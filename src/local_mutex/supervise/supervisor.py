@@ -353,8 +353,10 @@ def _run(
     else:
         code = os.waitstatus_to_exitcode(status)
         code = 128 - code if code < 0 else code
-    ended = (sup.timed_out, sup.kill_sent, gave_up, sup.keeper_gone, sup.lease_ran_out)
-    flags = " ".join(str(int(f)) for f in (*ended, sup.session_closed))  # keeper._parse_done
+    # In the order keeper._parse_done reads them.
+    ended = (sup.timed_out, sup.kill_sent, gave_up)
+    why = (sup.keeper_gone, sup.lease_ran_out, sup.session_closed)
+    flags = " ".join(str(int(flag)) for flag in (*ended, *why))
     signals = ",".join(str(s) for s in sup.signals) or "-"
     if sup.spec.farewell is not None and not gave_up:
         _say_farewell(*sup.spec.farewell)

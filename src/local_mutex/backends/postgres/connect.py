@@ -96,8 +96,9 @@ def connect_params(url: str, env: Mapping[str, str], drop: DropBound) -> dict[st
 
 
 def _forwarded_to(url: str, env: Mapping[str, str]) -> bool:
-    """Is there a password an enclosing run forwarded for this very lock domain? Only its
-    own server, database and user get it, never a server a nested call names."""
+    """Is there a password an enclosing run forwarded for this very lock domain? Only a
+    URL naming its own server, database and user gets it, never another server a nested
+    call names (the URL is compared: PG* variables the command sets are not)."""
     from ...nesting import ENV_REMOTE
 
     outer = env.get(ENV_REMOTE, "")
