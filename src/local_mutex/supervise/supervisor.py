@@ -355,8 +355,8 @@ def _run(
         code = 128 - code if code < 0 else code
     # In the order keeper._parse_done reads them.
     ended = (sup.timed_out, sup.kill_sent, gave_up)
-    why = (sup.keeper_gone, sup.lease_ran_out, sup.session_closed)
-    flags = " ".join(str(int(flag)) for flag in (*ended, *why))
+    causes = (sup.keeper_gone, sup.lease_ran_out, sup.session_closed)
+    flags = " ".join(str(int(flag)) for flag in (*ended, *causes))
     signals = ",".join(str(s) for s in sup.signals) or "-"
     if sup.spec.farewell is not None and not gave_up:
         _say_farewell(*sup.spec.farewell)
