@@ -4,8 +4,10 @@ and an exit status -- never a spin, a traceback or git's boilerplate."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -306,3 +308,26 @@ def test_a_lock_push_the_server_reported_before_the_connection_dropped_is_taken(
     r = run_cli(["release", "--remote", remote.url, "x", "--token", token], timeout=60)
     assert r.returncode == 0, r.stderr
     assert lock_state(remote.url, "x") == "free"
+
+
+def test_one_branch_with_an_untrustworthy_body_does_not_hide_the_others(
+    remote: Remote, tmp_path: Path
+) -> None:
+    """``list`` skipped only branches that are no locks at all: one lock branch whose
+    body cannot be trusted (written by anyone who can push) made it exit 2, listing
+    nothing. ``status`` of that very name still says what is wrong with it."""
+    git = ["git", "-c", "user.name=a", "-c", "user.email=a@b", "--git-dir", str(tmp_path / "w")]
+
+    def out(*args: str) -> str:
+        return subprocess.run([*git, *args], capture_output=True, text=True, check=True).stdout
+
+    out("init", "-q", "--bare")
+    empty_tree = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+    junk = out("commit-tree", empty_tree, "-m", 'lock by x: junk\n\n{"expires_at": "soon"}')
+    out("push", "-q", remote.url, f"{junk.strip()}:refs/heads/lock__junk")
+    assert run_cli(["hold", "--remote", remote.url, "good"]).returncode == 0
+    r = run_cli(["list", "--remote", remote.url, "--json"])
+    assert r.returncode == 0, r.stderr
+    assert [lock["name"] for lock in json.loads(r.stdout)] == ["good"]
+    r = run_cli(["status", "--remote", remote.url, "junk"])
+    assert r.returncode == 2 and b"has a lease end that is not a time" in r.stderr, r.stderr

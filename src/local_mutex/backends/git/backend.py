@@ -10,7 +10,7 @@ from ..secrets import has_password, mask
 from .letgo import unlock
 from .lock import GitLock
 from .plumbing import GIT_TIMEOUT, Git
-from .protocol import DEFAULT_PREFIX, NotALock, RemoteState, describe, parse_message
+from .protocol import DEFAULT_PREFIX, BadBody, NotALock, RemoteState, describe, parse_message
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -84,8 +84,10 @@ class GitBackend:
             try:
                 fetched = self.git.fetch(ref)
                 state = parse_message(oid, self.git.message(fetched or oid), ref)
-            except NotALock:
-                continue  # not ours to describe
+            except (NotALock, BadBody):
+                # Not ours to describe; or a body nobody can trust (``status NAME`` says
+                # what is wrong with it): one such branch must not hide all the others.
+                continue
             st = _status(state, f"{self.address} {ref}", name)
             if include_free or st.held:
                 out.append(st)
