@@ -88,7 +88,7 @@ def test_a_git_timeout_leaves_no_git_helper_behind(silent: Silent, call: str) ->
 
 @pytest.mark.parametrize(
     ("verb", "ceiling"),
-    [("run", ["--no-wait"]), ("run", ["--wait", "1"]), ("hold", ["--wait", "1"])],
+    [("run", ["--no-wait"]), ("hold", ["--wait", "1"])],
 )
 def test_a_wait_ceiling_holds_against_a_remote_that_never_answers(
     silent: Silent, verb: str, ceiling: list[str]

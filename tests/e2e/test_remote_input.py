@@ -261,8 +261,9 @@ def test_a_renewal_that_landed_but_lost_its_answer_is_still_ours(
     a healthy command stopped (69), and the lock left held by the dead run for a lease."""
     armed = tmp_path / "armed"
     drop_connection_once(remote.repo, armed)
-    # --kill-after 1 allows a 9 s lease, renewed every 3 s; the first renewal loses its answer.
-    cmd = f"touch '{armed}'; sleep 7; echo done"
+    # --kill-after 1 allows a 9 s lease, renewed every 3 s; the first renewal loses its
+    # answer, the next look (a second later) finds it on the branch.
+    cmd = f"touch '{armed}'; sleep 5; echo done"
     r = run_cli(["--remote", remote.url, "--lease", "9", "--kill-after", "1", "x", cmd], timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout == b"done\n" and not armed.exists(), r.stderr  # the hook did fire

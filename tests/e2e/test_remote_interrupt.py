@@ -192,10 +192,10 @@ def test_a_lock_push_acknowledged_too_late_for_its_lease_runs_nothing(
     gated: Gated, tmp_path: Path
 ) -> None:
     """A server that takes longer to acknowledge the lock push than the lease leaves (here
-    6 s of 9: the command would be stopped as it starts, and the lease runs out while it
+    4.5 s of 6: the command would be stopped as it starts, and the lease runs out while it
     is being stopped) must not start the command at all: it let go again, exit 69."""
     gated.hold(1)
-    args = ["--remote", gated.url, "--lease", "9", "--kill-after", "1"]
+    args = ["--remote", gated.url, "--lease", "6", "--kill-after", "0"]
     cli = subprocess.Popen(
         [*CLI, *args, "x", f"touch '{tmp_path}/ran'"],
         env=clean_env(),
@@ -203,10 +203,10 @@ def test_a_lock_push_acknowledged_too_late_for_its_lease_runs_nothing(
         stderr=subprocess.PIPE,
     )
     gated.inflight(1)
-    time.sleep(6.5)  # the slow server: past the point the command would have to stop
+    time.sleep(4.5)  # the slow server: past the point the command would have to stop
     gated.go(1)
     _, err = cli.communicate(timeout=40)
     assert cli.returncode == 69, err
-    assert b"too late to run anything under a 9s lease" in err, err
+    assert b"too late to run anything under a 6s lease" in err, err
     assert not (tmp_path / "ran").exists()
     assert gated.state("x") == "free"
