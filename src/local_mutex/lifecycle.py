@@ -19,6 +19,7 @@ from .errors import LocalMutexError, LockLost, NestingError, RecordNotWritten, U
 from .identity import ENV_TOKEN, holder_record, job_identity
 from .names import display, name_bytes
 from .runspec import Command, Options, RunResult
+from .supervise.hooks import session_of
 from .supervise.keeper import SignalsHeld, Spec, supervise
 
 TYPE_CHECKING = False
@@ -207,6 +208,9 @@ def _run_inside(
             outcome = supervise(
                 spec,
                 keep_fds=lock.keep_fds(),  # the hold's, if shared with us: the command's too
+                # A remote hold's run holds a key of its own that the hold's end waits for
+                # (``backends.postgres.inside``): watched as a lock is, lost if it ends.
+                lock=lock if session_of(lock) is not None else None,
                 reporter=reporter,
                 subreaper=subreaper,
                 held=held,

@@ -350,8 +350,9 @@ def test_progress_lines_while_queued_and_reentry_through_our_hold(
 def test_a_reentrant_run_inside_a_hold_of_its_job_runs_inside_it(
     pg: PgServer, env: dict[str, str], tmp_path: Path
 ) -> None:
-    """``run --reentrant`` with the hold's token runs within the hold (it has no session of
-    its own to hand its command), and the hold stays held until it is released."""
+    """``run --reentrant`` with the hold's token runs within the hold (holding only the
+    hold's inside key: ``test_postgres_inside``), and the hold stays held until it is
+    released."""
     r = run_cli(["hold", "--remote", pg.url, "pg-inside"], env=env, timeout=30)
     assert r.returncode == 0, r.stderr
     job = {**env, "LOCAL_MUTEX_HOLD_TOKEN": r.stdout.decode().strip()}

@@ -189,22 +189,26 @@ def test_release_run_status_and_list_give_up_on_a_server_that_hangs_midway(
     about: ``release`` (with its token, and with --force) its pg_terminate_backend, a
     ``--reentrant`` run its look for a hold of this job, ``status`` and ``list`` their
     pg_locks read. Each gives up within the read bound: 69 (unavailable), or 3 for status
-    and list (cannot tell), saying what it could not do. Proxies time the freeze."""
-    key = name_key(b"hung-end")
-    hold = subprocess.run(
-        [*CLI, "hold", "--remote", pg.url, "hung-end"],
-        env=_env(pg),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert hold.returncode == 0, hold.stderr
-    token = hold.stdout.strip()
+    and list (cannot tell), saying what it could not do. Proxies time the freeze. (The two
+    releases end two holds: of one hold, the second release would wait for the first.)"""
+    names = ("hung-end", "hung-end-2")
+    tokens = []
+    for name in names:
+        hold = subprocess.run(
+            [*CLI, "hold", "--remote", pg.url, name],
+            env=_env(pg),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert hold.returncode == 0, hold.stderr
+        tokens.append(hold.stdout.strip())
+    token = tokens[0]
     ending = GatedProxy(pg, b"pg_terminate_backend")
     reading = GatedProxy(pg, b"FROM pg_locks")
     clients = {
         "release --token": (["release", "hung-end", "--remote", ending.url, "--token", token], 69),
-        "release --force": (["release", "hung-end", "--remote", ending.url, "--force"], 69),
+        "release --force": (["release", "hung-end-2", "--remote", ending.url, "--force"], 69),
         "run --reentrant": (["--remote", reading.url, "--reentrant", "hung-end", "true"], 69),
         "status": (["status", "hung-end", "--remote", reading.url], 3),
         "list": (["list", "--remote", reading.url], 3),
@@ -237,15 +241,16 @@ def test_release_run_status_and_list_give_up_on_a_server_that_hangs_midway(
             if proc.poll() is None:
                 proc.kill()
             proc.wait(20)
-        # Resumed, the server runs the terminations it was sent; end the hold if not.
-        if _locks(pg, key):
-            subprocess.run(
-                [*CLI, "release", "hung-end", "--remote", pg.url, "--force"],
-                env=_env(pg),
-                capture_output=True,
-                timeout=30,
-            )
-        wait_for(lambda: _locks(pg, key) == [], 20, "the hold ended")
+        # Resumed, the server runs the terminations it was sent; end the holds if not.
+        for name in names:
+            if _locks(pg, name_key(name.encode())):
+                subprocess.run(
+                    [*CLI, "release", name, "--remote", pg.url, "--force"],
+                    env=_env(pg),
+                    capture_output=True,
+                    timeout=30,
+                )
+            wait_for(lambda n=name: _locks(pg, name_key(n.encode())) == [], 20, "the hold ended")
 
 
 def test_no_wait_is_a_ceiling_on_connecting_to_a_hung_server(pg: PgServer, tmp_path: Path) -> None:

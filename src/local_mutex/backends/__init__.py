@@ -14,7 +14,7 @@ from ..nesting import ENV_REMOTE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from ..ui.lines import Reporter
     from .base import Backend
@@ -48,7 +48,7 @@ class Take:
 class Ending:
     """What ``release`` asks of ``Backend.release_hold``."""
 
-    __slots__ = ("delete_branch", "env", "force", "slots", "token")
+    __slots__ = ("delete_branch", "env", "force", "slots", "token", "waiting")
 
     def __init__(
         self,
@@ -58,9 +58,12 @@ class Ending:
         force: bool = False,
         slots: bool = False,
         delete_branch: bool = False,
+        waiting: Callable[[], None] | None = None,
     ) -> None:
         self.env, self.token, self.force = env, token, force
         self.slots, self.delete_branch = slots, delete_branch
+        # Called once if the hold's end must wait for runs still inside it.
+        self.waiting = waiting
 
 
 def remote_address(explicit: str | None, env: Mapping[str, str]) -> str | None:

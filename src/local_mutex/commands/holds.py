@@ -172,6 +172,9 @@ def release(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
         force=parsed.flag("force"),
         slots=parsed.flag("slotted"),
         delete_branch=parsed.flag("delete_branch"),
+        waiting=lambda: reporter.info(
+            f"waiting for the runs inside the hold on {name} to end before ending it"
+        ),
     )
 
     def work(backend: Backend) -> tuple[Any, bool]:

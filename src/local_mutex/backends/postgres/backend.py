@@ -19,7 +19,8 @@ from ..secrets import mask
 from . import observe
 from .address import DropBound, is_postgres, load_driver, password_warning
 from .connect import driver_message
-from .keys import MAX_SLOTS, describe_key, gate_key, name_key, slot_key
+from .inside import settle
+from .keys import MAX_SLOTS, describe_key, gate_key, inside_key, name_key, slot_key
 from .lock import PostgresLock
 from .session import Session
 
@@ -107,10 +108,14 @@ class PostgresBackend:
             else:
                 nameless.setdefault(row.key, []).append(row)
         out = [_status(name, by_name[name]) for name in sorted(by_name)]
+        # The runs inside a hold hold a key that is no lock of its own (``inside``).
+        insides = {inside_key(name) for name in by_name}
         for key, group in nameless.items():
             # A session whose record we may not read (another role) or a plain client.
             named = observe.name_of(group)
-            if named is not None and named in by_name:
+            if key in insides or (
+                named is not None and (named in by_name or key == inside_key(named))
+            ):
                 continue
             out.append(observe.status_of(None, key, group))
         return out
@@ -147,6 +152,8 @@ class PostgresBackend:
                     )
                 )
                 continue
+            if not slots:  # the runs inside the hold end first
+                settle(self._session(), name, "", ending.waiting)
             self._terminate(label, row)
             since = row.since
             held = None if since is None else max(time.time() - since, 0.0)

@@ -13,6 +13,10 @@ Counting semaphores (``--slots N``) use one key per slot and a gate, derived the
 from the name's bytes followed by a NUL and a suffix: ``NAME\\0slot0`` .. ``NAME\\0slot<N-1>``
 and ``NAME\\0gate``. A valid name holds no control character, so these never collide with a
 plain name's key.
+
+A hold's ``NAME\\0inside`` key is held shared by each ``run --reentrant`` inside it, and
+taken exclusively by whatever ends the hold (``release``, its TTL) before it does: the hold
+outlasts the runs inside it, as a local hold does.
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ def slot_key(name: bytes, index: int) -> int:
 
 def gate_key(name: bytes) -> int:
     return key_of(name + b"\0gate")
+
+
+def inside_key(name: bytes) -> int:
+    return key_of(name + b"\0inside")
 
 
 def describe_key(key: int) -> str:

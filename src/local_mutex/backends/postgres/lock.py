@@ -29,6 +29,7 @@ from .address import (
     without_password,
 )
 from .connect import driver_message
+from .inside import enter, settle
 from .keys import describe_key, name_key
 from .nesting import enclosing_entry, held_entry
 from .session import Session
@@ -70,6 +71,8 @@ class PostgresLock:
         self._next_beat = 0.0
         self._beat_sent: float | None = None
         self._warned = False
+        self._hold = False
+        self.inside_of: int | None = None  # the hold's server pid, for a run inside it
         self._wait_since, self._command = 0.0, ""
         self._budget = 512
         # Set by the lifecycle before acquire: what stopping the command may take. The
@@ -91,35 +94,14 @@ class PostgresLock:
         slots: int | None = None,
         wait: float | None = None,
     ) -> int | None:
-        """The pid of a ``hold`` of this very job (or token) that has this lock, if any.
-        Asked within the run's wait ceiling (plus the grace), else the read bound."""
-        from ...identity import owned
-
+        """The pid of a ``hold`` of this very job (or token) that has this lock, if any: the
+        run is then inside it (``inside.enter``). Asked within the run's wait ceiling (plus
+        the grace), else the read bound: a server that stopped answering must not hang it."""
         if slots is not None:
             return None  # a hold of the plain lock is not one of the slots
-
-        # Bounded as status is: a server that stopped answering must not hang the run.
-        bound = (
-            observe.READ_SECONDS
-            if wait is None
-            else min(max(wait, 0.0) + _GRACE, observe.READ_SECONDS)
-        )
-        limit = time.monotonic() + bound
-        try:
-            session = self._connect(limit)
-            try:
-                rows = observe.fetch_rows(session, [self.key], timeout=left(limit))
-            finally:
-                session.close()
-        except Unavailable as exc:
-            raise Unavailable(
-                f"cannot tell whether a hold of this job has lock {self.label}: {exc}"
-            ) from None
-        for row in rows:
-            pid = row.info.get("pid")
-            if row.granted and owned(row.info, env, token) and isinstance(pid, int):
-                return pid
-        return None
+        read = observe.READ_SECONDS
+        bound = read if wait is None else min(max(wait, 0.0) + _GRACE, read)
+        return enter(self, env, token, time.monotonic() + bound)
 
     def child_env(self, env: Mapping[str, str], held: bool) -> dict[str, str]:
         out = dict(env)
@@ -139,6 +121,9 @@ class PostgresLock:
 
     def _statement(self, call: str, key: int, slot: int | None, shared: bool) -> str:
         """A lock call carrying the waiter's record (``status`` lists waiters from it)."""
+        return f"{self._record(slot, shared)} SELECT {call}({key})"
+
+    def _record(self, slot: int | None, shared: bool) -> str:
         rec = {
             "name": self.name,
             "pid": os.getpid(),
@@ -149,7 +134,7 @@ class PostgresLock:
             "wait_since": self._wait_since,
             "command": self._command,
         }
-        return f"{record.comment(rec, self._budget)} SELECT {call}({key})"
+        return record.comment(rec, self._budget)
 
     def acquire(self, take: Take) -> float:
         """Wait in the server's queue; with a ceiling (``--wait``), give up by then even if
@@ -261,7 +246,8 @@ class PostgresLock:
         }
         self._comment = record.comment(full, max(session.query_budget - 200, 256))
         try:
-            if rec.get("hold"):  # readable by every role, unlike the query text
+            self._hold = bool(rec.get("hold"))
+            if self._hold:  # readable by every role, unlike the query text
                 app = record.application_name(os.getpid(), self._host, hold=True)
                 session.fetch("SELECT set_config('application_name', %s, false)", (app,))
             self._beat(session)
@@ -325,13 +311,17 @@ class PostgresLock:
         return None
 
     def _beat_sql(self) -> str:
-        """Re-send the record and ask whether this session still holds the key."""
-        return (
-            f"{self._comment} SELECT pg_backend_pid(), EXISTS (SELECT 1 FROM pg_locks"
-            " WHERE locktype = 'advisory' AND objsubid = 1 AND granted"
-            " AND pid = pg_backend_pid()"
-            f" AND (classid::bigint << 32) | objid::bigint = {self.held_key})"
+        """Re-send the record and ask whether this session still holds the key -- and, for
+        a run inside a hold, whether the hold's session still has the lock."""
+        held = (
+            "EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1"
+            " AND granted AND pid = {} AND (classid::bigint << 32) | objid::bigint = {})"
         )
+        sql = f"{self._comment} SELECT pg_backend_pid(), "
+        sql += held.format("pg_backend_pid()", self.held_key)
+        if self.inside_of is not None:
+            sql += ", " + held.format(self.inside_of, self.key)
+        return sql
 
     def _beat(self, session: Session) -> None:
         """One heartbeat, waiting for its answer (at most the deadline)."""
@@ -359,6 +349,11 @@ class PostgresLock:
                 else ""
             )
             raise LockLost(f"lost lock {self.label}: this session no longer holds it{why}")
+        if len(row) > 2 and not row[2]:
+            raise LockLost(
+                f"lost lock {self.label}: the hold it ran inside ended (its holder died, or "
+                "the server ended its session)"
+            )
         self._next_beat = time.monotonic() + self.drop.heartbeat
 
     # -- letting go ---------------------------------------------------------------------------
@@ -374,6 +369,8 @@ class PostgresLock:
             session.close()
             return
         try:  # bounded: closing a stuck session makes the server end it once it runs again
+            if self._hold and key == self.key:  # the runs inside the hold end first
+                settle(session, self.name, self._comment)
             session.fetch(f"SELECT {unlock}({key})", timeout=self.drop.heartbeat_deadline)
         except Exception as exc:
             raise Unavailable(

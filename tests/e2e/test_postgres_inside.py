@@ -1,0 +1,245 @@
+"""Runs inside a PostgreSQL hold (``run --reentrant`` with the hold's token) against a real
+server: whatever ends the hold -- ``release``, its TTL -- waits until they have ended, so
+nobody else holds the lock while their commands run. Real CLI processes; the tests wait on
+marker files, output lines and ``pg_locks``, never on fixed sleeps."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers import wait_for
+from helpers.pgserver import PgServer, ServerUnavailable
+from local_mutex.backends.postgres.keys import inside_key, name_key
+
+pytest.importorskip("psycopg", reason="the postgres extra (psycopg) is not installed")
+
+pytestmark = pytest.mark.timeout(90)
+
+CLI = [sys.executable, "-m", "local_mutex"]
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[PgServer]:
+    try:
+        server = PgServer().start()
+    except ServerUnavailable as exc:
+        print(f"skipping: no PostgreSQL server: {exc}")
+        pytest.skip(f"no PostgreSQL server: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class Job:
+    """A hold taken through the CLI, and the environment of its job (its token)."""
+
+    def __init__(self, pg: PgServer, tmp: Path, name: str, *hold_args: str) -> None:
+        self.pg, self.tmp, self.name = pg, tmp, name
+        self.env = {k: v for k, v in pg.env().items() if not k.startswith(("LOCAL_", "GITHUB_"))}
+        held = self.cli("hold", *hold_args, name)
+        assert held.returncode == 0, held.stderr
+        self.job = {**self.env, "LOCAL_MUTEX_HOLD_TOKEN": held.stdout.strip()}
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def cli(self, *args: str, job: bool = False) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*CLI, args[0], "--remote", self.pg.url, *args[1:]],
+            env=self.job if job else self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def spawn(self, tag: str, *args: str, job: bool = True) -> subprocess.Popen[bytes]:
+        with open(self.tmp / f"{tag}.err", "wb") as err:
+            proc = subprocess.Popen(
+                [*CLI, args[0], "--remote", self.pg.url, *args[1:]],
+                env=self.job if job else self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+        self.procs.append(proc)
+        return proc
+
+    def err(self, tag: str) -> str:
+        return (self.tmp / f"{tag}.err").read_text()
+
+    def inside(self, tag: str) -> subprocess.Popen[bytes]:
+        """A run inside the hold that logs its start and end, and ends once ``<tag>.go``
+        exists."""
+        go, log = self.tmp / f"{tag}.go", self.tmp / "log"
+        cmd = (
+            f"echo '{tag} start' >> {log}; touch {self.tmp}/{tag}.started; "
+            f"while [ ! -e {go} ]; do sleep 0.02; done; echo '{tag} end' >> {log}"
+        )
+        proc = self.spawn(tag, "run", "--reentrant", self.name, cmd)
+        wait_for(self.tmp / f"{tag}.started", what=f"{tag} to start inside the hold")
+        return proc
+
+    def log(self) -> list[str]:
+        path = self.tmp / "log"
+        return path.read_text().splitlines() if path.exists() else []
+
+    def advisory(self, key: int) -> list[tuple[int, bool]]:
+        """(server pid, granted) of every session interested in ``key``."""
+        rows = self.pg.psql(
+            "SELECT pid, granted FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
+            f"AND (classid::bigint << 32) | objid::bigint = {key}"
+        )
+        return [(int(p), g == "True") for p, g in (r.split("|") for r in rows.splitlines() if r)]
+
+    def held(self) -> bool:
+        return any(granted for _, granted in self.advisory(name_key(self.name.encode())))
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        self.cli("release", "--force", self.name)
+
+
+@pytest.fixture
+def job(pg: PgServer, tmp_path: Path) -> Iterator[Callable[..., Job]]:
+    made: list[Job] = []
+
+    def make(name: str, *hold_args: str) -> Job:
+        made.append(Job(pg, tmp_path, name, *hold_args))
+        return made[-1]
+
+    yield make
+    for j in made:
+        j.close()
+
+
+def test_release_waits_until_the_run_inside_has_ended(job: Callable[..., Job]) -> None:
+    """Nobody else holds the lock while a command inside the hold runs: the release says it
+    waits, a contender is still refused, and a queued one runs only after the command."""
+    j = job("inside-release")
+    first = j.inside("a")
+    release = j.spawn("release", "release", j.name)
+    wait_for(lambda: "waiting for the runs inside" in j.err("release"), what="release to wait")
+    assert release.poll() is None and j.held()
+    busy = j.cli("run", "--no-wait", j.name, "true")
+    assert busy.returncode == 75, busy.stderr
+    queued = j.spawn("queued", "run", j.name, f"echo queued >> {j.tmp}/log", job=False)
+    wait_for(lambda: "waiting for lock" in j.err("queued"), what="the contender to queue")
+    (j.tmp / "a.go").touch()
+    assert first.wait(timeout=30) == 0, j.err("a")
+    assert release.wait(timeout=30) == 0, j.err("release")
+    assert queued.wait(timeout=30) == 0, j.err("queued")
+    assert j.log() == ["a start", "a end", "queued"]
+    assert "running inside it" in j.err("a")
+    assert f"released {j.name}" in j.err("release")
+
+
+def test_a_hold_past_its_ttl_outlasts_the_run_inside(job: Callable[..., Job]) -> None:
+    """The TTL ends the hold only once the run inside it has ended."""
+    j = job("inside-ttl", "--ttl", "1")
+    first = j.inside("a")
+    inside = inside_key(j.name.encode())
+
+    def holder_waits() -> bool:  # the holder's TTL has come: it queues for the inside key
+        return any(not granted for _, granted in j.advisory(inside))
+
+    wait_for(holder_waits, what="the holder to reach its TTL")
+    assert j.held()
+    assert j.cli("run", "--no-wait", j.name, "true").returncode == 75
+    (j.tmp / "a.go").touch()
+    assert first.wait(timeout=30) == 0, j.err("a")
+    wait_for(lambda: not j.held(), what="the hold to end after the run inside")
+
+
+def test_a_run_joining_a_hold_that_is_being_ended_queues_behind_it(job: Callable[..., Job]) -> None:
+    """A run of the job that comes while the release waits does not run inside a hold
+    that is ending: it takes the lock as anyone would, after the hold."""
+    j = job("inside-late")
+    first = j.inside("a")
+    release = j.spawn("release", "release", j.name)
+    wait_for(lambda: "waiting for the runs inside" in j.err("release"), what="release to wait")
+    late = j.spawn("late", "run", "--reentrant", j.name, f"echo late >> {j.tmp}/log")
+    wait_for(lambda: "waiting for lock" in j.err("late"), what="the late run to queue")
+    (j.tmp / "a.go").touch()
+    assert first.wait(timeout=30) == 0, j.err("a")
+    assert release.wait(timeout=30) == 0, j.err("release")
+    assert late.wait(timeout=30) == 0, j.err("late")
+    assert j.log() == ["a start", "a end", "late"]
+    assert "running inside it" not in j.err("late")
+
+
+def test_a_run_inside_whose_session_ends_is_stopped(job: Callable[..., Job]) -> None:
+    """The run's own session is watched as a lock's is: ended by the server, the command is
+    stopped (69), and the hold's end no longer waits for it."""
+    j = job("inside-lost")
+    first = j.inside("a")
+    sessions = [pid for pid, granted in j.advisory(inside_key(j.name.encode())) if granted]
+    assert len(sessions) == 1
+    j.pg.psql(f"SELECT pg_terminate_backend({sessions[0]})")
+    assert first.wait(timeout=30) == 69, j.err("a")
+    assert "lost lock" in j.err("a") and "a end" not in j.log()
+    done = j.cli("release", j.name, job=True)
+    assert done.returncode == 0 and "waiting for the runs inside" not in done.stderr
+
+
+def test_a_stopped_release_leaves_the_hold_and_the_runs_inside(job: Callable[..., Job]) -> None:
+    """Ctrl-C on a release that waits: nothing ended, nothing left queued in the server."""
+    j = job("inside-stop")
+    first = j.inside("a")
+    release = j.spawn("release", "release", j.name)
+    wait_for(lambda: "waiting for the runs inside" in j.err("release"), what="release to wait")
+    release.send_signal(signal.SIGINT)
+    assert release.wait(timeout=30) == 130, j.err("release")
+    wait_for(
+        lambda: len(j.advisory(inside_key(j.name.encode()))) == 1,
+        what="the release's queued request to go",
+    )
+    assert j.held() and first.poll() is None
+    (j.tmp / "a.go").touch()
+    assert first.wait(timeout=30) == 0, j.err("a")
+    assert j.held()  # the hold is still there: nobody ended it
+    assert j.cli("release", j.name, job=True).returncode == 0
+
+
+def test_a_background_leftover_of_a_run_inside_does_not_keep_the_hold(
+    job: Callable[..., Job],
+) -> None:
+    """A command that leaves a background process (which inherited its session) ends the
+    run; the run lets go of the inside key as a lock is let go of, so the release does not
+    wait for the leftover."""
+    j = job("inside-leftover")
+    leftover = j.tmp / "leftover.pid"
+    ran = j.spawn("a", "run", "--reentrant", j.name, f"sleep 120 & echo $! > {leftover}")
+    assert ran.wait(timeout=30) == 0, j.err("a")
+    pid = int(leftover.read_text())
+    try:
+        done = j.cli("release", j.name, job=True)
+        assert done.returncode == 0, done.stderr
+        assert "waiting for the runs inside" not in done.stderr
+        assert not j.held()
+    finally:
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_a_run_inside_a_hold_whose_holder_dies_is_stopped(job: Callable[..., Job]) -> None:
+    """The holder killed outright frees the lock (the server ends its session): the run
+    inside notices at its next heartbeat and stops its command (69), as a lost lock's."""
+    j = job("inside-orphan")
+    first = j.inside("a")
+    holders = [pid for pid, granted in j.advisory(name_key(j.name.encode())) if granted]
+    assert len(holders) == 1
+    status = j.cli("status", j.name, "--json")
+    holder_pid = json.loads(status.stdout)["holders"][0]["pid"]
+    os.kill(holder_pid, signal.SIGKILL)
+    assert first.wait(timeout=30) == 69, j.err("a")
+    assert "the hold it ran inside ended" in j.err("a") and "a end" not in j.log()
