@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from local_mutex.backends import check_address, is_git_address
-from local_mutex.backends.git.plumbing import refused_for_good, why
+from local_mutex.backends.git.plumbing import ended, refused_for_good, why
 from local_mutex.backends.git.protocol import (
     MAX_BODY,
     BadBody,
@@ -551,3 +551,15 @@ def test_refused_for_good(stderr: str, for_good: str | None) -> None:
         assert found is None
     else:
         assert found is not None and for_good in found and found.startswith("cannot lock ref")
+
+
+def test_a_git_process_killed_by_a_signal_says_which() -> None:
+    """A real process killed by SIGPIPE (a push whose server hung up) ends -13: said as
+    the signal it is, not as "exit -13"."""
+    import subprocess
+
+    killed = subprocess.run(["sh", "-c", "kill -PIPE $$"], check=False)
+    assert killed.returncode == -13
+    assert ended(killed.returncode) == "killed by SIGPIPE"
+    assert ended(1) == "exit 1"
+    assert ended(-200) == "killed by signal 200"

@@ -61,6 +61,18 @@ _BOILERPLATE = (
 )
 
 
+def ended(returncode: int) -> str:
+    """How a git process ended, as people read it ("exit -13" is a signal, not a status)."""
+    if returncode >= 0:
+        return f"exit {returncode}"
+    import signal
+
+    try:
+        return f"killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"killed by signal {-returncode}"
+
+
 def why(stderr: str, limit: int = 3) -> str:
     """git's stderr as one line: the lines that say the cause, not the advice that follows
     them after a blank line ("Please make sure you have the correct access rights ...").
@@ -213,7 +225,7 @@ class Git:
         return proc
 
     def _why(self, proc: subprocess.CompletedProcess[bytes]) -> str:
-        return self._hide(why(proc.stderr.decode("utf-8", "replace"))) or f"exit {proc.returncode}"
+        return self._hide(why(proc.stderr.decode("utf-8", "replace"))) or ended(proc.returncode)
 
     def _hide(self, text: str) -> str:
         return hide_secrets(text.replace(self.url, self.shown), self.url)
@@ -313,7 +325,7 @@ class Git:
         if any(f"cannot lock ref '{ref}'" in line for line in err.splitlines()):
             return False
         detail = "; ".join(line.split("\t", 2)[-1] for line in status) or self.refusal
-        detail = detail or f"exit {proc.returncode}"
+        detail = detail or ended(proc.returncode)
         if status and self.refusal and self.refusal not in detail:
             detail = f"{detail}: {self.refusal}"
         # The server's own answer (status lines) is a refusal; without one (a connection
