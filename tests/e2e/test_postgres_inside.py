@@ -243,3 +243,38 @@ def test_a_run_inside_a_hold_whose_holder_dies_is_stopped(job: Callable[..., Job
     os.kill(holder_pid, signal.SIGKILL)
     assert first.wait(timeout=30) == 69, j.err("a")
     assert "the hold it ran inside ended" in j.err("a") and "a end" not in j.log()
+
+
+def test_a_release_that_waited_while_the_ttl_ended_the_hold_ends_nothing_else(
+    job: Callable[..., Job],
+) -> None:
+    """The TTL comes while a run is inside, then a release: both wait for the run. The
+    holder goes first and ends the hold; the release, once through, must not end whoever
+    has the lock by then (the next holder, here queued before it)."""
+    j = job("inside-ttl-release", "--ttl", "1")
+    first = j.inside("a")
+    inside = inside_key(j.name.encode())
+    wait_for(
+        lambda: any(not granted for _, granted in j.advisory(inside)),
+        what="the holder to reach its TTL",
+    )
+    nxt = j.tmp / "next"
+    queued = j.spawn(
+        "queued",
+        "run",
+        j.name,
+        f"touch {nxt}.started; while [ ! -e {nxt}.go ]; do sleep 0.02; done; "
+        f"echo next >> {j.tmp}/log",
+        job=False,
+    )
+    wait_for(lambda: "waiting for lock" in j.err("queued"), what="the next holder to queue")
+    release = j.spawn("release", "release", j.name)
+    wait_for(lambda: "waiting for the runs inside" in j.err("release"), what="release to wait")
+    (j.tmp / "a.go").touch()
+    assert first.wait(timeout=30) == 0, j.err("a")
+    wait_for(Path(f"{nxt}.started"), what="the next holder to start")
+    assert release.wait(timeout=30) == 0, j.err("release")
+    assert queued.poll() is None and j.held()  # the next holder runs on, untouched
+    Path(f"{nxt}.go").touch()
+    assert queued.wait(timeout=30) == 0, j.err("queued")
+    assert j.log() == ["a start", "a end", "next"]

@@ -152,9 +152,11 @@ class PostgresBackend:
                     )
                 )
                 continue
-            if not slots:  # the runs inside the hold end first
-                settle(self._session(), name, "", ending.waiting)
-            self._terminate(label, row)
+            # The runs inside the hold end first. Once they have, the hold may have ended
+            # by itself (its TTL): its server pid could be another session's by then.
+            waited = not slots and settle(self._session(), name, "", ending.waiting)
+            if not waited or _still_there(row, self._rows([row.key])):
+                self._terminate(label, row)
             since = row.since
             held = None if since is None else max(time.time() - since, 0.0)
             pid = info.get("pid")
@@ -208,6 +210,14 @@ class PostgresBackend:
         session, self._observer = self._observer, None
         if session is not None:
             session.close()
+
+
+def _still_there(row: observe.Row, rows: Sequence[observe.Row]) -> bool:
+    """Is the hold that ``row`` saw still holding its key (the same session, the same
+    holder)?"""
+    return any(
+        r.pid == row.pid and r.granted and r.info.get("pid") == row.info.get("pid") for r in rows
+    )
 
 
 def _belongs(name: bytes, row: observe.Row) -> bool:

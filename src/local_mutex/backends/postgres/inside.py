@@ -73,14 +73,15 @@ def _join(lock: PostgresLock, session: Session, hold: int, limit: float) -> bool
 
 def settle(
     session: Session, name: bytes, comment: str, waiting: Callable[[], None] | None = None
-) -> None:
+) -> bool:
     """Take the inside key exclusively: at once if no run is inside the hold, else once the
-    last has ended (``waiting()`` is told first). Kept until ``session`` ends. A stop signal
-    cancels the wait in the server and raises ``Interrupted``."""
+    last has ended (``waiting()`` is told first): True if it had to wait. Kept until
+    ``session`` ends. A stop signal cancels the wait in the server and raises
+    ``Interrupted``."""
     key = inside_key(name)
     try_sql = f"{comment} SELECT pg_try_advisory_lock({key})"
     if session.fetch(try_sql, timeout=observe.READ_SECONDS)[0]:
-        return
+        return False
     if waiting is not None:
         waiting()
     with Interruptible() as stop:
@@ -91,3 +92,4 @@ def settle(
             if stop.interrupted_during_query:
                 session.cancel()
             raise
+    return True
