@@ -564,6 +564,11 @@ def _put_back_and_kill_both(
 
 
 def _kill_both(keeper: subprocess.Popen[bytes], supervisor: int) -> None:
+    """Both at once, as ``kill -9`` of both would on an idle machine: frozen first, for
+    killed one after the other, the second may see the first die and stop the command (as
+    it must) before its own SIGKILL lands -- and then nothing is left to exclude anyone."""
+    os.kill(keeper.pid, signal.SIGSTOP)
+    os.kill(supervisor, signal.SIGSTOP)
     os.kill(keeper.pid, signal.SIGKILL)
     os.kill(supervisor, signal.SIGKILL)
     keeper.wait(10)
@@ -644,8 +649,9 @@ supervisor = int(children[0])
 ino = os.stat(path).st_ino
 os.unlink(path)
 until(lambda: os.path.exists(path) and os.stat(path).st_ino != ino and opened(supervisor))
-os.kill(keeper.pid, signal.SIGKILL)
-os.kill(supervisor, signal.SIGKILL)
+for sig in (signal.SIGSTOP, signal.SIGKILL):  # frozen first: see _kill_both
+    os.kill(keeper.pid, sig)
+    os.kill(supervisor, sig)
 until(lambda: not os.path.exists(f"/proc/{supervisor}") and keeper.poll() is not None)
 probe = [subprocess.run([*cli, "--no-wait", "box", f"touch {marks}/newcomer.ran", lock_dir])]
 time.sleep(1.5)  # the command runs on: still held a while later (not a wait for anything)
