@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from ..errors import LockLost
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ..backends.base import Lock
@@ -40,3 +42,17 @@ def tell_deadline(lock: Lock, life: int) -> None:
             os.write(life, f"deadline {deadline + SUPERVISOR_LATE!r}\n".encode())
         except OSError:
             pass
+
+
+def why_lost(lock: Lock | None) -> LockLost | None:
+    """The lock's own account of its loss (which lock, and how), asked once the supervisor
+    saw the server end the session first and has stopped the command already."""
+    if lock is None:
+        return None
+    try:
+        lock.check()
+    except LockLost as exc:
+        return exc
+    except Exception:  # it cannot say: the supervisor's account stands
+        pass
+    return None

@@ -24,7 +24,7 @@ from .. import _proc
 from .._fastsignal import signal
 from ..errors import LockLost, SpawnError
 from . import reaper, supervisor
-from .hooks import guardian_of, session_of, tell_deadline
+from .hooks import guardian_of, session_of, tell_deadline, why_lost
 from .relay import Relay, SignalsHeld
 from .spec import Spec
 from .supervisor import FORWARDED, HANGUP, STOP_NOW
@@ -281,7 +281,7 @@ def _wait(
                     detail = text.split(" ", 2)[2]
                     raise SpawnError(f"cannot start the command: {detail}")
                 elif text.startswith("done "):
-                    _parse_done(outcome, text)
+                    _parse_done(outcome, text, lock)
                     return outcome, text, False
         if interval is not None and lock is not None and time.monotonic() >= next_check:
             interval = _check(lock, reporter, child, outcome, interval)
@@ -340,7 +340,7 @@ def _hand_down(child: int, life: int, fds: Sequence[int], reporter: Reporter | N
         )
 
 
-def _parse_done(outcome: Outcome, text: str) -> None:
+def _parse_done(outcome: Outcome, text: str, lock: Lock | None = None) -> None:
     fields = text.split()
     _, status, timed_out, kill_sent, gave_up, keeper_gone, ran_out, closed = fields[:8]
     signals, started = fields[8:]
@@ -354,7 +354,7 @@ def _parse_done(outcome: Outcome, text: str) -> None:
             "before anyone could take the lock over"
         )
     if closed == "1" and outcome.lost is None:
-        outcome.lost = LockLost(
+        outcome.lost = why_lost(lock) or LockLost(
             "lost the lock: the server ended its session (the keeper could not run), so the "
             "supervisor stopped the command itself"
         )
