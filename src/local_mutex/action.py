@@ -221,7 +221,15 @@ def _release(inputs: ActionInputs, step: _Step, backend: Backend) -> int:
 
     done = backend.release_hold(
         name_bytes(inputs.name),
-        Ending(step.env, token=inputs.token, force=inputs.force, slots=inputs.slots is not None),
+        Ending(
+            step.env,
+            token=inputs.token,
+            force=inputs.force,
+            slots=inputs.slots is not None,
+            waiting=lambda: step.reporter.info(
+                f"waiting for the runs inside the hold on {inputs.name} to end before ending it"
+            ),
+        ),
     )
     step.outputs["released"] = "true" if done.was_held else "false"
     if done.was_held:

@@ -80,9 +80,16 @@ class Interrupted(LocalMutexError):
     """A stop signal arrived while waiting for the lock (or, ``before_start``, once it was
     taken but before the command started: it was let go again); the command never ran."""
 
-    def __init__(self, signum: int, *, before_start: bool = False) -> None:
-        when = "before the command started" if before_start else "waiting for the lock"
-        super().__init__(f"stopped {when}: received signal {signum}; the command did not run")
+    def __init__(
+        self, signum: int, *, before_start: bool = False, waiting_for: str | None = None
+    ) -> None:
+        """``waiting_for``: what else was waited for (and so nothing was done)."""
+        if waiting_for is not None:
+            text = f"stopped waiting for {waiting_for}: received signal {signum}; nothing was done"
+        else:
+            when = "before the command started" if before_start else "waiting for the lock"
+            text = f"stopped {when}: received signal {signum}; the command did not run"
+        super().__init__(text)
         self.signum = signum
         self.exit_code = 128 + signum
 

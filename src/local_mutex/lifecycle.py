@@ -67,7 +67,13 @@ def _here_key(backend: Backend, lock: Lock, slots: int | None) -> tuple[str, str
     return (backend.kind, where, slots is not None, _thread.get_ident())
 
 
-def _enclosing(backend: Backend, lock: Lock, opts: Options, env: Mapping[str, str]) -> int | None:
+def _enclosing(
+    backend: Backend,
+    lock: Lock,
+    opts: Options,
+    env: Mapping[str, str],
+    reporter: Reporter | None = None,
+) -> int | None:
     """The pid of an enclosing holder of this very lock (we run inside it), or None. With
     ``--slots`` the lock is the name's slots: a slot an ancestor holds covers us."""
     here = _held_here.get(_here_key(backend, lock, opts.slots)) if _held_here else None
@@ -75,7 +81,7 @@ def _enclosing(backend: Backend, lock: Lock, opts: Options, env: Mapping[str, st
     if found is None and opts.reentrant:
         ours = getattr(lock, "held_by_our_hold", None)
         token = opts.token or env.get(ENV_TOKEN)
-        pid = ours(env, token, opts.slots, opts.wait) if ours is not None else None
+        pid = ours(env, token, opts.slots, opts.wait, reporter) if ours is not None else None
         if pid is not None and getattr(lock, "join_failed", False):
             raise NestingError(
                 f"hold {pid} of lock {lock.label} did not share its lock (another user's or "
@@ -108,10 +114,13 @@ def run_locked(
     lock = backend.lock(name_bytes(name))
     result = RunResult(lock.lock_file)
     try:
-        pid = _enclosing(backend, lock, opts, env)
+        pid = _enclosing(backend, lock, opts, env, reporter)
         if pid is not None:
             here = _held_here.get(_here_key(backend, lock, opts.slots)) if _held_here else None
-            inside = command_env(lock if here is None else here[1], env, here is not None)
+            # A remote hold's run holds a key of its own (``backends.postgres.inside``):
+            # nested calls of its command run inside, as under the holder's own lock.
+            joined = session_of(lock) is not None
+            inside = command_env(lock if here is None else here[1], env, here is not None or joined)
             return _run_inside(lock, pid, command, opts, inside, reporter, result, subreaper)
         if opts.reentrant and reporter is not None and not _may_join_a_hold(opts, env):
             reporter.warning(
@@ -203,6 +212,9 @@ def _run_inside(
     # too: a keeper killed alone must not leave the holder thinking it may still run.
     farewell = getattr(lock, "farewell", None)
     spec.farewell = farewell() if farewell is not None else None
+    guard = lock if session_of(lock) is not None else None
+    if guard is not None:
+        guard.stop_grace = opts.kill_after + STOP_MARGIN
     try:
         with SignalsHeld() as held:
             outcome = supervise(
@@ -210,7 +222,7 @@ def _run_inside(
                 keep_fds=lock.keep_fds(),  # the hold's, if shared with us: the command's too
                 # A remote hold's run holds a key of its own that the hold's end waits for
                 # (``backends.postgres.inside``): watched as a lock is, lost if it ends.
-                lock=lock if session_of(lock) is not None else None,
+                lock=guard,
                 reporter=reporter,
                 subreaper=subreaper,
                 held=held,

@@ -163,19 +163,103 @@ def test_a_hold_past_its_ttl_outlasts_the_run_inside(job: Callable[..., Job]) ->
 
 def test_a_run_joining_a_hold_that_is_being_ended_queues_behind_it(job: Callable[..., Job]) -> None:
     """A run of the job that comes while the release waits does not run inside a hold
-    that is ending: it takes the lock as anyone would, after the hold."""
+    that is ending: it says so, waits its turn, and takes the lock as anyone would."""
     j = job("inside-late")
     first = j.inside("a")
     release = j.spawn("release", "release", j.name)
     wait_for(lambda: "waiting for the runs inside" in j.err("release"), what="release to wait")
     late = j.spawn("late", "run", "--reentrant", j.name, f"echo late >> {j.tmp}/log")
-    wait_for(lambda: "waiting for lock" in j.err("late"), what="the late run to queue")
+    wait_for(lambda: "is being ended" in j.err("late"), what="the late run to wait its turn")
     (j.tmp / "a.go").touch()
     assert first.wait(timeout=30) == 0, j.err("a")
     assert release.wait(timeout=30) == 0, j.err("release")
     assert late.wait(timeout=30) == 0, j.err("late")
     assert j.log() == ["a start", "a end", "late"]
     assert "running inside it" not in j.err("late")
+
+
+def test_a_run_that_waited_for_a_release_that_was_stopped_runs_inside(
+    job: Callable[..., Job],
+) -> None:
+    """The release a late run waited for is stopped with Ctrl-C: the hold stays, and the
+    run goes inside it then, not behind it (where it would wait for its own hold)."""
+    j = job("inside-cancelled")
+    first = j.inside("a")
+    release = j.spawn("release", "release", j.name)
+    wait_for(lambda: "waiting for the runs inside" in j.err("release"), what="release to wait")
+    late = j.spawn("late", "run", "--reentrant", j.name, f"echo late >> {j.tmp}/log")
+    wait_for(lambda: "is being ended" in j.err("late"), what="the late run to wait its turn")
+    release.send_signal(signal.SIGINT)
+    assert release.wait(timeout=30) == 130, j.err("release")
+    assert "the hold stays" in j.err("release")
+    assert late.wait(timeout=30) == 0, j.err("late")
+    assert "running inside it" in j.err("late")
+    assert first.poll() is None and j.log() == ["a start", "late"]
+    (j.tmp / "a.go").touch()
+    assert first.wait(timeout=30) == 0, j.err("a")
+
+
+def test_nested_calls_inside_a_run_inside_a_hold_that_is_ending_run_inside(
+    job: Callable[..., Job],
+) -> None:
+    """The hold's TTL came while a run was inside; the run's command then calls
+    local-mutex for the same lock, with --reentrant and without. Both run inside the
+    run (its descendants), never waiting for the hold's end that waits for them."""
+    j = job("inside-nested", "--ttl", "1")
+    go, log = j.tmp / "a.go", j.tmp / "log"
+    cmd = (
+        f"touch {j.tmp}/a.started; while [ ! -e {go} ]; do sleep 0.02; done; "
+        f'"$LOCAL_MUTEX_CLI" --reentrant {j.name} "echo B >> {log}" && '
+        f'"$LOCAL_MUTEX_CLI" {j.name} "echo C >> {log}"'
+    )
+    first = j.spawn("a", "run", "--reentrant", j.name, cmd)
+    wait_for(j.tmp / "a.started", what="a to start inside the hold")
+    inside = inside_key(j.name.encode())
+    wait_for(
+        lambda: any(not granted for _, granted in j.advisory(inside)),
+        what="the holder to reach its TTL",
+    )
+    go.touch()
+    assert first.wait(timeout=30) == 0, j.err("a")
+    assert j.log() == ["B", "C"]
+    wait_for(lambda: not j.held(), what="the hold to end after the run inside")
+
+
+def test_a_release_from_inside_a_run_inside_the_hold_is_refused(job: Callable[..., Job]) -> None:
+    """It would wait for the run it is part of: refused (2), the hold as it was."""
+    j = job("inside-self")
+    ran = j.spawn("a", "run", "--reentrant", j.name, f'"$LOCAL_MUTEX_CLI" release {j.name}')
+    assert ran.wait(timeout=30) == 2, j.err("a")
+    assert "would wait for that run" in j.err("a")
+    assert j.held()
+
+
+def test_a_holder_told_to_stop_while_it_waits_for_the_runs_inside_waits_on(
+    job: Callable[..., Job],
+) -> None:
+    """SIGTERM to the holder once its TTL came: it ends the hold only after the run inside
+    (it did so at once, and another run started beside the command)."""
+    j = job("inside-term", "--ttl", "1")
+    first = j.inside("a")
+    inside = inside_key(j.name.encode())
+    wait_for(
+        lambda: any(not granted for _, granted in j.advisory(inside)),
+        what="the holder to reach its TTL",
+    )
+    holder = json.loads(j.cli("status", j.name, "--json").stdout)["holders"][0]["pid"]
+    os.kill(holder, signal.SIGTERM)
+
+    def pending() -> bool:  # the holder has the signal, blocked: it waits on
+        status = Path(f"/proc/{holder}/status").read_text()
+        shdpnd = next(line for line in status.splitlines() if line.startswith("ShdPnd:"))
+        return bool(int(shdpnd.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+
+    wait_for(pending, what="the SIGTERM to reach the holder")
+    assert j.held()
+    assert j.cli("run", "--no-wait", j.name, "true").returncode == 75
+    (j.tmp / "a.go").touch()
+    assert first.wait(timeout=30) == 0, j.err("a")
+    wait_for(lambda: not j.held(), what="the hold to end after the run inside")
 
 
 def test_a_run_inside_whose_session_ends_is_stopped(job: Callable[..., Job]) -> None:
@@ -200,6 +284,7 @@ def test_a_stopped_release_leaves_the_hold_and_the_runs_inside(job: Callable[...
     wait_for(lambda: "waiting for the runs inside" in j.err("release"), what="release to wait")
     release.send_signal(signal.SIGINT)
     assert release.wait(timeout=30) == 130, j.err("release")
+    assert "stopped waiting for the runs inside the hold" in j.err("release")
     wait_for(
         lambda: len(j.advisory(inside_key(j.name.encode()))) == 1,
         what="the release's queued request to go",
@@ -233,16 +318,23 @@ def test_a_background_leftover_of_a_run_inside_does_not_keep_the_hold(
 
 def test_a_run_inside_a_hold_whose_holder_dies_is_stopped(job: Callable[..., Job]) -> None:
     """The holder killed outright frees the lock (the server ends its session): the run
-    inside notices at its next heartbeat and stops its command (69), as a lost lock's."""
+    inside notices at its next heartbeat and stops its command (69), as a lost lock's --
+    and whoever takes the lock next starts only once that command is gone."""
     j = job("inside-orphan")
-    first = j.inside("a")
-    holders = [pid for pid, granted in j.advisory(name_key(j.name.encode())) if granted]
-    assert len(holders) == 1
-    status = j.cli("status", j.name, "--json")
-    holder_pid = json.loads(status.stdout)["holders"][0]["pid"]
-    os.kill(holder_pid, signal.SIGKILL)
+    log = j.tmp / "log"
+    cmd = (
+        f"trap 'echo \"a stopped\" >> {log}; exit 1' TERM; echo 'a start' >> {log}; "
+        f"touch {j.tmp}/a.started; while :; do sleep 0.02; done"
+    )
+    first = j.spawn("a", "run", "--reentrant", j.name, cmd)
+    wait_for(j.tmp / "a.started", what="a to start inside the hold")
+    holder = json.loads(j.cli("status", j.name, "--json").stdout)["holders"][0]["pid"]
+    os.kill(holder, signal.SIGKILL)
+    after = j.cli("run", "--wait", "30", j.name, f"echo next >> {log}")
+    assert after.returncode == 0, after.stderr
     assert first.wait(timeout=30) == 69, j.err("a")
-    assert "the hold it ran inside ended" in j.err("a") and "a end" not in j.log()
+    assert "the hold it ran inside ended" in j.err("a")
+    assert j.log() == ["a start", "a stopped", "next"]
 
 
 def test_a_release_that_waited_while_the_ttl_ended_the_hold_ends_nothing_else(

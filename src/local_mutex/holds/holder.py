@@ -1,10 +1,11 @@
 """The detached holder behind ``local-mutex hold``: take the lock, say so, keep it.
 
-It keeps the lock until SIGTERM (``release``), its TTL, or the end of the job it belongs
-to (the runner process it watches exits), checking the lock all along (a lock file put
-back if deleted, a session watched). A lock it has lost ends it too: a lease or session
-gone, or a deleted lock file whose path another caller took before it was put back. Any
-death, SIGKILL included, frees the lock: nothing else runs under it.
+It keeps the lock until SIGTERM (a local ``release``; a PostgreSQL one ends its session
+instead), its TTL, or the end of the job it belongs to (the runner process it watches
+exits), checking the lock all along (a lock file put back if deleted, a session watched).
+Whatever ends it, the runs inside the hold end first. A lock it has lost ends it too: a
+lease or session gone, or a deleted lock file whose path another caller took before it was
+put back. Any death, SIGKILL included, frees the lock: nothing else runs under it.
 """
 
 from __future__ import annotations

@@ -115,6 +115,7 @@ class FlockLock:
         token: str | None,
         slots: int | None = None,
         wait: float | None = None,
+        reporter: Reporter | None = None,
     ) -> int | None:
         """The pid of a ``hold`` of this very job (or token) that has this lock busy (with
         ``slots``: one of those slots); the hold's descriptions of the lock are then ours

@@ -12,16 +12,24 @@ from __future__ import annotations
 
 import time
 
-from ...errors import BadAddress, Refused, Unavailable, Unsupported
+from ...errors import (
+    BadAddress,
+    Interrupted,
+    NestingError,
+    Refused,
+    Unavailable,
+    Unsupported,
+)
 from ...identity import ENV_TOKEN, owned
 from ..base import LockStatus, Released
 from ..secrets import mask
 from . import observe
-from .address import DropBound, is_postgres, load_driver, password_warning
+from .address import DropBound, domain, is_postgres, load_driver, password_warning
 from .connect import driver_message
 from .inside import settle
 from .keys import MAX_SLOTS, describe_key, gate_key, inside_key, name_key, slot_key
 from .lock import PostgresLock
+from .nesting import enclosing_entry
 from .session import Session
 
 TYPE_CHECKING = False
@@ -152,9 +160,18 @@ class PostgresBackend:
                     )
                 )
                 continue
+            if not slots and enclosing_entry(env, domain(self.url), row.key) is not None:
+                raise NestingError(
+                    f"release of {label} from inside a run inside its hold would wait for "
+                    "that run, and so for itself: release it once the run is over"
+                )
             # The runs inside the hold end first. Once they have, the hold may have ended
             # by itself (its TTL): its server pid could be another session's by then.
-            waited = not slots and settle(self._session(), name, "", ending.waiting)
+            try:
+                waited = not slots and settle(self._session(), name, "", ending.waiting)
+            except Interrupted as exc:
+                what = f"the runs inside the hold on {label} to end (the hold stays)"
+                raise Interrupted(exc.signum, waiting_for=what) from None
             if not waited or _still_there(row, self._rows([row.key])):
                 self._terminate(label, row)
             since = row.since

@@ -5,18 +5,21 @@ the run, as a local hold outlasts the runs sharing its lock file, the run holds 
 inside key (``keys.inside_key``) shared, in a session of its own that its command inherits
 and its keeper heartbeats; whatever ends the hold -- ``release`` (maybe on another machine),
 or the holder at its TTL or its job's end -- first takes that key exclusively, and so waits
-until every run inside has ended.
+until every run inside has ended. Whoever takes the lock next waits until that key is free
+too: a holder killed outright frees the lock at once, while the runs inside it still run
+(until their next heartbeat stops them).
 
-A run that finds the inside key taken exclusively has found a hold that is being ended: it
-takes the lock as anyone would, behind the hold. One that gets the key looks again that the
-hold still has the lock: it may have ended between the run's first look and its key.
+A run that finds the inside key taken, or asked for, exclusively waits its turn (within its
+``--wait``), then looks again whether the hold still has the lock: ended, it takes the lock
+as anyone would; still there (a release stopped with Ctrl-C), it runs inside it.
 """
 
 from __future__ import annotations
 
+import signal
 import time
 
-from ...errors import Unavailable
+from ...errors import NotAcquired, Unavailable
 from . import observe, record
 from .keys import inside_key
 from .waiting import Interruptible, left
@@ -25,16 +28,26 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from ...ui.lines import Reporter
     from .lock import PostgresLock
     from .session import Session
 
+# What a stop signal must not cut short: a holder's wait for the runs inside its hold.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
 
 def enter(
-    lock: PostgresLock, env: Mapping[str, str], token: str | None, limit: float
+    lock: PostgresLock,
+    env: Mapping[str, str],
+    token: str | None,
+    limit: float,
+    wait: float | None,
+    reporter: Reporter | None = None,
 ) -> int | None:
     """The pid of a hold of this job (or ``token``) that has ``lock``'s key, with ``lock``
     now inside it (holding the inside key in a session of its own); None if there is no
-    such hold, or it is being ended. Every statement is answered by ``limit``."""
+    such hold, or it ended while we waited for our turn. Each look is answered by
+    ``limit``; the turn is waited for within ``wait`` (None: as long as it takes)."""
     from ...identity import owned
 
     try:
@@ -43,7 +56,8 @@ def enter(
             for row in observe.fetch_rows(session, [lock.key], timeout=left(limit)):
                 pid = row.info.get("pid")
                 if row.granted and owned(row.info, env, token) and isinstance(pid, int):
-                    return pid if _join(lock, session, row.pid, limit) else None
+                    joined = _join(lock, session, row.pid, limit, wait, reporter)
+                    return pid if joined else None
         finally:
             if lock.session is not session:
                 session.close()
@@ -54,15 +68,49 @@ def enter(
     return None
 
 
-def _join(lock: PostgresLock, session: Session, hold: int, limit: float) -> bool:
+def _join(
+    lock: PostgresLock,
+    session: Session,
+    hold: int,
+    limit: float,
+    wait: float | None,
+    reporter: Reporter | None,
+) -> bool:
     """Take the inside key shared, with the run's record (heartbeats repeat it); True if
-    the hold -- server pid ``hold`` -- still has the lock."""
+    the hold -- server pid ``hold`` -- still has the lock once we have it."""
     key = inside_key(lock.name)
+    start = time.monotonic()
     lock._wait_since, lock._command = time.time(), record.waiter_command(lock.url)
     lock._comment = lock._record(None, True)
-    try_sql = f"{lock._comment} SELECT pg_try_advisory_lock_shared({key})"
-    if not session.fetch(try_sql, timeout=left(limit))[0]:
-        return False  # whoever ends the hold has the key: it is ending
+    if not session.fetch(
+        f"{lock._comment} SELECT pg_try_advisory_lock_shared({key})", timeout=left(limit)
+    )[0]:
+        # The hold is being ended (or a release waits to end it): our turn comes once it
+        # has ended, or once that release was stopped.
+        if wait is not None and wait <= 0:
+            return False
+        if reporter is not None:
+            reporter.waiting(lock.label, None, detail="its hold of this job is being ended")
+        turn = None if wait is None else start + wait + 1.0
+        if wait is not None:  # the server's ceiling, as for the lock itself
+            ms = str(max(int((wait - (time.monotonic() - start)) * 1000), 1))
+            session.fetch(
+                "SELECT set_config('lock_timeout', %s, false)", (ms,), timeout=left(limit)
+            )
+        psycopg = __import__("psycopg")
+        with Interruptible() as stop:
+            try:
+                with stop.query():
+                    session.fetch(
+                        f"{lock._comment} SELECT pg_advisory_lock_shared({key})",
+                        timeout=left(turn),
+                    )
+            except psycopg.errors.LockNotAvailable:
+                return False
+            except BaseException:
+                if stop.interrupted_during_query:
+                    session.cancel()
+                raise
     rows = observe.fetch_rows(session, [lock.key], timeout=left(limit))
     if not any(row.pid == hold and row.granted for row in rows):
         return False  # it ended before we had the key
@@ -72,24 +120,70 @@ def _join(lock: PostgresLock, session: Session, hold: int, limit: float) -> bool
 
 
 def settle(
-    session: Session, name: bytes, comment: str, waiting: Callable[[], None] | None = None
+    session: Session,
+    name: bytes,
+    comment: str,
+    waiting: Callable[[], None] | None = None,
+    *,
+    stoppable: bool = True,
 ) -> bool:
     """Take the inside key exclusively: at once if no run is inside the hold, else once the
     last has ended (``waiting()`` is told first): True if it had to wait. Kept until
-    ``session`` ends. A stop signal cancels the wait in the server and raises
-    ``Interrupted``."""
+    ``session`` ends. ``stoppable``: a stop signal cancels the wait in the server and raises
+    ``Interrupted``; else (the holder ending its own hold) it waits until the wait is over."""
     key = inside_key(name)
     try_sql = f"{comment} SELECT pg_try_advisory_lock({key})"
     if session.fetch(try_sql, timeout=observe.READ_SECONDS)[0]:
         return False
     if waiting is not None:
         waiting()
+    wait_sql = f"{comment} SELECT pg_advisory_lock({key})"
+    if not stoppable:
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        try:
+            session.fetch(wait_sql)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        return True
     with Interruptible() as stop:
         try:
             with stop.query():
-                session.fetch(f"{comment} SELECT pg_advisory_lock({key})")
+                session.fetch(wait_sql)
         except BaseException:
             if stop.interrupted_during_query:
                 session.cancel()
             raise
     return True
+
+
+def clear(
+    lock: PostgresLock, session: Session, shared: bool, wait: float | None, start: float
+) -> None:
+    """For whoever just took the lock: wait until no run of an earlier hold is inside (its
+    holder was killed outright; they stop at their next heartbeat), within ``wait`` from
+    ``start`` (None: as long as it takes), else ``NotAcquired``."""
+    key = inside_key(lock.name)
+    comment = lock._record(None, shared)
+    free = (
+        f"{comment} SELECT CASE WHEN pg_try_advisory_lock({key})"
+        f" THEN pg_advisory_unlock({key}) ELSE false END"
+    )
+    if session.fetch(free, timeout=observe.READ_SECONDS)[0]:
+        return
+    remaining = None if wait is None else wait - (time.monotonic() - start)
+    psycopg = __import__("psycopg")
+    try:
+        if remaining is not None:
+            if remaining <= 0:
+                raise psycopg.errors.LockNotAvailable()
+            ms = str(max(int(remaining * 1000), 1))
+            session.fetch("SELECT set_config('lock_timeout', %s, false)", (ms,))
+        session.fetch(f"{comment} SELECT pg_advisory_lock({key}), pg_advisory_unlock({key})")
+    except psycopg.errors.LockNotAvailable:
+        waited = time.monotonic() - start
+        raise NotAcquired(
+            f"lock {lock.label} not acquired after waiting {waited:.1f}s on {session.address}:"
+            " runs inside a hold whose holder was killed are still running",
+            None,
+            waited,
+        ) from None

@@ -29,7 +29,7 @@ from .address import (
     without_password,
 )
 from .connect import driver_message
-from .inside import enter, settle
+from .inside import clear, enter, settle
 from .keys import describe_key, name_key
 from .nesting import enclosing_entry, held_entry
 from .session import Session
@@ -93,15 +93,15 @@ class PostgresLock:
         token: str | None,
         slots: int | None = None,
         wait: float | None = None,
+        reporter: Reporter | None = None,
     ) -> int | None:
-        """The pid of a ``hold`` of this very job (or token) that has this lock, if any: the
-        run is then inside it (``inside.enter``). Asked within the run's wait ceiling (plus
-        the grace), else the read bound: a server that stopped answering must not hang it."""
+        """The pid of a ``hold`` of this very job (or token) that has this lock, the run now
+        inside it (``inside.enter``); looked at within the wait (plus grace) or read bound."""
         if slots is not None:
             return None  # a hold of the plain lock is not one of the slots
         read = observe.READ_SECONDS
         bound = read if wait is None else min(max(wait, 0.0) + _GRACE, read)
-        return enter(self, env, token, time.monotonic() + bound)
+        return enter(self, env, token, time.monotonic() + bound, wait, reporter)
 
     def child_env(self, env: Mapping[str, str], held: bool) -> dict[str, str]:
         out = dict(env)
@@ -109,8 +109,10 @@ class PostgresLock:
         secret = password_of(self.url)
         if secret:
             out[ENV_PASSWORD] = secret
-        if held and self.held_key == self.key:
-            out.update(held_entry(out, os.getpid(), domain(self.url), self.key, self.shared))
+        inside = self.inside_of is not None  # nested calls run inside the hold too
+        if held and (self.held_key == self.key or inside):
+            shared = self.shared and not inside
+            out.update(held_entry(out, os.getpid(), domain(self.url), self.key, shared))
         return out
 
     # -- taking -------------------------------------------------------------------------------
@@ -155,6 +157,8 @@ class PostgresLock:
                     queued = self._take(
                         session, self.key, shared, wait, reporter, start, stop, limit, progress
                     )
+                    with stop.query():  # the runs inside a hold killed outright end first
+                        clear(self, session, shared, wait, start)
                     bookend(reporter, self.label, time.monotonic() - start if queued else None)
             except BaseException as exc:
                 if stop.interrupted_during_query:
@@ -370,7 +374,7 @@ class PostgresLock:
             return
         try:  # bounded: closing a stuck session makes the server end it once it runs again
             if self._hold and key == self.key:  # the runs inside the hold end first
-                settle(session, self.name, self._comment)
+                settle(session, self.name, self._comment, stoppable=False)
             session.fetch(f"SELECT {unlock}({key})", timeout=self.drop.heartbeat_deadline)
         except Exception as exc:
             raise Unavailable(
