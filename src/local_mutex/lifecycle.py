@@ -114,7 +114,10 @@ def run_locked(
     lock = backend.lock(name_bytes(name))
     result = RunResult(lock.lock_file)
     try:
+        looked = time.monotonic()
         pid = _enclosing(backend, lock, opts, env, reporter)
+        # Looking for our hold may have waited (its end, under way): part of the --wait.
+        spent = time.monotonic() - looked if opts.reentrant else 0.0
         if pid is not None:
             here = _held_here.get(_here_key(backend, lock, opts.slots)) if _held_here else None
             # A remote hold's run holds a key of its own (``backends.postgres.inside``):
@@ -131,7 +134,9 @@ def run_locked(
         progress = progress_interval(env) if reporter is not None else None
         with SignalsHeld() as held:
             try:
-                result.waited = _take(lock, opts, env, reporter, progress, command.text, None)
+                result.waited = _take(
+                    lock, opts, env, reporter, progress, command.text, spent=spent
+                )
                 result.acquired, result.lock_file = True, lock.lock_file
                 outcome = supervise(
                     _spec(command, command_env(lock, env, True), opts),
@@ -163,14 +168,17 @@ def _take(
     reporter: Reporter | None,
     progress: float | None,
     command: str,
-    extra: Mapping[str, Any] | None,
+    extra: Mapping[str, Any] | None = None,
+    spent: float = 0.0,
 ) -> float:
-    """Acquire, then publish who holds it (or let go again): the seconds waited."""
+    """Acquire, then publish who holds it (or let go again): the seconds waited, counting
+    the ``spent`` seconds already waited."""
     lock.stop_grace = opts.kill_after + STOP_MARGIN
+    wait = None if opts.wait is None else max(opts.wait - spent, 0.0)
     take = Take(
-        shared=opts.shared, slots=opts.slots, wait=opts.wait, reporter=reporter, progress=progress
+        shared=opts.shared, slots=opts.slots, wait=wait, reporter=reporter, progress=progress
     )
-    waited = lock.acquire(take)
+    waited = lock.acquire(take) + spent
     if opts.message:
         extra = {"message": opts.message, **(extra or {})}
     holder = holder_record(lock.label, command, shared=opts.shared, env=env, extra=extra)

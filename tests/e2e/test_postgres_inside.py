@@ -5,18 +5,21 @@ marker files, output lines and ``pg_locks``, never on fixed sleeps."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from helpers import wait_for
-from helpers.pgserver import PgServer, ServerUnavailable
+from helpers.pgserver import PASSWORD, PgServer, ServerUnavailable
 from local_mutex.backends.postgres.keys import inside_key, name_key
 
 pytest.importorskip("psycopg", reason="the postgres extra (psycopg) is not installed")
@@ -370,3 +373,124 @@ def test_a_release_that_waited_while_the_ttl_ended_the_hold_ends_nothing_else(
     Path(f"{nxt}.go").touch()
     assert queued.wait(timeout=30) == 0, j.err("queued")
     assert j.log() == ["a start", "a end", "next"]
+
+
+@contextlib.contextmanager
+def _holding_inside(pg: PgServer, name: str, mode: str) -> Iterator[None]:
+    """A plain session of our own holding the name's inside key, ``shared`` as a run inside
+    does (a run whose hold is gone) or ``exclusive`` as the end of a hold or a taker's look."""
+    psycopg = pytest.importorskip("psycopg")
+    call = "pg_advisory_lock_shared" if mode == "shared" else "pg_advisory_lock"
+    with psycopg.connect(pg.url, password=PASSWORD, autocommit=True) as conn:
+        conn.execute(f"SELECT {call}({inside_key(name.encode())})")
+        yield
+
+
+def test_an_exclusive_look_at_the_inside_key_keeps_nobody_out(
+    pg: PgServer, job: Callable[..., Job]
+) -> None:
+    """Only a shared holder of the inside key is a run inside: another taker's look, or
+    the tail of a release, holds it exclusively for a moment and must not make a
+    --no-wait run fail (it did, at random, between concurrent shared runs)."""
+    j = job("inside-look")
+    assert j.cli("release", j.name, job=True).returncode == 0
+    with _holding_inside(pg, j.name, "exclusive"):
+        ran = j.cli("run", "--no-wait", j.name, "true")
+    assert ran.returncode == 0, ran.stderr
+
+
+def test_a_stray_run_inside_keeps_the_next_taker_within_its_wait(
+    pg: PgServer, job: Callable[..., Job]
+) -> None:
+    """A session still holding the inside key shared (a run inside a hold whose holder was
+    killed): the next taker says why it waits, and gives up by its --wait."""
+    j = job("inside-stray")
+    assert j.cli("release", j.name, job=True).returncode == 0
+    with _holding_inside(pg, j.name, "shared"):
+        refused = j.cli("run", "--no-wait", j.name, "true")
+        started = time.monotonic()
+        waited = j.cli("run", "--wait", "1", j.name, "true")
+        took = time.monotonic() - started
+    assert refused.returncode == 75, refused.stderr
+    assert waited.returncode == 75, waited.stderr
+    assert "whose holder was killed" in waited.stderr
+    assert took < 1 + 5  # the ceiling, and an interpreter's start on a busy machine
+    assert j.cli("run", "--no-wait", j.name, "true").returncode == 0
+
+
+def test_a_hold_that_waited_for_its_lock_still_outlasts_the_run_inside_at_its_ttl(
+    pg: PgServer, job: Callable[..., Job]
+) -> None:
+    """A hold's --wait is its session's lock_timeout while it waits for the lock: that
+    ceiling must not bound its wait for the runs inside at its TTL (the hold ended once it
+    ran out, and the run inside was stopped, 69)."""
+    psycopg = pytest.importorskip("psycopg")
+    name = "inside-waited"
+    key = name_key(name.encode())
+    with psycopg.connect(pg.url, password=PASSWORD, autocommit=True) as blocker:
+        blocker.execute(f"SELECT pg_advisory_lock({key})")
+
+        def let_go_once_waited_for() -> None:
+            query = (
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                f"AND (classid::bigint << 32) | objid::bigint = {key}"
+            )
+            with psycopg.connect(pg.url, password=PASSWORD, autocommit=True) as look:
+                wait_for(lambda: look.execute(query).fetchone()[0] > 0, what="the hold to wait")
+            blocker.execute(f"SELECT pg_advisory_unlock({key})")
+
+        freer = threading.Thread(target=let_go_once_waited_for)
+        freer.start()
+        j = job(name, "--wait", "3", "--ttl", "1")  # takes it once the blocker lets go
+        freer.join()
+    first = j.inside("a")
+    inside = inside_key(name.encode())
+    wait_for(
+        lambda: any(not granted for _, granted in j.advisory(inside)),
+        what="the holder to reach its TTL",
+    )
+    until = time.monotonic() + 3.5  # past any ceiling the hold's --wait 3 could have left
+    while time.monotonic() < until:
+        assert j.held() and first.poll() is None, j.err("a")
+        time.sleep(0.2)
+    (j.tmp / "a.go").touch()
+    assert first.wait(timeout=30) == 0, j.err("a")
+    wait_for(lambda: not j.held(), what="the hold to end after the run inside")
+
+
+def test_two_sigterms_to_a_holder_do_not_cut_its_wait_short(job: Callable[..., Job]) -> None:
+    """Back to back, the second SIGTERM came before the holder's wait for the runs inside
+    blocked it, and ended the hold at once (2 runs in 4)."""
+    j = job("inside-twice")
+    first = j.inside("a")
+    holder = json.loads(j.cli("status", j.name, "--json").stdout)["holders"][0]["pid"]
+    os.kill(holder, signal.SIGTERM)
+    os.kill(holder, signal.SIGTERM)
+    inside = inside_key(j.name.encode())
+    wait_for(
+        lambda: any(not granted for _, granted in j.advisory(inside)),
+        what="the holder to wait for the run inside",
+    )
+    assert j.held()
+    assert j.cli("run", "--no-wait", j.name, "true").returncode == 75
+    (j.tmp / "a.go").touch()
+    assert first.wait(timeout=30) == 0, j.err("a")
+    wait_for(lambda: not j.held(), what="the hold to end after the run inside")
+
+
+def test_a_run_waiting_for_its_hold_to_end_keeps_to_its_wait(job: Callable[..., Job]) -> None:
+    """Its turn at the hold being ended is part of its --wait: it gives up by then (it
+    waited again, the whole --wait, for the lock itself)."""
+    j = job("inside-ceiling")
+    first = j.inside("a")
+    release = j.spawn("release", "release", j.name)
+    wait_for(lambda: "waiting for the runs inside" in j.err("release"), what="release to wait")
+    started = time.monotonic()
+    late = j.cli("run", "--reentrant", "--wait", "4", j.name, "true", job=True)
+    took = time.monotonic() - started
+    assert late.returncode == 75, late.stderr
+    assert "is being ended" in late.stderr
+    assert took < 4 + 3, took  # the ceiling, and a slack for a busy machine (was 8 and more)
+    (j.tmp / "a.go").touch()
+    assert first.wait(timeout=30) == 0, j.err("a")
+    assert release.wait(timeout=30) == 0, j.err("release")

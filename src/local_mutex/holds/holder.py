@@ -39,6 +39,9 @@ def _say(fd: int, text: str) -> None:
 
 
 def _stop(signum: int, frame: object) -> None:
+    # Once: a second SIGTERM must not cut short the end the first began (handing the lock
+    # to the runs inside, or waiting for them).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     raise SystemExit(0)
 
 

@@ -137,6 +137,8 @@ def settle(
         return False
     if waiting is not None:
         waiting()
+    # No ceiling of an earlier wait of this session's (``--wait`` of the hold) applies.
+    session.fetch("SELECT set_config('lock_timeout', '0', false)", timeout=observe.READ_SECONDS)
     wait_sql = f"{comment} SELECT pg_advisory_lock({key})"
     if not stoppable:
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
@@ -157,19 +159,29 @@ def settle(
 
 
 def clear(
-    lock: PostgresLock, session: Session, shared: bool, wait: float | None, start: float
-) -> None:
+    lock: PostgresLock,
+    session: Session,
+    shared: bool,
+    take: tuple[float | None, float, float | None],
+    reporter: Reporter | None,
+) -> bool:
     """For whoever just took the lock: wait until no run of an earlier hold is inside (its
-    holder was killed outright; they stop at their next heartbeat), within ``wait`` from
-    ``start`` (None: as long as it takes), else ``NotAcquired``."""
+    holder was killed outright; they stop at their next heartbeat); True if it waited.
+    ``take``: the wait ceiling, when the wait began, and by when the server must answer;
+    past the ceiling, ``NotAcquired``. Only a shared holder of the key is a run inside: an
+    exclusive one is another taker looking, or the end of a hold (over, as we have the lock)."""
+    wait, start, limit = take
     key = inside_key(lock.name)
-    comment = lock._record(None, shared)
-    free = (
-        f"{comment} SELECT CASE WHEN pg_try_advisory_lock({key})"
-        f" THEN pg_advisory_unlock({key}) ELSE false END"
-    )
-    if session.fetch(free, timeout=observe.READ_SECONDS)[0]:
-        return
+    if not session.fetch(
+        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1"
+        f" AND granted AND mode = 'ShareLock' AND (classid::bigint << 32) | objid::bigint = {key}"
+        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))",
+        timeout=left(limit) or observe.READ_SECONDS,
+    )[0]:
+        return False
+    if reporter is not None:
+        detail = "runs inside its last hold, whose holder was killed, are still running"
+        reporter.waiting(lock.label, None, detail=detail)
     remaining = None if wait is None else wait - (time.monotonic() - start)
     psycopg = __import__("psycopg")
     try:
@@ -177,13 +189,20 @@ def clear(
             if remaining <= 0:
                 raise psycopg.errors.LockNotAvailable()
             ms = str(max(int(remaining * 1000), 1))
-            session.fetch("SELECT set_config('lock_timeout', %s, false)", (ms,))
-        session.fetch(f"{comment} SELECT pg_advisory_lock({key}), pg_advisory_unlock({key})")
+            session.fetch(
+                "SELECT set_config('lock_timeout', %s, false)", (ms,), timeout=left(limit)
+            )
+        comment = lock._record(None, shared)
+        session.fetch(
+            f"{comment} SELECT pg_advisory_lock({key}), pg_advisory_unlock({key})",
+            timeout=left(limit),
+        )
     except psycopg.errors.LockNotAvailable:
         waited = time.monotonic() - start
         raise NotAcquired(
             f"lock {lock.label} not acquired after waiting {waited:.1f}s on {session.address}:"
-            " runs inside a hold whose holder was killed are still running",
+            " runs inside its last hold (whose holder was killed) are still running",
             None,
             waited,
         ) from None
+    return True

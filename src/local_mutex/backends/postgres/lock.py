@@ -158,8 +158,9 @@ class PostgresLock:
                         session, self.key, shared, wait, reporter, start, stop, limit, progress
                     )
                     with stop.query():  # the runs inside a hold killed outright end first
-                        clear(self, session, shared, wait, start)
-                    bookend(reporter, self.label, time.monotonic() - start if queued else None)
+                        late = clear(self, session, shared, (wait, start, limit), reporter)
+                    since = time.monotonic() - start if queued or late else None
+                    bookend(reporter, self.label, since)
             except BaseException as exc:
                 if stop.interrupted_during_query:
                     session.cancel()
@@ -173,8 +174,7 @@ class PostgresLock:
                     ) from None
                 raise
         self.session, self.shared = session, shared
-        waited = time.monotonic() - start
-        return waited
+        return time.monotonic() - start
 
     def _take(
         self,
