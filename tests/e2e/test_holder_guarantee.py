@@ -564,13 +564,15 @@ def _put_back_and_kill_both(
 
 
 def _kill_both(keeper: subprocess.Popen[bytes], supervisor: int) -> None:
-    """Both at once, as ``kill -9`` of both would on an idle machine: frozen first, for
-    killed one after the other, the second may see the first die and stop the command (as
-    it must) before its own SIGKILL lands -- and then nothing is left to exclude anyone."""
+    """Both at once, as ``kill -9`` of both would on an idle machine. Killed one after the
+    other, the second may see the first die and stop the command (as it must) before its
+    own SIGKILL lands, and then nothing is left to exclude anyone: so the keeper is frozen
+    first, the supervisor killed, then the keeper. (Never the supervisor frozen: once the
+    keeper is gone, the kernel continues a stopped process of an orphaned group with a
+    SIGHUP, which the supervisor passes on to the command.)"""
     os.kill(keeper.pid, signal.SIGSTOP)
-    os.kill(supervisor, signal.SIGSTOP)
-    os.kill(keeper.pid, signal.SIGKILL)
     os.kill(supervisor, signal.SIGKILL)
+    os.kill(keeper.pid, signal.SIGKILL)
     keeper.wait(10)
     assert pw.wait_gone([supervisor], 10) == []
 
@@ -649,9 +651,9 @@ supervisor = int(children[0])
 ino = os.stat(path).st_ino
 os.unlink(path)
 until(lambda: os.path.exists(path) and os.stat(path).st_ino != ino and opened(supervisor))
-for sig in (signal.SIGSTOP, signal.SIGKILL):  # frozen first: see _kill_both
-    os.kill(keeper.pid, sig)
-    os.kill(supervisor, sig)
+os.kill(keeper.pid, signal.SIGSTOP)  # frozen first: see _kill_both
+os.kill(supervisor, signal.SIGKILL)
+os.kill(keeper.pid, signal.SIGKILL)
 until(lambda: not os.path.exists(f"/proc/{supervisor}") and keeper.poll() is not None)
 probe = [subprocess.run([*cli, "--no-wait", "box", f"touch {marks}/newcomer.ran", lock_dir])]
 time.sleep(1.5)  # the command runs on: still held a while later (not a wait for anything)
