@@ -15,7 +15,14 @@ import sys
 import time
 
 from .backends import Take
-from .errors import LocalMutexError, LockLost, NestingError, RecordNotWritten, Unavailable
+from .errors import (
+    LocalMutexError,
+    LockLost,
+    NestingError,
+    NotAcquired,
+    RecordNotWritten,
+    Unavailable,
+)
 from .identity import ENV_TOKEN, holder_record, job_identity
 from .names import display, name_bytes
 from .runspec import Command, Options, RunResult
@@ -178,7 +185,14 @@ def _take(
     take = Take(
         shared=opts.shared, slots=opts.slots, wait=wait, reporter=reporter, progress=progress
     )
-    waited = lock.acquire(take) + spent
+    try:
+        waited = lock.acquire(take) + spent
+    except NotAcquired as exc:
+        if not (opts.wait and wait == 0.0):
+            raise
+        # The look for our hold took all of --wait (its end was under way): say so.
+        text = f"lock {lock.label} not acquired within --wait {opts.wait:g}: {exc}"
+        raise NotAcquired(text, exc.holder, exc.waited + spent) from None
     if opts.message:
         extra = {"message": opts.message, **(extra or {})}
     holder = holder_record(lock.label, command, shared=opts.shared, env=env, extra=extra)

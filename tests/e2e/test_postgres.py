@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import run_cli, wait_for
-from helpers.pgserver import PASSWORD, PgServer, ServerUnavailable, find_install
+from helpers.pgserver import PASSWORD, PgServer, ServerUnavailable, find_install, served
 
 psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg) is not installed")
 
@@ -121,15 +121,7 @@ say("released")
 
 @pytest.fixture(scope="module")
 def pg() -> Iterator[PgServer]:
-    try:
-        server = PgServer().start()
-    except ServerUnavailable as exc:
-        print(f"skipping: no PostgreSQL server: {exc}")
-        pytest.skip(f"no PostgreSQL server: {exc}")
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from served()
 
 
 @pytest.fixture

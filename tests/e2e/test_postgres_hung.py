@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from helpers import wait_for
-from helpers.pgserver import GatedProxy, PgServer, ServerUnavailable
+from helpers.pgserver import GatedProxy, PgServer, served
 
 pytest.importorskip("psycopg", reason="the postgres extra (psycopg) is not installed")
 
@@ -36,14 +36,7 @@ READ = 10.0  # the backend's bound on one statement of status, list, release (RE
 
 @pytest.fixture(scope="module")
 def pg() -> Iterator[PgServer]:
-    try:
-        server = PgServer().start()
-    except ServerUnavailable as exc:
-        pytest.skip(f"no PostgreSQL server: {exc}")
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from served()
 
 
 def _env(pg: PgServer, drop: int | None = None) -> dict[str, str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from helpers import wait_for
-from helpers.pgserver import PASSWORD, PgServer, ServerUnavailable
+from helpers.pgserver import PASSWORD, PgServer, served
 from local_mutex.backends.postgres.keys import inside_key, name_key
 
 pytest.importorskip("psycopg", reason="the postgres extra (psycopg) is not installed")
@@ -31,15 +31,7 @@ CLI = [sys.executable, "-m", "local_mutex"]
 
 @pytest.fixture(scope="module")
 def pg() -> Iterator[PgServer]:
-    try:
-        server = PgServer().start()
-    except ServerUnavailable as exc:
-        print(f"skipping: no PostgreSQL server: {exc}")
-        pytest.skip(f"no PostgreSQL server: {exc}")
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from served()
 
 
 class Job:
@@ -102,6 +94,26 @@ class Job:
         )
         return [(int(p), g == "True") for p, g in (r.split("|") for r in rows.splitlines() if r)]
 
+    def ending(self) -> bool:
+        """Is something ending the hold (its holder at its TTL, a release) waiting for the
+        runs inside? It queues for the inside key."""
+        return any(not granted for _, granted in self.advisory(inside_key(self.name.encode())))
+
+    def releasing(self) -> subprocess.Popen[bytes]:
+        """A release of the hold that waits for the runs inside (and says so)."""
+        release = self.spawn("release", "release", self.name)
+        wait_for(lambda: "waiting for the runs inside" in self.err("release"), what="a release")
+        return release
+
+    def outlasts(self, run: subprocess.Popen[bytes]) -> None:
+        """While the hold is being ended, it is held (a contender is refused) until the run
+        inside -- ``inside("a")`` -- is let go and ends; then it ends too."""
+        assert self.held()
+        assert self.cli("run", "--no-wait", self.name, "true").returncode == 75
+        (self.tmp / "a.go").touch()
+        assert run.wait(timeout=30) == 0, self.err("a")
+        wait_for(lambda: not self.held(), what="the hold to end after the run inside")
+
     def held(self) -> bool:
         return any(granted for _, granted in self.advisory(name_key(self.name.encode())))
 
@@ -131,8 +143,7 @@ def test_release_waits_until_the_run_inside_has_ended(job: Callable[..., Job]) -
     waits, a contender is still refused, and a queued one runs only after the command."""
     j = job("inside-release")
     first = j.inside("a")
-    release = j.spawn("release", "release", j.name)
-    wait_for(lambda: "waiting for the runs inside" in j.err("release"), what="release to wait")
+    release = j.releasing()
     assert release.poll() is None and j.held()
     busy = j.cli("run", "--no-wait", j.name, "true")
     assert busy.returncode == 75, busy.stderr
@@ -151,17 +162,8 @@ def test_a_hold_past_its_ttl_outlasts_the_run_inside(job: Callable[..., Job]) ->
     """The TTL ends the hold only once the run inside it has ended."""
     j = job("inside-ttl", "--ttl", "1")
     first = j.inside("a")
-    inside = inside_key(j.name.encode())
-
-    def holder_waits() -> bool:  # the holder's TTL has come: it queues for the inside key
-        return any(not granted for _, granted in j.advisory(inside))
-
-    wait_for(holder_waits, what="the holder to reach its TTL")
-    assert j.held()
-    assert j.cli("run", "--no-wait", j.name, "true").returncode == 75
-    (j.tmp / "a.go").touch()
-    assert first.wait(timeout=30) == 0, j.err("a")
-    wait_for(lambda: not j.held(), what="the hold to end after the run inside")
+    wait_for(j.ending, what="the holder to reach its TTL")
+    j.outlasts(first)
 
 
 def test_a_run_joining_a_hold_that_is_being_ended_queues_behind_it(job: Callable[..., Job]) -> None:
@@ -169,8 +171,7 @@ def test_a_run_joining_a_hold_that_is_being_ended_queues_behind_it(job: Callable
     that is ending: it says so, waits its turn, and takes the lock as anyone would."""
     j = job("inside-late")
     first = j.inside("a")
-    release = j.spawn("release", "release", j.name)
-    wait_for(lambda: "waiting for the runs inside" in j.err("release"), what="release to wait")
+    release = j.releasing()
     late = j.spawn("late", "run", "--reentrant", j.name, f"echo late >> {j.tmp}/log")
     wait_for(lambda: "is being ended" in j.err("late"), what="the late run to wait its turn")
     (j.tmp / "a.go").touch()
@@ -188,8 +189,7 @@ def test_a_run_that_waited_for_a_release_that_was_stopped_runs_inside(
     run goes inside it then, not behind it (where it would wait for its own hold)."""
     j = job("inside-cancelled")
     first = j.inside("a")
-    release = j.spawn("release", "release", j.name)
-    wait_for(lambda: "waiting for the runs inside" in j.err("release"), what="release to wait")
+    release = j.releasing()
     late = j.spawn("late", "run", "--reentrant", j.name, f"echo late >> {j.tmp}/log")
     wait_for(lambda: "is being ended" in j.err("late"), what="the late run to wait its turn")
     release.send_signal(signal.SIGINT)
@@ -217,11 +217,7 @@ def test_nested_calls_inside_a_run_inside_a_hold_that_is_ending_run_inside(
     )
     first = j.spawn("a", "run", "--reentrant", j.name, cmd)
     wait_for(j.tmp / "a.started", what="a to start inside the hold")
-    inside = inside_key(j.name.encode())
-    wait_for(
-        lambda: any(not granted for _, granted in j.advisory(inside)),
-        what="the holder to reach its TTL",
-    )
+    wait_for(j.ending, what="the holder to reach its TTL")
     go.touch()
     assert first.wait(timeout=30) == 0, j.err("a")
     assert j.log() == ["B", "C"]
@@ -244,11 +240,7 @@ def test_a_holder_told_to_stop_while_it_waits_for_the_runs_inside_waits_on(
     (it did so at once, and another run started beside the command)."""
     j = job("inside-term", "--ttl", "1")
     first = j.inside("a")
-    inside = inside_key(j.name.encode())
-    wait_for(
-        lambda: any(not granted for _, granted in j.advisory(inside)),
-        what="the holder to reach its TTL",
-    )
+    wait_for(j.ending, what="the holder to reach its TTL")
     holder = json.loads(j.cli("status", j.name, "--json").stdout)["holders"][0]["pid"]
     os.kill(holder, signal.SIGTERM)
 
@@ -258,11 +250,7 @@ def test_a_holder_told_to_stop_while_it_waits_for_the_runs_inside_waits_on(
         return bool(int(shdpnd.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
 
     wait_for(pending, what="the SIGTERM to reach the holder")
-    assert j.held()
-    assert j.cli("run", "--no-wait", j.name, "true").returncode == 75
-    (j.tmp / "a.go").touch()
-    assert first.wait(timeout=30) == 0, j.err("a")
-    wait_for(lambda: not j.held(), what="the hold to end after the run inside")
+    j.outlasts(first)
 
 
 def test_a_run_inside_whose_session_ends_is_stopped(job: Callable[..., Job]) -> None:
@@ -283,8 +271,7 @@ def test_a_stopped_release_leaves_the_hold_and_the_runs_inside(job: Callable[...
     """Ctrl-C on a release that waits: nothing ended, nothing left queued in the server."""
     j = job("inside-stop")
     first = j.inside("a")
-    release = j.spawn("release", "release", j.name)
-    wait_for(lambda: "waiting for the runs inside" in j.err("release"), what="release to wait")
+    release = j.releasing()
     release.send_signal(signal.SIGINT)
     assert release.wait(timeout=30) == 130, j.err("release")
     assert "stopped waiting for the runs inside the hold" in j.err("release")
@@ -348,11 +335,7 @@ def test_a_release_that_waited_while_the_ttl_ended_the_hold_ends_nothing_else(
     has the lock by then (the next holder, here queued before it)."""
     j = job("inside-ttl-release", "--ttl", "1")
     first = j.inside("a")
-    inside = inside_key(j.name.encode())
-    wait_for(
-        lambda: any(not granted for _, granted in j.advisory(inside)),
-        what="the holder to reach its TTL",
-    )
+    wait_for(j.ending, what="the holder to reach its TTL")
     nxt = j.tmp / "next"
     queued = j.spawn(
         "queued",
@@ -363,8 +346,7 @@ def test_a_release_that_waited_while_the_ttl_ended_the_hold_ends_nothing_else(
         job=False,
     )
     wait_for(lambda: "waiting for lock" in j.err("queued"), what="the next holder to queue")
-    release = j.spawn("release", "release", j.name)
-    wait_for(lambda: "waiting for the runs inside" in j.err("release"), what="release to wait")
+    release = j.releasing()
     (j.tmp / "a.go").touch()
     assert first.wait(timeout=30) == 0, j.err("a")
     wait_for(Path(f"{nxt}.started"), what="the next holder to start")
@@ -444,11 +426,7 @@ def test_a_hold_that_waited_for_its_lock_still_outlasts_the_run_inside_at_its_tt
         j = job(name, "--wait", "3", "--ttl", "1")  # takes it once the blocker lets go
         freer.join()
     first = j.inside("a")
-    inside = inside_key(name.encode())
-    wait_for(
-        lambda: any(not granted for _, granted in j.advisory(inside)),
-        what="the holder to reach its TTL",
-    )
+    wait_for(j.ending, what="the holder to reach its TTL")
     until = time.monotonic() + 3.5  # past any ceiling the hold's --wait 3 could have left
     while time.monotonic() < until:
         assert j.held() and first.poll() is None, j.err("a")
@@ -466,16 +444,8 @@ def test_two_sigterms_to_a_holder_do_not_cut_its_wait_short(job: Callable[..., J
     holder = json.loads(j.cli("status", j.name, "--json").stdout)["holders"][0]["pid"]
     os.kill(holder, signal.SIGTERM)
     os.kill(holder, signal.SIGTERM)
-    inside = inside_key(j.name.encode())
-    wait_for(
-        lambda: any(not granted for _, granted in j.advisory(inside)),
-        what="the holder to wait for the run inside",
-    )
-    assert j.held()
-    assert j.cli("run", "--no-wait", j.name, "true").returncode == 75
-    (j.tmp / "a.go").touch()
-    assert first.wait(timeout=30) == 0, j.err("a")
-    wait_for(lambda: not j.held(), what="the hold to end after the run inside")
+    wait_for(j.ending, what="the holder to wait for the run inside")
+    j.outlasts(first)
 
 
 def test_a_run_waiting_for_its_hold_to_end_keeps_to_its_wait(job: Callable[..., Job]) -> None:
@@ -483,13 +453,12 @@ def test_a_run_waiting_for_its_hold_to_end_keeps_to_its_wait(job: Callable[..., 
     waited again, the whole --wait, for the lock itself)."""
     j = job("inside-ceiling")
     first = j.inside("a")
-    release = j.spawn("release", "release", j.name)
-    wait_for(lambda: "waiting for the runs inside" in j.err("release"), what="release to wait")
+    release = j.releasing()
     started = time.monotonic()
     late = j.cli("run", "--reentrant", "--wait", "4", j.name, "true", job=True)
     took = time.monotonic() - started
     assert late.returncode == 75, late.stderr
-    assert "is being ended" in late.stderr
+    assert "is being ended" in late.stderr and "not acquired within --wait 4" in late.stderr
     assert took < 4 + 3, took  # the ceiling, and a slack for a busy machine (was 8 and more)
     (j.tmp / "a.go").touch()
     assert first.wait(timeout=30) == 0, j.err("a")

@@ -435,3 +435,19 @@ def _children_of(pid: int) -> list[int]:
             if fields and fields[1] == str(pid):
                 found.append(int(entry))
     return found
+
+
+def served() -> Iterator[PgServer]:
+    """A module's server, for its ``pg`` fixture (``yield from served()``): started, or the
+    module skipped saying why; stopped by pid afterwards."""
+    import pytest
+
+    try:
+        server = PgServer().start()
+    except ServerUnavailable as exc:
+        print(f"skipping: no PostgreSQL server: {exc}")
+        pytest.skip(f"no PostgreSQL server: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
