@@ -463,3 +463,44 @@ def test_a_run_waiting_for_its_hold_to_end_keeps_to_its_wait(job: Callable[..., 
     (j.tmp / "a.go").touch()
     assert first.wait(timeout=30) == 0, j.err("a")
     assert release.wait(timeout=30) == 0, j.err("release")
+
+
+def test_status_and_list_name_the_runs_inside_a_hold(job: Callable[..., Job]) -> None:
+    """The runs inside a hold hold the lock with it: ``status`` names them beside the hold,
+    and ``list`` shows the lock once."""
+    j = job("inside-status")
+    first = j.inside("a")
+    status = json.loads(j.cli("status", j.name, "--json").stdout)
+    modes = sorted(h["mode"] for h in status["holders"])
+    assert status["state"] == "held" and modes == ["exclusive", "shared"], status
+    assert first.pid in [h["pid"] for h in status["holders"]]
+    listed = json.loads(j.cli("list", "--json").stdout)
+    assert [lock["name"] for lock in listed] == [j.name], listed
+    (j.tmp / "a.go").touch()
+    assert first.wait(timeout=30) == 0, j.err("a")
+
+
+def test_a_killed_holders_run_inside_still_shows_as_holding_the_lock(
+    job: Callable[..., Job],
+) -> None:
+    """The holder killed outright, the lock is free on the server, yet the next taker
+    waits for the run still inside (its command deaf to TERM): ``status`` says it is held,
+    by that run, not free."""
+    j = job("inside-status-orphan")
+    pidfile = j.tmp / "command.pid"
+    cmd = f"trap '' TERM; echo $$ > {pidfile}; while :; do sleep 0.05; done"
+    run = j.spawn("a", "run", "--reentrant", "--kill-after", "30", j.name, cmd)
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "", what="the run")
+    command = int(pidfile.read_text())
+    holder = json.loads(j.cli("status", j.name, "--json").stdout)["holders"][0]["pid"]
+    try:
+        os.kill(holder, signal.SIGKILL)
+        wait_for(lambda: not j.held(), what="the server to end the holder's session")
+        status = json.loads(j.cli("status", j.name, "--json").stdout)
+        assert status["state"] == "held", status
+        assert [h["pid"] for h in status["holders"]] == [run.pid], status
+        assert j.cli("run", "--no-wait", j.name, "true").returncode == 75
+    finally:
+        os.kill(command, signal.SIGKILL)
+    assert run.wait(timeout=30) in (69, 137), j.err("a")
+    assert j.cli("run", "--no-wait", j.name, "true").returncode == 0

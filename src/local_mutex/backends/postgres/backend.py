@@ -100,7 +100,7 @@ class PostgresBackend:
 
     def status(self, name: bytes) -> LockStatus:
         slot_keys = [slot_key(name, i) for i in range(MAX_SLOTS)]
-        rows = self._rows([name_key(name), gate_key(name), *slot_keys])
+        rows = self._rows([name_key(name), gate_key(name), inside_key(name), *slot_keys])
         return _status(name, rows)
 
     def list_locks(self, *, include_free: bool) -> list[LockStatus]:
@@ -239,7 +239,7 @@ def _still_there(row: observe.Row, rows: Sequence[observe.Row]) -> bool:
 
 def _belongs(name: bytes, row: observe.Row) -> bool:
     """Is this row's key one of the name's keys (its record could be forged or stale)?"""
-    if row.key in (name_key(name), gate_key(name)):
+    if row.key in (name_key(name), gate_key(name), inside_key(name)):
         return True
     slot = row.info.get("slot")
     return isinstance(slot, int) and 0 <= slot < MAX_SLOTS and row.key == slot_key(name, slot)
@@ -247,8 +247,15 @@ def _belongs(name: bytes, row: observe.Row) -> bool:
 
 def _status(name: bytes, rows: Sequence[observe.Row]) -> LockStatus:
     label = name.decode("utf-8", "surrogateescape")
-    plain, gate = name_key(name), gate_key(name)
-    st = observe.status_of(label, plain, rows)
+    plain, gate, inside = name_key(name), gate_key(name), inside_key(name)
+    st = observe.status_of(label, plain, [r for r in rows if r.key != inside])
+    # The runs inside a hold hold the lock with it, and without it once its holder was
+    # killed outright: the next taker waits for them (``inside``). Only they hold that key
+    # shared; whoever waits for it, or looks, is ending a hold or taking the lock.
+    runs = [r for r in rows if r.key == inside and r.granted and r.mode == "shared"]
+    st.holders += [observe.holder_of(r) for r in runs]
+    if runs and not st.held:
+        st.state, st.mode = "held", "shared"
     indexes: dict[int, int] = {}
     count = 0
     for row in rows:
