@@ -504,3 +504,21 @@ def test_a_killed_holders_run_inside_still_shows_as_holding_the_lock(
         os.kill(command, signal.SIGKILL)
     assert run.wait(timeout=30) in (69, 137), j.err("a")
     assert j.cli("run", "--no-wait", j.name, "true").returncode == 0
+
+
+def test_of_two_releases_waiting_for_the_runs_inside_one_ends_the_hold(
+    job: Callable[..., Job],
+) -> None:
+    """Both wait; the first through ends the hold, the second finds it gone and says it
+    ended nothing (both said "released")."""
+    j = job("inside-two-releases")
+    first = j.inside("a")
+    one = j.releasing()
+    other = j.spawn("other", "release", j.name)
+    wait_for(lambda: "waiting for the runs inside" in j.err("other"), what="a second release")
+    (j.tmp / "a.go").touch()
+    assert first.wait(timeout=30) == 0, j.err("a")
+    assert one.wait(timeout=30) == 0 and other.wait(timeout=30) == 0
+    said = [f"released {j.name}" in j.err(tag) for tag in ("release", "other")]
+    assert sorted(said) == [False, True], (j.err("release"), j.err("other"))
+    assert not j.held()

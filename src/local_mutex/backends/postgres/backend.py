@@ -172,8 +172,10 @@ class PostgresBackend:
             except Interrupted as exc:
                 what = f"the runs inside the hold on {label} to end (the hold stays)"
                 raise Interrupted(exc.signum, waiting_for=what) from None
-            if not waited or _still_there(row, self._rows([row.key])):
-                self._terminate(label, row)
+            if waited and not _still_there(row, self._rows([row.key])):
+                # Ended meanwhile (another release, its TTL): this release ended nothing.
+                return Released(describe_key(row.key), False)
+            self._terminate(label, row)
             since = row.since
             held = None if since is None else max(time.time() - since, 0.0)
             pid = info.get("pid")
