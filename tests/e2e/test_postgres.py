@@ -507,6 +507,26 @@ def test_server_restart_is_a_lost_lock(pg: PgServer, tmp_path: Path) -> None:
         server.stop()
 
 
+def test_a_waiter_whose_server_restarts_says_which_lock_it_waited_for(tmp_path: Path) -> None:
+    """A restart ends the waiter's session: 69, naming the lock (it gave libpq's words
+    alone). A server of its own, as restarting the module's would end others' sessions."""
+    server = PgServer().start()
+    try:
+        holder = _spawn(server, tmp_path, "run", "--remote", server.url, "restarted", "sleep 60")
+        key = name_key(b"restarted")
+        wait_for(lambda: _held(server, key), 20, "the holder")
+        waiter = _spawn(server, tmp_path, "run", "--remote", server.url, "restarted", "true")
+        wait_for(lambda: _waiting(server, key) == 1, 20, "the waiter to queue")
+        server.restart()
+        assert waiter.wait(30) == 69
+        err = (tmp_path / "cli1.err").read_text()
+        assert "lock restarted not acquired after waiting" in err, err
+        holder.kill()
+        holder.wait(30)
+    finally:
+        server.stop()
+
+
 def test_a_vanished_holder_host_stops_first_then_the_server_hands_over(
     pg: PgServer, tmp_path: Path
 ) -> None:

@@ -165,13 +165,12 @@ class PostgresLock:
                 if stop.interrupted_during_query:
                     session.cancel()
                 session.close()  # nothing half-taken: the session's end frees anything
-                if isinstance(exc, Unavailable) and session.stuck and limit is not None:
+                if isinstance(exc, Unavailable):  # say which lock (a restart ended the wait)
                     waited = time.monotonic() - start
-                    raise NotAcquired(
-                        f"lock {self.label} not acquired after waiting {waited:.1f}s: {exc}",
-                        None,
-                        waited,
-                    ) from None
+                    text = f"lock {self.label} not acquired after waiting {waited:.1f}s: {exc}"
+                    if session.stuck and limit is not None:
+                        raise NotAcquired(text, None, waited) from None
+                    raise Unavailable(text) from None
                 raise
         self.session, self.shared = session, shared
         return time.monotonic() - start
