@@ -458,7 +458,9 @@ def test_a_run_waiting_for_its_hold_to_end_keeps_to_its_wait(job: Callable[..., 
     late = j.cli("run", "--reentrant", "--wait", "4", j.name, "true", job=True)
     took = time.monotonic() - started
     assert late.returncode == 75, late.stderr
-    assert "is being ended" in late.stderr and "not acquired within --wait 4" in late.stderr
+    assert "is being ended" in late.stderr
+    # Which of the two waits ran out says it (seen once under heavy load: the lock's own).
+    assert "not acquired within --wait 4" in late.stderr or "after waiting" in late.stderr
     assert took < 4 + 3, took  # the ceiling, and a slack for a busy machine (was 8 and more)
     (j.tmp / "a.go").touch()
     assert first.wait(timeout=30) == 0, j.err("a")
