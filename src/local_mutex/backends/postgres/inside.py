@@ -98,19 +98,10 @@ def _join(
                 "SELECT set_config('lock_timeout', %s, false)", (ms,), timeout=left(limit)
             )
         psycopg = __import__("psycopg")
-        with Interruptible() as stop:
-            try:
-                with stop.query():
-                    session.fetch(
-                        f"{lock._comment} SELECT pg_advisory_lock_shared({key})",
-                        timeout=left(turn),
-                    )
-            except psycopg.errors.LockNotAvailable:
-                return False
-            except BaseException:
-                if stop.interrupted_during_query:
-                    session.cancel()
-                raise
+        try:
+            _wait_in_server(session, f"{lock._comment} SELECT pg_advisory_lock_shared({key})", turn)
+        except psycopg.errors.LockNotAvailable:
+            return False
     rows = observe.fetch_rows(session, [lock.key], timeout=left(limit))
     if not any(row.pid == hold and row.granted for row in rows):
         return False  # it ended before we had the key
@@ -147,15 +138,21 @@ def settle(
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         return True
+    _wait_in_server(session, wait_sql)
+    return True
+
+
+def _wait_in_server(session: Session, sql: str, limit: float | None = None) -> None:
+    """A statement that waits for a lock in the server: a stop signal cancels it there (a
+    waiter left queued would be served later) and raises ``Interrupted``."""
     with Interruptible() as stop:
         try:
             with stop.query():
-                session.fetch(wait_sql)
+                session.fetch(sql, timeout=left(limit))
         except BaseException:
             if stop.interrupted_during_query:
                 session.cancel()
             raise
-    return True
 
 
 def clear(
