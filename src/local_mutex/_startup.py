@@ -40,16 +40,19 @@ _OURS = f"{_PACKAGE}."
 # Imported only by a run that found the lock busy: such a run's imports are not the plain
 # path's (what waiting needs would be run by every uncontended run after it).
 _WAITED = f"{_PACKAGE}.ui.progress"
-# Never cached: what only help, completion, the remote backends, a run inside a hold and
-# the first run on a new lock file use (a plain run would execute them for nothing: sharing
-# a hold's lock loads ``socket``, a few milliseconds), and what is imported before the cache
-# is read.
+# Never cached: what only help, completion, the remote backends, ``--slots``,
+# ``--reentrant``, a run inside a hold and the first run on a new lock file use, and what is
+# imported before the cache is read. The file only grows (a run saves what it loaded from
+# it too): one ``--slots`` run would make every plain run after it execute the slots for
+# nothing (sharing a hold's lock loads ``socket``, a few milliseconds).
 _NOT_CACHED = (
     f"{_PACKAGE}.backends.git",
     f"{_PACKAGE}.backends.postgres",
     f"{_PACKAGE}.backends.flock.share",
     f"{_PACKAGE}.backends.flock.joining",
     f"{_PACKAGE}.backends.flock.predecessor",
+    f"{_PACKAGE}.backends.flock.proclocks",
+    f"{_PACKAGE}.backends.flock.slots",
     f"{_PACKAGE}.backends.flock.state",
     f"{_PACKAGE}.commands.clicktree",
     f"{_PACKAGE}._site",

@@ -190,6 +190,35 @@ def test_only_a_plain_run_writes_the_cache(root: Path, tmp_path: Path, args: lis
     assert not _cache(root).exists()
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--slots", "2"],
+        ["--reentrant"],
+        ["--shared"],
+        ["--no-wait"],
+        ["--wait", "5", "--timeout", "30", "--kill-after", "1"],
+        ["--message", "why"],
+    ],
+    ids=lambda options: options[0],
+)
+def test_a_run_with_options_writes_what_a_plain_run_does(
+    tmp_path: Path, options: list[str]
+) -> None:
+    """The file only grows (each run saves what it loaded from it too): what one run's
+    options import (``--slots``: the slots; ``--reentrant``: /proc/locks) would be executed
+    by every plain run after it."""
+    plain, root = _copy(tmp_path, "plain"), _copy(tmp_path, "other")
+    _plain(plain, tmp_path)
+    expected = sorted(_names(_cache(plain)))
+    for tree in (root, root, plain):  # first on its own, then over a cache, then over a plain one
+        r = _cli(tree, ["-q", *options, "cached", "true", str(tmp_path)])
+        assert r.returncode == 0, r.stderr
+        assert sorted(_names(_cache(tree))) == expected
+        _plain(tree, tmp_path)
+        assert sorted(_names(_cache(tree))) == expected
+
+
 def test_no_cache_is_written_where_bytecode_may_not_be(root: Path, tmp_path: Path) -> None:
     _plain(root, tmp_path, write=False)
     _plain(root, tmp_path, flags=("-B",))
