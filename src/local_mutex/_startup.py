@@ -17,7 +17,8 @@ PYTHONDONTWRITEBYTECODE) and the directory is writable. The file lives in the pa
 still unmarshals can do what a damaged .pyc does.
 """
 
-from __future__ import annotations
+# No ``from __future__ import annotations`` here (the annotations that need it are quoted):
+# importing ``__future__`` would cost every run ~0.15 ms (see ``_startup._compile``).
 
 import marshal
 import os
@@ -60,14 +61,14 @@ _NOT_CACHED = (
 )
 
 _CODE = type((lambda: None).__code__)
-_loaded: list[Entry] = []  # what this run took from the file, in its order
-_recorder: _Recorder | None = None
+_loaded: "list[Entry]" = []  # what this run took from the file, in its order
+_recorder: "_Recorder | None" = None
 # Set by the CLI once it knows this is a plain run (``run``, a local lock): only such a
 # run's imports are saved; help, other verbs and remote locks would bloat the cache.
 plain_run = False
 
 
-def cache_path() -> str | None:
+def cache_path() -> "str | None":
     """Where the cache of this interpreter (and optimization level) lives, if anywhere."""
     tag = sys.implementation.cache_tag
     if tag is None or sys.pycache_prefix is not None:
@@ -97,7 +98,7 @@ def _writable(path: str) -> bool:
     return os.access(pycache if os.path.isdir(pycache) else _HERE, os.W_OK)
 
 
-def _read(path: str) -> list[Entry]:
+def _read(path: str) -> "list[Entry]":
     try:
         # O_NONBLOCK: a FIFO planted at the path must not hang the run.
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -120,7 +121,7 @@ def _read(path: str) -> list[Entry]:
     return list(entries)
 
 
-def _stamp(st: os.stat_result) -> tuple[int, int, int]:
+def _stamp(st: os.stat_result) -> "tuple[int, int, int]":
     """What tells a source changed. The ctime too: nobody can set it, so an edit whose
     mtime was put back (a checkout with normalized times) still shows."""
     return st.st_mtime_ns, st.st_size, st.st_ctime_ns
@@ -132,7 +133,7 @@ def _magic() -> bytes:
     return bytes(external.MAGIC_NUMBER)
 
 
-def _run(entries: list[Entry]) -> None:
+def _run(entries: "list[Entry]") -> None:
     """Each module as the import system runs it: registered before its code runs, dropped
     again if that code fails, bound on its parent package once it is done. One whose
     package is not there yet (an order the file cannot serve) ends the cache's part: the
@@ -175,7 +176,7 @@ class _Recorder:
     def __init__(self) -> None:
         self.done: list[str] = []
 
-    def find_spec(self, name: str, path: object = None, target: object = None) -> Any:
+    def find_spec(self, name: str, path: object = None, target: object = None) -> "Any":
         if not name.startswith(_OURS) or name.startswith(_NOT_CACHED):
             return None
         external: Any = sys.modules["_frozen_importlib_external"]
@@ -188,13 +189,13 @@ class _Recorder:
 class _Noting:
     """The module's own loader, noting when its code has run (then it steps aside)."""
 
-    def __init__(self, loader: Any, done: list[str]) -> None:
+    def __init__(self, loader: "Any", done: "list[str]") -> None:
         self.loader, self.done = loader, done
 
     def create_module(self, spec: object) -> None:
         return None
 
-    def exec_module(self, module: Any) -> None:
+    def exec_module(self, module: "Any") -> None:
         module.__loader__ = module.__spec__.loader = self.loader
         self.loader.exec_module(module)
         self.done.append(module.__name__)
@@ -218,12 +219,33 @@ def save(status: int) -> None:
                 continue
             with open(origin, "rb") as f:
                 source, st = f.read(), os.fstat(f.fileno())
-            code = compile(source, origin, "exec", dont_inherit=True)
+            code = _compile(source, origin)
             is_pkg = os.path.basename(origin) == "__init__.py"
             entries.append((name, is_pkg, os.path.relpath(origin, _PARENT), _stamp(st), code))
         _write(path, marshal.dumps(((_FORMAT, _magic(), sys.flags.optimize), entries)))
     except Exception:  # a source edited mid-run into a SyntaxError, a full disk, a
         pass  # read-only tree: the run's outcome is the command's
+
+
+def _compile(source: bytes, origin: str) -> "CodeType":
+    """The module's code, but with its ``from __future__`` imports taken out and their
+    flags given to the compiler instead: the same code, without an import of ``__future__``
+    (~0.15 ms) in every run. Only the module's ``annotations`` global is missing."""
+    import __future__
+
+    import ast
+
+    tree = ast.parse(source, origin)
+    flags, body = 0, []
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            for alias in node.names:
+                flags |= int(getattr(__future__, alias.name).compiler_flag)
+        else:
+            body.append(node)
+    tree.body = body
+    code: CodeType = compile(tree, origin, "exec", flags=flags, dont_inherit=True)
+    return code
 
 
 def _write(path: str, data: bytes) -> None:
