@@ -524,3 +524,35 @@ def test_of_two_releases_waiting_for_the_runs_inside_one_ends_the_hold(
     said = [f"released {j.name}" in j.err(tag) for tag in ("release", "other")]
     assert sorted(said) == [False, True], (j.err("release"), j.err("other"))
     assert not j.held()
+
+
+def test_a_release_that_may_not_end_the_hold_is_refused_before_any_wait(
+    job: Callable[..., Job], pg: PgServer
+) -> None:
+    """A role that cannot end the holder's session (a superuser's, here) is told so at
+    once (77): it does not queue behind the runs inside first, holding them up."""
+    j = job("unending")
+    run = j.inside("a")
+    pg.psql("DROP ROLE IF EXISTS lm_weak")
+    pg.psql("CREATE ROLE lm_weak LOGIN PASSWORD 'weak' IN ROLE pg_read_all_stats")
+    r = subprocess.run(
+        [
+            *CLI,
+            "release",
+            "--remote",
+            pg.url.replace("postgres@", "lm_weak@"),
+            "--force",
+            "unending",
+        ],
+        env={**j.env, "PGPASSWORD": "weak"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
+    assert r.returncode == 77, r.stderr
+    assert "pg_signal_backend" in r.stderr and "waiting" not in r.stderr, r.stderr
+    assert not j.ending() and j.held() and run.poll() is None
+    (j.tmp / "a.go").touch()
+    assert run.wait(timeout=30) == 0, j.err("a")
+    assert j.held()  # nothing was ended

@@ -165,6 +165,8 @@ class PostgresBackend:
                     f"release of {label} from inside a run inside its hold would wait for "
                     "that run, and so for itself: release it once the run is over"
                 )
+            # Refused now, not after waiting for the runs inside: ending it would fail.
+            self._check_may_end(label, row)
             # The runs inside the hold end first. Once they have, the hold may have ended
             # by itself (its TTL): its server pid could be another session's by then.
             try:
@@ -189,6 +191,22 @@ class PostgresBackend:
         if refusal is not None:
             raise refusal
         return Released(describe_key(name_key(name)), False, found=False)
+
+    def _check_may_end(self, label: str, row: observe.Row) -> None:
+        """Refused unless this session may end the holder's, by the server's own rule for
+        ``pg_terminate_backend``: a superuser's only by a superuser; else the holder's
+        role's privileges, or pg_signal_backend's. Unknown (an error): left to the try."""
+        psycopg = load_driver()
+        try:
+            (may,) = self._session().fetch(_MAY_END, (row.pid,), timeout=observe.READ_SECONDS)
+        except (psycopg.Error, Unavailable):
+            return
+        if may is False:
+            raise Refused(
+                f"cannot end the hold on {label}: permission denied to terminate its session "
+                f"(server pid {row.pid}; ending another session needs its role, membership "
+                "in it, or pg_signal_backend, and a superuser's needs a superuser)"
+            )
 
     def _terminate(self, label: str, row: observe.Row) -> None:
         psycopg = load_driver()
@@ -229,6 +247,19 @@ class PostgresBackend:
         session, self._observer = self._observer, None
         if session is not None:
             session.close()
+
+
+# May this session end the one of that server pid? NULL when it is gone (or unseen).
+_MAY_END = """
+SELECT CASE
+    WHEN me.rolsuper THEN true
+    WHEN them.rolsuper THEN false
+    ELSE pg_has_role(current_user, a.usesysid, 'USAGE')
+        OR pg_has_role(current_user, 'pg_signal_backend', 'USAGE')
+END
+FROM pg_roles me, pg_stat_activity a JOIN pg_roles them ON them.oid = a.usesysid
+WHERE me.rolname = current_user AND a.pid = %s
+"""
 
 
 def _still_there(row: observe.Row, rows: Sequence[observe.Row]) -> bool:
