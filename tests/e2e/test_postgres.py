@@ -785,6 +785,7 @@ def test_session_settings_a_server_default_cannot_undo(pg: PgServer, env: dict[s
         # Over TCP the keepalives are live: 4 + 2 * 4 = 12 seconds.
         assert (shown["tcp_keepalives_idle"], shown["tcp_keepalives_interval"]) == ("4", "2")
         assert shown["tcp_keepalives_count"] == "4" and shown["tcp_user_timeout"] == "12000"
+        assert shown["client_connection_check_interval"] == "1s"  # a killed waiter: gone soon
         time.sleep(1.5)  # past the database's idle_session_timeout
         assert lock.check() is None
         lock.release()
