@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import run_cli, wait_for
-from helpers.pgserver import PASSWORD, PgServer, ServerUnavailable, find_install, served
+from helpers.pgserver import PASSWORD, GatedProxy, PgServer, ServerUnavailable, find_install, served
 
 psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg) is not installed")
 
@@ -1034,6 +1034,78 @@ def test_a_session_ended_under_a_frozen_process_still_stops_the_command(
     assert wrapper.wait(20) == 69
     # The keeper runs again, or never stopped: it says which lock, whoever stopped it.
     assert "lost lock frozen" in (tmp_path / "cli0.err").read_text()
+
+
+def _spawn_with(
+    pg: PgServer, tmp: Path, env: dict[str, str], *args: str
+) -> subprocess.Popen[bytes]:
+    with open(tmp / "cli.err", "wb") as err:
+        return subprocess.Popen(
+            [*CLI, *args], env=_cli_env(pg, env), stdin=subprocess.DEVNULL, stderr=err
+        )
+
+
+def test_a_frozen_keeper_cut_off_from_the_server_still_has_its_command_stopped(
+    pg: PgServer, tmp_path: Path
+) -> None:
+    """Two faults at once: the keeper is frozen (it heartbeats nothing), then the server
+    ends the session without the client hearing of it (a partition the server noticed
+    first): no hangup reaches the supervisor, and the lock is someone else's. The
+    supervisor stops the command all the same, by the deadline the keeper last gave it
+    (from the last confirmed heartbeat), before the server could have dropped a session
+    it merely stopped hearing from."""
+    pidfile = tmp_path / "pid"
+    with GatedProxy(pg, b"\0never sent\0") as proxy:
+        drop = {"LOCAL_MUTEX_PG_DROP_SECONDS": "12"}
+        args = ("run", "--remote", proxy.url, "--kill-after", "1", "partitioned")
+        wrapper = _spawn_with(pg, tmp_path, drop, *args, f"echo $$ > {pidfile}; exec sleep 120")
+        wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "", 20, "command")
+        command = int(pidfile.read_text())
+        os.kill(wrapper.pid, signal.SIGSTOP)
+        try:
+            proxy.sever()
+            wait_for(lambda: not _held(pg, name_key(b"partitioned")), 20, "the server to end it")
+            severed = time.monotonic()
+            # 12 s of keepalives after the last confirmation, less the stop (--kill-after
+            # + 2 s) and the supervisor's second: the command is gone well within 12 s.
+            wait_for(lambda: not _alive(command), 30, "the supervisor to stop the command")
+            assert time.monotonic() - severed < 14
+        finally:
+            os.kill(wrapper.pid, signal.SIGCONT)
+        assert wrapper.wait(20) == 69
+    err = (tmp_path / "cli.err").read_text()
+    assert "nothing confirmed its session in time" in err, err
+
+
+def test_a_whole_run_frozen_past_its_deadline_runs_on_once_thawed(
+    pg: PgServer, tmp_path: Path
+) -> None:
+    """Ctrl-Z stops keeper, supervisor and command alike, for as long as the user likes;
+    the session stays (the kernel answers the server's keepalives). Thawed long past its
+    stop deadline, the supervisor gives the keeper a moment to confirm the lock rather
+    than stopping a command whose lock is still held."""
+    go, pidfile = tmp_path / "go", tmp_path / "pid"
+    drop = {"LOCAL_MUTEX_PG_DROP_SECONDS": "6"}
+    cmd = f"echo $$ > {pidfile}; while [ ! -e {go} ]; do sleep 0.05; done; exit 7"
+    args = ("run", "--remote", pg.url, "--kill-after", "1", "thawed", cmd)
+    wrapper = _spawn_with(pg, tmp_path, drop, *args)
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "", 20, "command")
+    supervisor = _children(wrapper.pid)[0]
+    frozen = [wrapper.pid, supervisor]
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        # Past the deadline (3.5 s after the last confirmation with these settings).
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        for pid in reversed(frozen):  # the supervisor first: it wakes to a deadline long past
+            os.kill(pid, signal.SIGCONT)
+    time.sleep(3)  # past the thaw grace: a supervisor that stopped the command has by now
+    go.touch()
+    assert wrapper.wait(20) == 7, (tmp_path / "cli.err").read_text()
+    assert _held(pg, name_key(b"thawed")) is False
 
 
 def test_cli_slots_name_the_slot_holders_and_count_every_waiter(

@@ -333,7 +333,8 @@ class GatedProxy:
     ``held`` clients got that far, freezes the server (``PgServer.frozen``), then opens the
     gate: the statement reaches a server that has stopped, at exactly the point the test
     is about (the middle of a ``release``, say), which no timing could hit reliably.
-    Threads of the test process; ``close()`` ends them."""
+    ``sever()`` plays a partition the server noticed first. Threads of the test process;
+    ``close()`` ends them."""
 
     def __init__(self, server: PgServer, marker: bytes) -> None:
         self.target, self.marker = server.port, marker
@@ -344,6 +345,8 @@ class GatedProxy:
         self._mutex = threading.Lock()
         self._held = 0
         self._socks: list[socket.socket] = [self.listener]
+        self._upstream: list[socket.socket] = []
+        self._severed = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
@@ -354,6 +357,19 @@ class GatedProxy:
 
     def open(self) -> None:
         self._gate.set()
+
+    def sever(self) -> None:
+        """Close the server's side of every connection and leave the clients' open and
+        silent: the server ends the sessions (their locks are free at once), while the
+        clients hear nothing -- no hangup, no answer -- as after a partition."""
+        self._severed.set()
+        with self._mutex:
+            upstream = list(self._upstream)
+        for sock in upstream:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def close(self) -> None:
         self._gate.set()
@@ -382,6 +398,7 @@ class GatedProxy:
                 return
             with self._mutex:
                 self._socks += [client, server]
+                self._upstream.append(server)
             for src, dst, gated in ((client, server, True), (server, client, False)):
                 threading.Thread(target=self._pump, args=(src, dst, gated), daemon=True).start()
 
@@ -400,7 +417,8 @@ class GatedProxy:
             pass
         finally:
             try:
-                dst.shutdown(socket.SHUT_WR)
+                if not self._severed.is_set():  # severed: the client hears nothing at all
+                    dst.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
 

@@ -352,6 +352,10 @@ def _parse_done(outcome: Outcome, text: str, lock: Lock | None = None) -> None:
             "lost the lease: no renewal went through in time (the keeper could not run "
             "or the server did not answer), so the supervisor stopped the command itself "
             "before anyone could take the lock over"
+            if session_of(lock) is None
+            else "lost the lock: nothing confirmed its session in time (the keeper could not "
+            "run, or the server did not answer), so the supervisor stopped the command "
+            "itself before the server could drop the session and hand the lock on"
         )
     if closed == "1" and outcome.lost is None:
         outcome.lost = why_lost(lock) or LockLost(

@@ -47,6 +47,10 @@ HANDLED = (*FORWARDED, STOP_NOW, signal.SIGALRM)
 # A socket whose peer closed it (POLLRDHUP: Linux; elsewhere POLLHUP, once both ways shut).
 HANGUP = getattr(select, "POLLRDHUP", 0) | select.POLLHUP
 # After the first forwarded signal: TERM at +4 s, KILL at +7 s; the runner kills at +10 s.
+# A session's stop deadline passed by this much when we woke: we were frozen ourselves
+# (see _watch_keeper), and the keeper is given THAW_GRACE seconds to send a newer one.
+FROZEN_IF_LATE = 1.0
+THAW_GRACE = 2.0
 ESCALATE_TERM_AFTER = 4.0
 ESCALATE_KILL_AFTER = 7.0
 # A signal the keeper relays and the group also got directly (kill -TERM -PGID, systemd):
@@ -211,6 +215,7 @@ def _watch_keeper(sup: _Supervisor, life: int, session: int | None) -> None:
     if session is not None:
         poller.register(session, HANGUP)  # never POLLIN: the keeper reads that socket
     deadline: float | None = None
+    thawed = False
     buffer = b""
     while True:
         timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
@@ -220,6 +225,14 @@ def _watch_keeper(sup: _Supervisor, life: int, session: int | None) -> None:
                 sup.session_closed = True
                 break
             if not ready:
+                # Woken long past the deadline: we were frozen too (Ctrl-Z stops the whole
+                # run, a suspended machine), the keeper most likely with us. A server session
+                # outlives a freeze (the kernel answers its keepalives; a lease runs out):
+                # once thawed the keeper confirms it, or finds it lost, within a moment.
+                late = time.monotonic() - (deadline or 0.0)
+                if session is not None and late > FROZEN_IF_LATE and not thawed:
+                    deadline, thawed = time.monotonic() + THAW_GRACE, True
+                    continue
                 sup.lease_ran_out = True
                 break
             data = os.read(life, 4096)
@@ -233,7 +246,7 @@ def _watch_keeper(sup: _Supervisor, life: int, session: int | None) -> None:
         *lines, buffer = buffer.split(b"\n")
         for line in lines:
             if line.startswith(b"deadline "):
-                deadline = float(line.split()[1])
+                deadline, thawed = float(line.split()[1]), False
             elif line.startswith(b"fds "):  # a lock file the keeper put back: ours too
                 from .handdown import take
 

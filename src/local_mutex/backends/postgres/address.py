@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from ...errors import BadAddress
+from ...supervise.hooks import SUPERVISOR_LATE
 from ..secrets import has_password, mask
 
 TYPE_CHECKING = False
@@ -140,6 +141,18 @@ class DropBound:
         """A heartbeat unanswered for this long means the lock may be gone: stop the command
         with time left for TERM -> KILL before the server drops the session."""
         return max(self.seconds / 4, 1.0)
+
+    def stop_by(self, confirmed: float, stop_grace: float) -> float:
+        """By when (monotonic) the command must be stopping if nothing confirms the session
+        after ``confirmed`` (when the last heartbeat answered "held" was sent): the server
+        cannot drop it sooner than its keepalives allow after hearing from us, and stopping
+        takes ``stop_grace``; the supervisor acts ``SUPERVISOR_LATE`` after this. Never
+        sooner than the keeper's own bound (a heartbeat, then its deadline): a bound too
+        small for the stop is warned about instead (``PostgresLock._warning``)."""
+        idle, interval, count = self.keepalives
+        server = min(idle + interval * count, self.seconds)
+        keeper = self.heartbeat + self.heartbeat_deadline + SUPERVISOR_LATE
+        return confirmed + max(server - stop_grace - SUPERVISOR_LATE, keeper)
 
     def server_settings(self) -> dict[str, str]:
         idle, interval, count = self.keepalives

@@ -19,7 +19,7 @@ import time
 
 from ... import nesting
 from ...errors import LockLost, NotAcquired, RecordNotWritten, Unavailable
-from . import observe, record
+from . import observe, record, waiting
 from .address import (
     ENV_DROP,
     ENV_PASSWORD,
@@ -70,8 +70,8 @@ class PostgresLock:
         self._comment = ""
         self._next_beat = 0.0
         self._beat_sent: float | None = None
-        self._warned = False
-        self._hold = False
+        self._confirmed: float | None = None  # the last heartbeat answered "held" was sent
+        self._warned = self._hold = False
         self.inside_of: int | None = None  # the hold's server pid, for a run inside it
         self._wait_since, self._command = 0.0, ""
         self._budget = 512
@@ -194,7 +194,7 @@ class PostgresLock:
         if session.fetch(sql, timeout=left(limit))[0]:
             self.held_key = key
             return False
-        holder, ahead = (None, 0) if busy is not None else self._holder(session, key, limit)
+        holder, ahead = waiting.holder_and_queue(session, key, limit) if busy is None else (None, 0)
         if wait is not None and wait <= 0:
             waited = time.monotonic() - start
             raise NotAcquired(
@@ -223,18 +223,11 @@ class PostgresLock:
         except psycopg.errors.LockNotAvailable:
             waited = time.monotonic() - start
             if busy is None:
-                holder = self._holder(session, key, limit)[0] or holder
+                holder = waiting.holder_and_queue(session, key, limit)[0] or holder
             why = refusal(self.label, session.address, holder, busy, waited)
             raise NotAcquired(why, holder, waited) from None
         self.held_key = key
         return True
-
-    def _holder(
-        self, session: Session, key: int, limit: float | None
-    ) -> tuple[dict[str, Any] | None, int]:
-        """Who holds ``key`` and how many wait for it."""
-        rows = observe.fetch_rows(session, [key], timeout=left(limit))
-        return observe.first_holder(rows, key), sum(1 for r in rows if not r.granted)
 
     # -- holding ------------------------------------------------------------------------------
 
@@ -284,8 +277,8 @@ class PostgresLock:
             except Exception as exc:
                 raise self._lost(session, exc) from None
             if rows is not None:
-                self._beat_sent = None
-                self._judge(session, rows[0])
+                sent, self._beat_sent = self._beat_sent, None
+                self._judge(session, rows[0], sent)
             elif time.monotonic() - self._beat_sent >= self.drop.heartbeat_deadline:
                 session.stuck = True
                 raise LockLost(
@@ -328,11 +321,12 @@ class PostgresLock:
 
     def _beat(self, session: Session) -> None:
         """One heartbeat, waiting for its answer (at most the deadline)."""
+        sent = time.monotonic()
         try:
             row = session.fetch(self._beat_sql(), timeout=self.drop.heartbeat_deadline)
         except Exception as exc:
             raise self._lost(session, exc) from None
-        self._judge(session, row)
+        self._judge(session, row, sent)
 
     def _lost(self, session: Session, exc: Exception) -> LockLost:
         if isinstance(exc, Unavailable):
@@ -344,7 +338,7 @@ class PostgresLock:
             f"{driver_message(str(exc))}"
         )
 
-    def _judge(self, session: Session, row: tuple[Any, ...]) -> None:
+    def _judge(self, session: Session, row: tuple[Any, ...], sent: float) -> None:
         if not row[1]:
             why = (
                 " (a pooler in transaction mode? session locks need session pooling)"
@@ -357,7 +351,13 @@ class PostgresLock:
                 f"lost lock {self.label}: the hold it ran inside ended (its holder died, or "
                 "the server ended its session)"
             )
-        self._next_beat = time.monotonic() + self.drop.heartbeat
+        self._next_beat, self._confirmed = time.monotonic() + self.drop.heartbeat, sent
+
+    def stop_deadline(self) -> float | None:
+        """For the supervisor, which stops the command by then unless a newer one comes: a
+        frozen keeper confirms nothing, and the session may be gone without a hangup."""
+        confirmed = self._confirmed if self.session is not None else None
+        return None if confirmed is None else self.drop.stop_by(confirmed, self.stop_grace)
 
     # -- letting go ---------------------------------------------------------------------------
 

@@ -139,3 +139,11 @@ def who(holder: Mapping[str, Any]) -> str:
     from ...ui.lines import describe_holder
 
     return describe_holder(holder)
+
+
+def holder_and_queue(
+    session: Session, key: int, limit: float | None
+) -> tuple[dict[str, Any] | None, int]:
+    """Who holds ``key`` and how many wait for it."""
+    rows = observe.fetch_rows(session, [key], timeout=left(limit))
+    return observe.first_holder(rows, key), sum(1 for r in rows if not r.granted)
