@@ -1077,22 +1077,24 @@ def test_a_frozen_keeper_cut_off_from_the_server_still_has_its_command_stopped(
     assert "nothing confirmed its session in time" in err, err
 
 
-def test_a_whole_run_frozen_past_its_deadline_runs_on_once_thawed(
-    pg: PgServer, tmp_path: Path
+@pytest.mark.parametrize("frozen", ["whole run", "keeper over a Unix socket"])
+def test_a_run_frozen_past_its_deadline_runs_on_once_thawed(
+    pg: PgServer, tmp_path: Path, frozen: str
 ) -> None:
     """Ctrl-Z stops keeper, supervisor and command alike, for as long as the user likes;
     the session stays (the kernel answers the server's keepalives). Thawed long past its
     stop deadline, the supervisor gives the keeper a moment to confirm the lock rather
-    than stopping a command whose lock is still held."""
+    than stopping a command whose lock is still held. Over a Unix socket no partition can
+    cut the session off: a frozen keeper there sets no deadline at all."""
     go, pidfile = tmp_path / "go", tmp_path / "pid"
     drop = {"LOCAL_MUTEX_PG_DROP_SECONDS": "6"}
     cmd = f"echo $$ > {pidfile}; while [ ! -e {go} ]; do sleep 0.05; done; exit 7"
-    args = ("run", "--remote", pg.url, "--kill-after", "1", "thawed", cmd)
+    url = pg.url if frozen == "whole run" else pg.socket_url
+    args = ("run", "--remote", url, "--kill-after", "1", "thawed", cmd)
     wrapper = _spawn_with(pg, tmp_path, drop, *args)
     wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "", 20, "command")
-    supervisor = _children(wrapper.pid)[0]
-    frozen = [wrapper.pid, supervisor]
-    for pid in frozen:
+    stopped = [wrapper.pid] + ([_children(wrapper.pid)[0]] if frozen == "whole run" else [])
+    for pid in stopped:
         os.kill(pid, signal.SIGSTOP)
     try:
         # Past the deadline (3.5 s after the last confirmation with these settings).
@@ -1100,7 +1102,7 @@ def test_a_whole_run_frozen_past_its_deadline_runs_on_once_thawed(
         while time.monotonic() < deadline:
             time.sleep(0.1)
     finally:
-        for pid in reversed(frozen):  # the supervisor first: it wakes to a deadline long past
+        for pid in reversed(stopped):  # the supervisor first: it wakes to a deadline long past
             os.kill(pid, signal.SIGCONT)
     time.sleep(3)  # past the thaw grace: a supervisor that stopped the command has by now
     go.touch()

@@ -356,7 +356,7 @@ class PostgresLock:
     def stop_deadline(self) -> float | None:
         """For the supervisor, which stops the command by then unless a newer one comes: a
         frozen keeper confirms nothing, and the session may be gone without a hangup."""
-        confirmed = self._confirmed if self.session is not None else None
+        confirmed = self._confirmed if self.session and self.session.over_tcp else None
         return None if confirmed is None else self.drop.stop_by(confirmed, self.stop_grace)
 
     # -- letting go ---------------------------------------------------------------------------

@@ -115,6 +115,8 @@ class Session:
         # server process we talk to. Session pooling works; transaction pooling hands our
         # statements to other sessions, which the heartbeat's pg_locks check catches.
         self.pooled = info.backend_pid != self.backend_pid
+        # Over a Unix socket no partition can part us: the kernel sees both ends.
+        self.over_tcp = not (info.host or "/").startswith(("/", "@"))
 
     # -- talking ------------------------------------------------------------------------------
 
