@@ -563,6 +563,38 @@ def _put_back_and_kill_both(
     return supervisor
 
 
+@pytest.mark.parametrize("put_back", [False, True], ids=["plain", "after a put-back"])
+def test_a_nested_call_of_a_command_whose_keeper_and_supervisor_died_runs_inside(
+    procs: Procs, lock_dir: Path, marks: Path, put_back: bool
+) -> None:
+    """Keeper and supervisor killed together: the command holds the lock alone, and its
+    own nested call of that lock (``"$LOCAL_MUTEX_CLI" NAME ...``) waited for it -- for
+    itself -- for good, and the command with it: the lock was never freed. The call runs
+    inside now (the lock's taker is gone; the description is its command's, and its own),
+    while anyone else is still kept out until the command ends."""
+    nested = f'"$LOCAL_MUTEX_CLI" orphan "touch {marks}/nested.ran"; echo $? > {marks}/rc'
+    cmd = f"{hold_until(marks, 'a')}; {nested}; {hold_until(marks, 'b')}"
+    keeper = procs.start(["orphan", cmd, str(lock_dir)])
+    wait_for(marks / "a.held")
+    path = lock_file(lock_dir, "orphan")
+    if put_back:  # the command then holds a deleted file's lock; a guardian the new one's
+        _put_back_and_kill_both(procs, keeper, path)
+    else:
+        supervisor = pw.supervisor_child(keeper.pid)
+        assert supervisor is not None
+        _kill_both(keeper, supervisor)
+    (marks / "a.go").touch()
+    wait_for(marks / "rc", 20, "the nested call to end")
+    assert (marks / "rc").read_text().strip() == "0"
+    assert (marks / "nested.ran").exists()
+    wait_for(marks / "b.held")
+    r = run_cli(["--no-wait", "orphan", f"touch '{marks}/newcomer.ran'", str(lock_dir)])
+    assert r.returncode == 75, r.stderr  # still the command's
+    (marks / "b.go").touch()
+    r = run_cli(["--wait", "20", "orphan", "true", str(lock_dir)])
+    assert r.returncode == 0, r.stderr
+
+
 def _kill_both(keeper: subprocess.Popen[bytes], supervisor: int) -> None:
     """Both at once, as ``kill -9`` of both would on an idle machine. Killed one after the
     other, the second may see the first die and stop the command (as it must) before its

@@ -275,3 +275,32 @@ def test_an_entry_naming_an_ancestor_that_holds_nothing_waits(
     finally:
         (marks / "h.go").touch()
         holder.wait(20)
+
+
+def test_a_leftover_of_a_run_inside_a_hold_does_not_run_inside_the_hold(
+    lock_dir: Path, marks: Path
+) -> None:
+    """A run inside a hold shares the hold's lock description, and so does a job its
+    command leaves behind. Once the run is over, that job's nested call must wait for the
+    hold like anyone else: the description is locked by the hold, whose holder lives."""
+    r = run_cli(["hold", "h", "--lock-dir", str(lock_dir)])
+    assert r.returncode == 0, r.stderr
+    job = {"LOCAL_MUTEX_HOLD_TOKEN": r.stdout.decode().strip()}
+    leftover = (
+        f'(setsid sh -c \'while [ ! -e "{marks}/go" ]; do sleep 0.01; done; '
+        f'sh "$LOCAL_MUTEX_CLI" --no-wait h "touch {marks}/ran"; '
+        f'echo $? > "{marks}/rc.tmp"; mv "{marks}/rc.tmp" "{marks}/rc"\' '
+        "</dev/null >/dev/null 2>&1 &)"
+    )
+    try:
+        inside = run_cli(
+            ["--lock-dir", str(lock_dir), "run", "--reentrant", "h", leftover], env=job
+        )
+        assert inside.returncode == 0 and b"running inside it" in inside.stderr, inside.stderr
+        (marks / "go").touch()
+        wait_for(marks / "rc", 20, "the leftover's call")
+        assert (marks / "rc").read_text().strip() == "75"
+        assert not (marks / "ran").exists()
+    finally:
+        (marks / "go").touch()
+        run_cli(["release", "h", "--lock-dir", str(lock_dir)], env=job)

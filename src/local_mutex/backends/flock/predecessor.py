@@ -24,7 +24,7 @@ import time
 
 from ... import nesting
 from . import kernel, record
-from .lockdir import as_proc_names_it, is_file_at
+from .lockdir import as_proc_names_it, file_id, is_file_at
 from .proclocks import KernelLock, held_elsewhere, key_of, read_proc_locks
 
 TYPE_CHECKING = False
@@ -154,6 +154,35 @@ def enclosing(lock: FlockLock, env: Mapping[str, str]) -> tuple[int, str] | None
             # another name's lock file: its record says which lock file it is.
             if record.recorded_path(through) == path:
                 return pid, mode
+    return _held_through_us(lock, path)
+
+
+def _held_through_us(lock: FlockLock, path: str) -> tuple[int, str] | None:
+    """The run we are part of had its keeper and supervisor killed together: its lock is
+    its command's alone, through the description the command inherited -- and we inherited
+    it too. Waiting would wait for ourselves, and the command with us, for good. The lock's
+    taker (the keeper) must be gone: a lock whose taker lives (a hold's, shared with a
+    leftover of a run inside it) is not ours to run inside. (A leftover of a run that ended
+    holds nothing through it: the run unlocked it.) The command's top process, and mode."""
+    from ..._proc import PROC, granted, holds_lock, open_files, parent_of, stat_fields
+
+    me, here = os.getpid(), file_id(lock.fd)
+    for fd, st in open_files(me):
+        if (st.st_dev, st.st_ino) != here:
+            try:  # the file at the path, or one deleted from it (before its put-back)
+                if os.readlink(f"{PROC}/{me}/fd/{fd}") != path + " (deleted)":
+                    continue
+            except OSError:
+                continue
+        for line in granted(me, fd):  # "FLOCK ADVISORY WRITE <taker> dev:ino 0 EOF"
+            how, taker = line.split()[2:4]
+            fields = stat_fields(int(taker)) if taker.isdigit() else None
+            if fields is not None and fields[0] != b"Z":
+                continue  # its taker lives
+            top, up = me, parent_of(me)
+            while up is not None and up > 1 and holds_lock(up, {(st.st_dev, st.st_ino)}):
+                top, up = up, parent_of(up)
+            return top, "x" if how == "WRITE" else "s"
     return None
 
 
