@@ -115,8 +115,10 @@ def run_locked(
     env: Mapping[str, str] | None = None,
     reporter: Reporter | None = None,
     subreaper: bool = False,
+    last: bool = False,
 ) -> RunResult:
-    """Run the command while holding the named lock; see ``api.run`` for the rules."""
+    """Run the command while holding the named lock; see ``api.run`` for the rules.
+    ``last``: this process exits right after (``SignalsHeld``)."""
     env = os.environ if env is None else env
     lock = backend.lock(name_bytes(name))
     result = RunResult(lock.lock_file)
@@ -131,7 +133,7 @@ def run_locked(
             # nested calls of its command run inside, as under the holder's own lock.
             joined = session_of(lock) is not None
             inside = command_env(lock if here is None else here[1], env, here is not None or joined)
-            return _run_inside(lock, pid, command, opts, inside, reporter, result, subreaper)
+            return _run_inside(lock, pid, command, opts, inside, reporter, result, subreaper, last)
         if opts.reentrant and reporter is not None and not _may_join_a_hold(opts, env):
             reporter.warning(
                 f"--reentrant runs inside a hold of this GitHub job, or the hold whose token "
@@ -139,7 +141,7 @@ def run_locked(
                 "anyone else would take it"
             )
         progress = progress_interval(env) if reporter is not None else None
-        with SignalsHeld() as held:
+        with SignalsHeld(last) as held:
             try:
                 result.waited = _take(
                     lock, opts, env, reporter, progress, command.text, spent=spent
@@ -223,6 +225,7 @@ def _run_inside(
     reporter: Reporter | None,
     result: RunResult,
     subreaper: bool,
+    last: bool,
 ) -> RunResult:
     """An enclosing holder has this lock: run the command within its hold. The lock stays
     open until the command is over: it may share the hold's (``backends.flock.share``)."""
@@ -238,7 +241,7 @@ def _run_inside(
     if guard is not None:
         guard.stop_grace = opts.kill_after + STOP_MARGIN
     try:
-        with SignalsHeld() as held:
+        with SignalsHeld(last) as held:
             outcome = supervise(
                 spec,
                 keep_fds=lock.keep_fds(),  # the hold's, if shared with us: the command's too

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Procs, hold_until, lock_file, lock_is_free, read_pid, wait_for
+from helpers import Procs, clean_env, hold_until, lock_file, lock_is_free, read_pid, wait_for
 from helpers import procwatch as pw
 
 
@@ -184,3 +184,38 @@ def test_a_stop_signal_reaches_a_stopped_supervisor(
     keeper.send_signal(signal.SIGTERM)
     assert keeper.wait(15) == 128 + signal.SIGTERM, procs.stderr(keeper)
     assert not _alive(command)
+
+
+# Sends SIGNUM to this very process when it unlocks a lock file (``fcntl.flock`` with
+# LOCK_UN): the release after the command, the instant a late stop signal must not undo.
+AT_RELEASE = """
+import fcntl, os, sys
+def _late(event, args, signum=int(os.environ["SIGNAL_AT_RELEASE"])):
+    if event == "fcntl.flock" and args[1] & fcntl.LOCK_UN:
+        os.kill(os.getpid(), signum)
+sys.addaudithook(_late)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_after_the_command_ended_leaves_its_status(
+    lock_dir: Path, tmp_path: Path, signum: int
+) -> None:
+    """The command ran and exited 42; a stop signal that came while the lock was being
+    released (a second Ctrl-C, a storm of SIGHUPs) killed local-mutex with 128+N -- the
+    status that says the command never ran -- before it printed the released line."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(AT_RELEASE)
+    src = Path(__file__).resolve().parents[2] / "src"
+    env = clean_env({"PYTHONPATH": f"{site}:{src}", "SIGNAL_AT_RELEASE": str(int(signum))})
+    r = subprocess.run(
+        [sys.executable, "-m", "local_mutex", "late", "exit 42", str(lock_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 42, r.stderr
+    assert "released late" in r.stderr and "exit 42" in r.stderr, r.stderr
+    assert lock_is_free(lock_file(lock_dir, "late"))

@@ -50,7 +50,7 @@ def run(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
             env,
             reporter,
             lambda b: run_locked(
-                b, name, command, opts, env=env, reporter=reporter, subreaper=True
+                b, name, command, opts, env=env, reporter=reporter, subreaper=True, last=True
             ),
         )
     except Failed as exc:

@@ -132,11 +132,15 @@ class SignalsHeld(StopHandlers):
     command the relay passes on; one after the command ended waits in ``pending`` until
     the lock is released."""
 
-    def __init__(self) -> None:
+    def __init__(self, last: bool = False) -> None:
         super().__init__()
         self.pending: list[int] = []
         self.letting_go = False  # a second signal must not cut the release short
         self.forking = False  # set just before the fork: queue, never raise, from then on
+        # The process exits right after a run that ended (the CLI's): a stop signal that
+        # came once the command was over is dropped, so the exit status is the command's
+        # (a run that did not end re-raises them as usual; one after this still counts).
+        self.last = last
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         if self.forking:
@@ -146,6 +150,21 @@ class SignalsHeld(StopHandlers):
 
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)  # the caller's own handlers, for what is pending
+        if self.last and exc[0] is None:
+            self.pending.clear()
+            _discard_pending(FORWARDED)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
         for sig in self.pending:
             os.kill(os.getpid(), sig)
+
+
+def _discard_pending(signals: tuple[int, ...]) -> None:
+    """Drop what the kernel holds pending of these blocked signals: a signal whose action
+    is set to ignore is discarded, pending or not. Each handler is then put back as it
+    was; one installed outside Python (unknown here) is left alone, and so is its signal."""
+    for sig in signals:
+        handler = signal.getsignal(sig)
+        if handler is None or handler == signal.SIG_IGN:
+            continue
+        signal.signal(sig, signal.SIG_IGN)
+        signal.signal(sig, handler)
