@@ -948,11 +948,30 @@ def test_a_newcomer_in_the_tick_after_a_deletion_waits_for_the_deleted_files_loc
         late = procs.start(["--wait", "60", "gone", late_cmd, str(lock_dir)])
         procs.wait_stderr(late, "waiting for that lock to end")
         assert _locked_file_at(path)
-    procs.wait_stderr(holder, "took the new file first")  # and it says so
+    procs.wait_stderr(holder, "took the new file first and waits for this lock to end")
     _let_end(holder, procs, marks)
     assert late.wait(20) == 0, procs.stderr(late)
     assert (marks / "late.ran").exists(), "the newcomer ran before the holder's command ended"
     assert lock_is_free(path)
+
+
+def test_a_holder_says_when_whoever_took_the_file_put_at_its_path_does_not_wait(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """Another program put an empty file at the path and locked it (no mark in it, so it
+    asked no kernel about the deleted file's lock): the holder said "a local-mutex run
+    waits for this lock to end". It now says nobody waits."""
+    holder = _holding(procs, "swapped", lock_dir, marks)
+    path = lock_file(lock_dir, "swapped")
+    with stopped(holder.pid):
+        path.unlink()
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        procs.wait_stderr(holder, "took the new file first and does not wait for this lock")
+    finally:
+        os.close(fd)
+    _let_end(holder, procs, marks)
 
 
 def _alone(marks: Path, tag: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 
 from . import guardian, kernel, record
 from .lockdir import cannot_put_back, create_exclusive, file_id, refusal_for
@@ -17,6 +18,9 @@ from .lockdir import cannot_put_back, create_exclusive, file_id, refusal_for
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .lock import FlockLock
+
+# How long a newcomer that took the new file gets to start waiting for our lock.
+_WAITER_WITHIN = 0.3
 
 
 def put_back(lock: FlockLock) -> str | None:
@@ -68,12 +72,34 @@ def put_back(lock: FlockLock) -> str | None:
         )
     os.close(fd)  # the file now at the path is locked: somebody took it first
     other = lock.busy_holder() or {}
-    lock.lost_to = other.get("pid") if isinstance(other.get("pid"), int) else -1
+    pid = other.get("pid")
+    lock.lost_to = pid if isinstance(pid, int) else -1
+    who = f"pid {pid}" if isinstance(pid, int) else "another process"
+    then = (
+        "and waits for this lock to end"
+        if _waited_for(lock)
+        else "and does not wait for this lock: whatever holds it may run beside this command"
+    )
     return (
         f"lock file {lock.path!r} of {lock.label} was deleted or replaced while pid "
-        f"{os.getpid()} held it, and pid {other.get('pid', '?')} took the new file first "
-        "(a local-mutex run waits for this lock to end; another program would not)"
+        f"{os.getpid()} held it, and {who} took the new file first {then}"
     )
+
+
+def _waited_for(lock: FlockLock) -> bool:
+    """Does anyone wait in the kernel for our lock on the file deleted from the path? A
+    local-mutex run that took a new file (marked) does, within a moment; a slot file, a
+    file put there empty by another program, or another program's lock does not."""
+    from .proclocks import key_of, read_proc_locks
+
+    ours = key_of(os.fstat(lock.fd))
+    deadline = time.monotonic() + _WAITER_WITHIN
+    while True:
+        if any(k.key == ours and k.depth for k in read_proc_locks() or ()):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
 
 
 def _take(lock: FlockLock, fd: int) -> bool:
