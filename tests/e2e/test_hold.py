@@ -743,6 +743,35 @@ def test_a_reentrant_run_after_a_deletion_under_a_stopped_hold_keeps_its_ceiling
     assert r.returncode == 0, r.stderr  # the hold took its file back meanwhile
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+def test_a_reentrant_run_asking_a_stopped_hold_keeps_to_no_wait(
+    lock_dir: Path, marks: Path, cleanup: list[str]
+) -> None:
+    """A stopped holder never answers a run that asks to share its lock: the run waited
+    2 s for each of its two tries (4 s) whatever its ``--no-wait``. A join now gets half the
+    wait per try, and a second in all at least (a running holder answers within a tick)."""
+    cleanup.append("asleep")
+    token = _hold("asleep", lock_dir)
+    holder_pid = _status("asleep", lock_dir)["holders"][0]["pid"]
+    with stopped(holder_pid):
+        t0 = time.monotonic()
+        args = ["run", "--reentrant", "--no-wait", "--lock-dir", str(lock_dir)]
+        r = run_cli(
+            [*args, "asleep", f"touch '{marks}/ran'"],
+            env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+            timeout=20,
+        )
+        took = time.monotonic() - t0
+    assert r.returncode == 2, r.stderr
+    assert b"not answering" in r.stderr, r.stderr
+    assert not (marks / "ran").exists()
+    assert took < 3.0, took  # 1 s, and the run's start and end; it was 4 s and more
+    inside = run_cli(
+        [*args, "asleep", f"touch '{marks}/ran'"], env={"LOCAL_MUTEX_HOLD_TOKEN": token}
+    )
+    assert inside.returncode == 0 and (marks / "ran").exists(), inside.stderr  # running again
+
+
 def test_a_release_after_a_deletion_and_a_newcomer_that_gave_up_ends_the_hold(
     lock_dir: Path, cleanup: list[str]
 ) -> None:

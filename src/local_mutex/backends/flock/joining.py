@@ -9,6 +9,10 @@ from ... import _proc
 from . import kernel, record
 from .lockdir import names_inode
 
+# The least time a join gets in all, whatever ``--wait``: a running holder answers within
+# a tick; a stopped one never does.
+JOIN_LEAST = 1.0
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -46,10 +50,17 @@ def our_hold(
 
 
 def join(
-    lock: FlockLock, rec: Mapping[str, Any], path: str, env: Mapping[str, str], token: str | None
+    lock: FlockLock,
+    rec: Mapping[str, Any],
+    path: str,
+    env: Mapping[str, str],
+    token: str | None,
+    wait: float | None = None,
 ) -> bool:
     """Take a share of the hold's lock; False if it did not give one (where holds
-    can share at all: elsewhere a run inside a hold holds nothing, as documented)."""
+    can share at all: elsewhere a run inside a hold holds nothing, as documented). Each
+    of the (two) tries waits for the holder's answer half the ``wait`` ceiling at most
+    (but a second in all even for ``--no-wait``: a running holder answers within a tick)."""
     from ...identity import job_identity
     from . import share
 
@@ -57,7 +68,8 @@ def join(
     if not share.SUPPORTED or not isinstance(digest, str):
         return True
     lock.join_failed = True  # until the holder's descriptions are ours
-    got = share.join(int(rec["pid"]), digest, token, job_identity(env))
+    within = share.TIMEOUT if wait is None else min(share.TIMEOUT, max(wait, JOIN_LEAST) / 2)
+    got = share.join(int(rec["pid"]), digest, token, job_identity(env), within)
     if got is None:
         return False
     conn, fds = got

@@ -135,7 +135,7 @@ class FlockLock:
         for path in paths:
             for _ in range(_JOIN_TRIES):
                 rec = our_hold(self, path, env, token)
-                if rec is None or join(self, rec, path, env, token):
+                if rec is None or join(self, rec, path, env, token, wait):
                     break
             if rec is not None:
                 return int(rec["pid"])

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 SUPPORTED = sys.platform.startswith("linux")
 _REQUEST_LIMIT = 4096
-_TIMEOUT = 2.0  # for a run: how long the holder may take to answer
+TIMEOUT = 2.0  # for a run: how long the holder may take to answer
 _SERVE_TIMEOUT = 0.2  # for the holder: a peer that connects and says nothing stalls it no longer
 # All the holder gives runs per tick: the rest wait for the next one. A release (SIGTERM,
 # held back while the holder serves) then never waits on a crowd of silent connections.
@@ -154,17 +154,22 @@ class Sharing:
 
 
 def join(
-    holder_pid: int, token_sha256: str, token: str | None, identity: Mapping[str, str] | None
+    holder_pid: int,
+    token_sha256: str,
+    token: str | None,
+    identity: Mapping[str, str] | None,
+    within: float = TIMEOUT,
 ) -> tuple[socket.socket, list[int]] | None:
     """The run's side: the hold's descriptions of the lock (non-inheritable) and the
-    connection to keep open while inside; None when the holder cannot be asked or says no."""
+    connection to keep open while inside; None when the holder cannot be asked or says no
+    (or does not answer ``within`` seconds: a stopped holder)."""
     if not SUPPORTED or not (token or identity):
         return None
     request = f"token {token}" if token else f"job {_job_text(identity or {})}"
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        conn.settimeout(_TIMEOUT)
-        _connect(conn, address(holder_pid, token_sha256))
+        conn.settimeout(within)
+        _connect(conn, address(holder_pid, token_sha256), within)
         pid, uid = peer(conn)
         # Never tell the token to anyone but the holder's own process (root may ask
         # another user's hold: that user could read nothing of root's anyway).
@@ -216,9 +221,9 @@ def _said_goodbye(conn: socket.socket) -> bool | None:
     return BYE in said
 
 
-def _connect(conn: socket.socket, name: str) -> None:
+def _connect(conn: socket.socket, name: str, within: float) -> None:
     """Connect, retrying while the holder's queue is full (it empties it every tick)."""
-    deadline = time.monotonic() + _TIMEOUT
+    deadline = time.monotonic() + within
     while True:
         try:
             conn.connect(name)
