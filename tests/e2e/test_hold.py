@@ -772,6 +772,28 @@ def test_a_reentrant_run_asking_a_stopped_hold_keeps_to_no_wait(
     assert inside.returncode == 0 and (marks / "ran").exists(), inside.stderr  # running again
 
 
+def test_a_release_after_the_holder_was_killed_says_the_hold_is_over(
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
+) -> None:
+    """The holder SIGKILLed while a run inside still runs: the lock is that run's until it
+    ends. `release` called it "held by pid …, which is not a hold" -- of a hold the user
+    did start. It now says the hold is over and what still holds the lock."""
+    cleanup.append("orphaned")
+    token = _hold("orphaned", lock_dir)
+    holder_pid = _status("orphaned", lock_dir)["holders"][0]["pid"]
+    run = procs.start(
+        ["run", "--reentrant", "--lock-dir", str(lock_dir), "orphaned", hold_until(marks, "in")],
+        env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+    )
+    wait_for(marks / "in.held")
+    os.kill(holder_pid, signal.SIGKILL)
+    r = run_cli(["release", "orphaned", "--lock-dir", str(lock_dir), "--token", token])
+    assert r.returncode == 77, r.stderr
+    assert b"the hold on orphaned is over" in r.stderr and b"not a hold" not in r.stderr, r.stderr
+    (marks / "in.go").touch()
+    assert run.wait(30) == 0, procs.stderr(run)
+
+
 def test_a_release_after_a_deletion_and_a_newcomer_that_gave_up_ends_the_hold(
     lock_dir: Path, cleanup: list[str]
 ) -> None:
