@@ -77,3 +77,22 @@ def test_another_runs_shared_lock_on_the_same_file_is_not_ours(tmp_path: Path) -
                 p.kill()
                 p.wait()
         os.close(fd)
+
+
+def test_a_group_is_still_seen_where_proc_cannot_be_listed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Near a memory limit (``ulimit -v``) listing /proc fails with ENOMEM, and the keeper
+    stopping an orphaned command ended in a traceback (exit 1, not 70). The kernel is asked
+    about the group instead (here /proc is made unlistable: a path that is not there)."""
+    from local_mutex import _proc
+    from local_mutex.supervise import reaper
+
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        monkeypatch.setattr(_proc, "PROC", str(tmp_path / "no-proc"))
+        assert reaper.group_alive(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not reaper.group_alive(proc.pid)

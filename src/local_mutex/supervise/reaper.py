@@ -122,9 +122,14 @@ def group_holding(fds: Sequence[int]) -> int | None:
 
 
 def group_alive(pgid: int) -> bool:
-    """Does any process of the group still run? Zombies do not count."""
-    if _proc.USE_PROC:
-        for entry in os.listdir(_proc.PROC):
+    """Does any process of the group still run? Zombies do not count (but where /proc
+    cannot be listed -- none, or no memory left for it -- the kernel's answer does)."""
+    try:
+        entries = os.listdir(_proc.PROC) if _proc.USE_PROC else None
+    except OSError:
+        entries = None
+    if entries is not None:
+        for entry in entries:
             if not entry.isdigit():
                 continue
             fields = _proc.stat_fields(int(entry))
