@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -277,15 +278,19 @@ def test_an_entry_naming_an_ancestor_that_holds_nothing_waits(
         holder.wait(20)
 
 
+@pytest.mark.parametrize("holder", ["alive", "killed"])
 def test_a_leftover_of_a_run_inside_a_hold_does_not_run_inside_the_hold(
-    lock_dir: Path, marks: Path
+    lock_dir: Path, marks: Path, holder: str
 ) -> None:
     """A run inside a hold shares the hold's lock description, and so does a job its
-    command leaves behind. Once the run is over, that job's nested call must wait for the
-    hold like anyone else: the description is locked by the hold, whose holder lives."""
+    command leaves behind. Once the run is over, that job's nested call must wait like
+    anyone else: the description is locked by the hold -- and, its holder killed, by all
+    that ran inside it, whose leftovers would otherwise all run "inside" at once."""
     r = run_cli(["hold", "h", "--lock-dir", str(lock_dir)])
     assert r.returncode == 0, r.stderr
     job = {"LOCAL_MUTEX_HOLD_TOKEN": r.stdout.decode().strip()}
+    status = run_cli(["status", "h", "--lock-dir", str(lock_dir), "--json"])
+    holder_pid = json.loads(status.stdout)["holders"][0]["pid"]
     leftover = (
         f'(setsid sh -c \'while [ ! -e "{marks}/go" ]; do sleep 0.01; done; '
         f'sh "$LOCAL_MUTEX_CLI" --no-wait h "touch {marks}/ran"; '
@@ -297,6 +302,8 @@ def test_a_leftover_of_a_run_inside_a_hold_does_not_run_inside_the_hold(
             ["--lock-dir", str(lock_dir), "run", "--reentrant", "h", leftover], env=job
         )
         assert inside.returncode == 0 and b"running inside it" in inside.stderr, inside.stderr
+        if holder == "killed":
+            os.kill(holder_pid, signal.SIGKILL)
         (marks / "go").touch()
         wait_for(marks / "rc", 20, "the leftover's call")
         assert (marks / "rc").read_text().strip() == "75"

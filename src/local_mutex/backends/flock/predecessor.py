@@ -160,10 +160,12 @@ def enclosing(lock: FlockLock, env: Mapping[str, str]) -> tuple[int, str] | None
 def _held_through_us(lock: FlockLock, path: str) -> tuple[int, str] | None:
     """The run we are part of had its keeper and supervisor killed together: its lock is
     its command's alone, through the description the command inherited -- and we inherited
-    it too. Waiting would wait for ourselves, and the command with us, for good. The lock's
-    taker (the keeper) must be gone: a lock whose taker lives (a hold's, shared with a
-    leftover of a run inside it) is not ours to run inside. (A leftover of a run that ended
-    holds nothing through it: the run unlocked it.) The command's top process, and mode."""
+    it too. Waiting would wait for ourselves, and the command with us, for good. Only a
+    plain run's lock counts: its taker (the keeper) gone, and the record in the file its
+    own. A hold's description is shared by every run inside it and by what they left
+    behind, which must wait (its holder dead or alive; the holder's pid may read 0 from
+    another PID namespace). A leftover of a run that ended holds nothing through it: the
+    run unlocked it. The command's top process, and mode."""
     from ..._proc import PROC, granted, holds_lock, open_files, parent_of, stat_fields
 
     me, here = os.getpid(), file_id(lock.fd)
@@ -179,6 +181,9 @@ def _held_through_us(lock: FlockLock, path: str) -> tuple[int, str] | None:
             fields = stat_fields(int(taker)) if taker.isdigit() else None
             if fields is not None and fields[0] != b"Z":
                 continue  # its taker lives
+            rec = record.read_record_fd(int(fd))
+            if rec is None or rec.get("hold") or str(rec.get("pid")) != taker:
+                continue  # not a plain run's own lock
             top, up = me, parent_of(me)
             while up is not None and up > 1 and holds_lock(up, {(st.st_dev, st.st_ino)}):
                 top, up = up, parent_of(up)
