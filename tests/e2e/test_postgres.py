@@ -1077,6 +1077,104 @@ def test_a_frozen_keeper_cut_off_from_the_server_still_has_its_command_stopped(
     assert "nothing confirmed its session in time" in err, err
 
 
+def test_a_slow_server_that_the_keeper_keeps_is_not_stopped_by_the_supervisor(
+    pg: PgServer, tmp_path: Path
+) -> None:
+    """Every heartbeat answered within its deadline (3 s here), but slowly (2.6 s): the
+    keeper keeps the lock, and the supervisor's deadline -- counted from when the last
+    confirmed heartbeat was sent -- must leave room for the next one, sent a heartbeat
+    after that answer, to be answered as slowly. It stopped the command (69) at 12 s."""
+    with GatedProxy(pg, b"\0never sent\0") as proxy:
+        drop = {"LOCAL_MUTEX_PG_DROP_SECONDS": "12"}
+        go, started = tmp_path / "go", tmp_path / "started"
+        cmd = f"touch {started}; while [ ! -e {go} ]; do sleep 0.05; done; exit 7"
+        wrapper = _spawn_with(pg, tmp_path, drop, "run", "--remote", proxy.url, "slow", cmd)
+        wait_for(started, 20, "the command")
+        proxy.delay = 1.3  # each way
+        try:
+            time.sleep(16)  # past the old deadline, a few heartbeats
+        finally:
+            go.touch()
+        assert wrapper.wait(30) == 7, (tmp_path / "cli.err").read_text()
+
+
+def test_a_keeper_never_blocks_on_a_stopped_supervisors_full_pipe(
+    pg: PgServer, tmp_path: Path
+) -> None:
+    """The keeper tells the supervisor each new stop deadline through a pipe. With the
+    supervisor stopped, that pipe filled (here at once; in about 20 minutes by itself) and
+    the keeper blocked writing the next: it no longer watched the session, and a session
+    the server ended left the command running beside the next holder."""
+    pidfile = tmp_path / "pid"
+    drop = {"LOCAL_MUTEX_PG_DROP_SECONDS": "12"}
+    cmd = f"echo $$ > {pidfile}; exec sleep 120"
+    wrapper = _spawn_with(pg, tmp_path, drop, "run", "--remote", pg.url, "piped", cmd)
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "", 20, "command")
+    command = int(pidfile.read_text())
+    supervisor = _children(wrapper.pid)[0]
+    os.kill(supervisor, signal.SIGSTOP)
+    try:
+        filler = _fill_pipe_to(supervisor, wrapper.pid)
+        time.sleep(5)  # two heartbeats: the old keeper was stuck in its write by now
+        ((server_pid, _),) = _advisory(pg, name_key(b"piped"))
+        pg.psql(f"SELECT pg_terminate_backend({server_pid})")
+        wait_for(lambda: not _alive(command), 30, "the keeper to stop the command")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(supervisor, signal.SIGCONT)
+    os.close(filler)
+    assert wrapper.wait(20) == 69
+
+
+def _fill_pipe_to(reader: int, writer: int) -> int:
+    """Open the pipe ``writer`` writes and ``reader`` reads (through /proc) and fill it;
+    our descriptor of it, to close once done."""
+
+    def pipes(pid: int, mode: int) -> dict[str, str]:
+        found = {}
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            flags = Path(f"/proc/{pid}/fdinfo/{fd}").read_text().split("flags:")[1].split()[0]
+            if target.startswith("pipe:") and int(flags, 8) & 3 == mode:
+                found[target] = fd
+        return found
+
+    ours = pipes(writer, os.O_WRONLY)
+    (target,) = set(ours) & set(pipes(reader, os.O_RDONLY))
+    fd = os.open(f"/proc/{writer}/fd/{ours[target]}", os.O_WRONLY | os.O_NONBLOCK)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(fd, b"x\n" * 512)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(fd, b"\n")
+    return fd
+
+
+def test_a_session_whose_address_names_a_directory_but_is_tcp_has_a_deadline(
+    pg: PgServer, env: dict[str, str]
+) -> None:
+    """``host=/dir&hostaddr=IP`` connects over TCP: a partition can cut it off, so the
+    supervisor needs its deadline (it was taken for a Unix socket, by the host's name)."""
+    url = f"postgresql://postgres@/postgres?host=/nonexistent&hostaddr=127.0.0.1&port={pg.port}"
+    backend = PostgresBackend(url, env=env)
+    lock = backend.lock(b"hostaddr")
+    try:
+        lock.acquire(Take())
+        lock.write_record({"pid": os.getpid()})
+        assert lock.session is not None and lock.session.over_tcp
+        assert lock.stop_deadline() is not None
+        unix = PostgresBackend(pg.socket_url, env=env).lock(b"unix")
+        unix.acquire(Take())
+        unix.write_record({"pid": os.getpid()})
+        assert unix.session is not None and not unix.session.over_tcp
+        assert unix.stop_deadline() is None
+        unix.release()
+        lock.release()
+    finally:
+        backend.close()
+
+
 @pytest.mark.parametrize("frozen", ["whole run", "keeper over a Unix socket"])
 def test_a_run_frozen_past_its_deadline_runs_on_once_thawed(
     pg: PgServer, tmp_path: Path, frozen: str

@@ -333,8 +333,8 @@ class GatedProxy:
     ``held`` clients got that far, freezes the server (``PgServer.frozen``), then opens the
     gate: the statement reaches a server that has stopped, at exactly the point the test
     is about (the middle of a ``release``, say), which no timing could hit reliably.
-    ``sever()`` plays a partition the server noticed first. Threads of the test process;
-    ``close()`` ends them."""
+    ``sever()`` plays a partition the server noticed first; ``delay`` a slow one. Threads
+    of the test process; ``close()`` ends them."""
 
     def __init__(self, server: PgServer, marker: bytes) -> None:
         self.target, self.marker = server.port, marker
@@ -347,6 +347,7 @@ class GatedProxy:
         self._socks: list[socket.socket] = [self.listener]
         self._upstream: list[socket.socket] = []
         self._severed = threading.Event()
+        self.delay = 0.0  # seconds each chunk waits, either way: a slow network or server
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
@@ -412,6 +413,8 @@ class GatedProxy:
                         self._held += 1
                     self._gate.wait()
                 tail = data[-len(self.marker) :]
+                if self.delay:
+                    time.sleep(self.delay)
                 dst.sendall(data)
         except OSError:
             pass

@@ -33,15 +33,28 @@ def session_of(lock: Lock | None) -> int | None:
 def tell_deadline(lock: Lock, life: int) -> None:
     """For a leased lock: by when (monotonic) the supervisor must have stopped the command
     on its own, should no newer deadline follow (a keeper frozen by SIGSTOP renews
-    nothing, yet keeps the pipe open)."""
+    nothing, yet keeps the pipe open). Only a new one is written, and never blocking: a
+    supervisor that is stopped reads nothing, and a keeper blocked on its full pipe would
+    stop watching the lock (a dropped line is followed by a newer one)."""
     stop_deadline = getattr(lock, "stop_deadline", None)
     deadline = stop_deadline() if stop_deadline is not None else None
-    if deadline is not None:
-        # A second late: the keeper, when it runs, acts first and says why.
+    if deadline is None or _told.get(life) == deadline:
+        return
+    # A second late: the keeper, when it runs, acts first and says why.
+    line = f"deadline {deadline + SUPERVISOR_LATE!r}\n".encode()
+    try:
+        os.set_blocking(life, False)
         try:
-            os.write(life, f"deadline {deadline + SUPERVISOR_LATE!r}\n".encode())
-        except OSError:
-            pass
+            if os.write(life, line) == len(line):
+                _told[life] = deadline
+        finally:
+            os.set_blocking(life, True)
+    except OSError:
+        pass
+
+
+# The last deadline written to each supervisor's pipe (by its descriptor).
+_told: dict[int, float] = {}
 
 
 def why_lost(lock: Lock | None) -> LockLost | None:

@@ -246,7 +246,10 @@ def _watch_keeper(sup: _Supervisor, life: int, session: int | None) -> None:
         *lines, buffer = buffer.split(b"\n")
         for line in lines:
             if line.startswith(b"deadline "):
-                deadline, thawed = float(line.split()[1]), False
+                newer = float(line.split()[1])
+                # Only a later deadline says the keeper confirmed the lock since the thaw.
+                thawed = thawed and deadline is not None and newer <= deadline
+                deadline = newer
             elif line.startswith(b"fds "):  # a lock file the keeper put back: ours too
                 from .handdown import take
 

@@ -146,12 +146,16 @@ class DropBound:
         """By when (monotonic) the command must be stopping if nothing confirms the session
         after ``confirmed`` (when the last heartbeat answered "held" was sent): the server
         cannot drop it sooner than its keepalives allow after hearing from us, and stopping
-        takes ``stop_grace``; the supervisor acts ``SUPERVISOR_LATE`` after this. Never
-        sooner than the keeper's own bound (a heartbeat, then its deadline): a bound too
-        small for the stop is warned about instead (``PostgresLock._warning``)."""
+        takes ``stop_grace``; the supervisor acts ``SUPERVISOR_LATE`` after this.
+
+        Never sooner than a keeper that runs confirms the next one: that heartbeat goes out
+        a heartbeat after the answer (which may take its deadline), and its own answer may
+        take the deadline again; checks come every half second. A slow server must not
+        have the supervisor stop what the keeper keeps; a bound too small for the stop is
+        warned about instead (``PostgresLock._warning``)."""
         idle, interval, count = self.keepalives
         server = min(idle + interval * count, self.seconds)
-        keeper = self.heartbeat + self.heartbeat_deadline + SUPERVISOR_LATE
+        keeper = self.heartbeat + 2 * self.heartbeat_deadline + 2.0
         return confirmed + max(server - stop_grace - SUPERVISOR_LATE, keeper)
 
     def server_settings(self) -> dict[str, str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import select
+import socket
 import time
 from contextlib import contextmanager
 
@@ -115,8 +116,10 @@ class Session:
         # server process we talk to. Session pooling works; transaction pooling hands our
         # statements to other sessions, which the heartbeat's pg_locks check catches.
         self.pooled = info.backend_pid != self.backend_pid
-        # Over a Unix socket no partition can part us: the kernel sees both ends.
-        self.over_tcp = not (info.host or "/").startswith(("/", "@"))
+        # Over a Unix socket no partition can part us: the kernel sees both ends. (Asked of
+        # the socket: `host=/dir&hostaddr=IP` names a directory yet connects over TCP.)
+        with socket.socket(fileno=os.dup(self.fileno())) as sock:
+            self.over_tcp = sock.family != socket.AF_UNIX
 
     # -- talking ------------------------------------------------------------------------------
 
