@@ -727,14 +727,7 @@ def test_a_reentrant_run_after_a_deletion_under_a_stopped_hold_keeps_its_ceiling
     holder_pid = _status("stopped", lock_dir)["holders"][0]["pid"]
     with stopped(holder_pid):
         lock_file(lock_dir, "stopped").unlink()
-        t0 = time.monotonic()
-        args = ["run", "--reentrant", "--wait", "0.2", "--lock-dir", str(lock_dir)]
-        r = run_cli(
-            [*args, "stopped", f"touch '{marks}/ran'"],
-            env={"LOCAL_MUTEX_HOLD_TOKEN": token},
-            timeout=20,
-        )
-        took = time.monotonic() - t0
+        r, took = _timed_run_inside("stopped", lock_dir, marks, token, "--wait", "0.2")
     assert r.returncode == 2, r.stderr
     assert b"did not share its lock" in r.stderr, r.stderr
     assert not (marks / "ran").exists()
@@ -754,22 +747,26 @@ def test_a_reentrant_run_asking_a_stopped_hold_keeps_to_no_wait(
     token = _hold("asleep", lock_dir)
     holder_pid = _status("asleep", lock_dir)["holders"][0]["pid"]
     with stopped(holder_pid):
-        t0 = time.monotonic()
-        args = ["run", "--reentrant", "--no-wait", "--lock-dir", str(lock_dir)]
-        r = run_cli(
-            [*args, "asleep", f"touch '{marks}/ran'"],
-            env={"LOCAL_MUTEX_HOLD_TOKEN": token},
-            timeout=20,
-        )
-        took = time.monotonic() - t0
+        r, took = _timed_run_inside("asleep", lock_dir, marks, token, "--no-wait")
     assert r.returncode == 2, r.stderr
     assert b"not answering" in r.stderr, r.stderr
     assert not (marks / "ran").exists()
     assert took < 3.0, took  # 1 s, and the run's start and end; it was 4 s and more
-    inside = run_cli(
-        [*args, "asleep", f"touch '{marks}/ran'"], env={"LOCAL_MUTEX_HOLD_TOKEN": token}
-    )
+    inside, _ = _timed_run_inside("asleep", lock_dir, marks, token, "--no-wait")
     assert inside.returncode == 0 and (marks / "ran").exists(), inside.stderr  # running again
+
+
+def _timed_run_inside(
+    name: str, lock_dir: Path, marks: Path, token: str, *opts: str
+) -> tuple[subprocess.CompletedProcess[bytes], float]:
+    """A ``run --reentrant`` of the hold's job that touches ``ran``; and how long it took."""
+    t0 = time.monotonic()
+    r = run_cli(
+        ["run", "--reentrant", *opts, "--lock-dir", str(lock_dir), name, f"touch '{marks}/ran'"],
+        env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+        timeout=20,
+    )
+    return r, time.monotonic() - t0
 
 
 def test_a_release_after_the_holder_was_killed_says_the_hold_is_over(
