@@ -46,11 +46,11 @@ STOP_NOW = signal.SIGUSR1
 HANDLED = (*FORWARDED, STOP_NOW, signal.SIGALRM)
 # A socket whose peer closed it (POLLRDHUP: Linux; elsewhere POLLHUP, once both ways shut).
 HANGUP = getattr(select, "POLLRDHUP", 0) | select.POLLHUP
-# After the first forwarded signal: TERM at +4 s, KILL at +7 s; the runner kills at +10 s.
 # A session's stop deadline passed by this much when we woke: we were frozen ourselves
 # (see _watch_keeper), and the keeper is given THAW_GRACE seconds to send a newer one.
 FROZEN_IF_LATE = 1.0
 THAW_GRACE = 2.0
+# After the first forwarded signal: TERM at +4 s, KILL at +7 s; the runner kills at +10 s.
 ESCALATE_TERM_AFTER = 4.0
 ESCALATE_KILL_AFTER = 7.0
 # A signal the keeper relays and the group also got directly (kill -TERM -PGID, systemd):
