@@ -70,6 +70,15 @@ def exists(pid: int) -> bool:
     return True
 
 
+def running(pid: int) -> bool:
+    """Is ``pid`` a process that has not ended? A zombie has (a holder killed under a PID
+    1 that reaps late); without /proc, any process that exists counts."""
+    if not exists(pid):
+        return False
+    fields = stat_fields(pid) if USE_PROC else [b"R"]
+    return fields is not None and fields[0] not in b"ZX"
+
+
 def parent_of(pid: int) -> int | None:
     if USE_PROC:
         fields = stat_fields(pid)

@@ -127,7 +127,7 @@ class FlockBackend:
                 refusal = Refused(
                     f"lock {label} is held by pid {who}, which is not a hold; "
                     "release only ends holds started with `local-mutex hold`"
-                    if rec is None or not rec.get("hold") or _alive(rec.get("pid"))
+                    if rec is None or not rec.get("hold") or _running(rec.get("pid"))
                     else f"the hold on {label} is over (its holder, pid {rec.get('pid')}, is "
                     f"gone), but what ran inside it holds the lock until it ends: pid {who}; "
                     "there is no hold left to release"
@@ -190,12 +190,7 @@ def _held_for(rec: Mapping[str, Any]) -> float | None:
     return time.time() - since if isinstance(since, (int, float)) else None
 
 
-def _alive(pid: object) -> bool:
-    """A process that has not ended (a zombie has: a holder killed under a PID 1 that
-    reaps late)."""
-    from ... import _proc
+def _running(pid: object) -> bool:
+    from ..._proc import running
 
-    if not isinstance(pid, int) or not _proc.exists(pid):
-        return False
-    fields = _proc.stat_fields(pid) if _proc.USE_PROC else None
-    return fields is None or fields[0] != b"Z"
+    return isinstance(pid, int) and running(pid)

@@ -9,6 +9,8 @@ from ... import _proc
 from . import kernel, record
 from .lockdir import names_inode
 
+# Asking a hold for its lock again once it did not answer: it may have ended meanwhile.
+JOIN_TRIES = 2
 # The least time a join gets in all, whatever ``--wait``: a running holder answers within
 # a tick; a stopped one never does.
 JOIN_LEAST = 1.0
@@ -59,7 +61,7 @@ def join(
 ) -> bool:
     """Take a share of the hold's lock; False if it did not give one (where holds
     can share at all: elsewhere a run inside a hold holds nothing, as documented). Each
-    of the (two) tries waits for the holder's answer half the ``wait`` ceiling at most
+    of the ``JOIN_TRIES`` waits for the holder's answer half the ``wait`` ceiling at most
     (but a second in all even for ``--no-wait``: a running holder answers within a tick)."""
     from ...identity import job_identity
     from . import share
@@ -68,7 +70,9 @@ def join(
     if not share.SUPPORTED or not isinstance(digest, str):
         return True
     lock.join_failed = True  # until the holder's descriptions are ours
-    within = share.TIMEOUT if wait is None else min(share.TIMEOUT, max(wait, JOIN_LEAST) / 2)
+    within = (
+        share.TIMEOUT if wait is None else min(share.TIMEOUT, max(wait, JOIN_LEAST) / JOIN_TRIES)
+    )
     got = share.join(int(rec["pid"]), digest, token, job_identity(env), within)
     if got is None:
         return False

@@ -41,8 +41,6 @@ if TYPE_CHECKING:
 WATCH_INTERVAL = 0.1
 # A waiter that keeps waking on replaced files gives up after this many (exit 2).
 MAX_RETRIES = 20
-# Asking a hold for its lock again once it did not answer: it may have ended meanwhile.
-_JOIN_TRIES = 2
 
 
 class FlockLock:
@@ -123,7 +121,7 @@ class FlockLock:
         and is then gone: None. Where it did not share (``join_failed``), the caller takes
         the lock as anyone else would. ``wait`` bounds the moment we give a hold to take a
         new lock file back after a tmp cleaner (``predecessor``)."""
-        from .joining import join, our_hold
+        from .joining import JOIN_TRIES, join, our_hold
         from .predecessor import let_our_hold_adopt
 
         if slots is None:
@@ -133,7 +131,7 @@ class FlockLock:
                 return stuck
         paths = [self.path] if slots is None else self._slot_paths(slots)
         for path in paths:
-            for _ in range(_JOIN_TRIES):
+            for _ in range(JOIN_TRIES):
                 rec = our_hold(self, path, env, token)
                 if rec is None or join(self, rec, path, env, token, wait):
                     break

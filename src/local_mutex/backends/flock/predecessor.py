@@ -20,6 +20,7 @@ record in it had a holder that died or gave up. Whoever takes such a file asks t
 from __future__ import annotations
 
 import os
+import stat
 import time
 
 from ... import nesting
@@ -166,11 +167,13 @@ def _held_through_us(lock: FlockLock, path: str) -> tuple[int, str] | None:
     behind, which must wait (its holder dead or alive; the holder's pid may read 0 from
     another PID namespace). A leftover of a run that ended holds nothing through it: the
     run unlocked it. The command's top process, and mode."""
-    from ..._proc import PROC, granted, holds_lock, open_files, parent_of, stat_fields
+    from ..._proc import PROC, granted, holds_lock, open_files, parent_of, running
 
     me, here = os.getpid(), file_id(lock.fd)
     for fd, st in open_files(me):
         if (st.st_dev, st.st_ino) != here:
+            if st.st_dev != here[0] or not stat.S_ISREG(st.st_mode):
+                continue  # not a lock file of this dir's file system: no need to look
             try:  # the file at the path, or one deleted from it (before its put-back)
                 if os.readlink(f"{PROC}/{me}/fd/{fd}") != path + " (deleted)":
                     continue
@@ -178,8 +181,7 @@ def _held_through_us(lock: FlockLock, path: str) -> tuple[int, str] | None:
                 continue
         for line in granted(me, fd):  # "FLOCK ADVISORY WRITE <taker> dev:ino 0 EOF"
             how, taker = line.split()[2:4]
-            fields = stat_fields(int(taker)) if taker.isdigit() else None
-            if fields is not None and fields[0] != b"Z":
+            if taker.isdigit() and running(int(taker)):
                 continue  # its taker lives
             rec = record.read_record_fd(int(fd))
             if rec is None or rec.get("hold") or str(rec.get("pid")) != taker:
