@@ -32,12 +32,22 @@ __all__ = [
     "deferred_stops",
     "interruptible",
     "main_thread",
+    "note_stop",
     "quiet_stops",
     "signal",
+    "stops_taken",
 ]
 
 # Signals that abandon a wait: the command has not started, so there is nothing to forward.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+# The stop signals this process took, whichever handler of ours took them: once one came,
+# the run is ending, and a line about it must not keep it waiting on a stderr nobody reads.
+stops_taken: list[int] = []
+
+
+def note_stop(signum: int) -> None:
+    stops_taken.append(signum)
 
 
 def main_thread() -> bool:
@@ -75,8 +85,12 @@ class StopHandlers:
                 current = signal.getsignal(sig)
                 if current != signal.SIG_IGN and current is not None:
                     self.previous[sig] = current
-                    signal.signal(sig, self.handle)
+                    signal.signal(sig, self._take)
         return self
+
+    def _take(self, signum: int, frame: FrameType | None) -> None:
+        note_stop(signum)
+        self.handle(signum, frame)
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self.previous.items():

@@ -165,8 +165,11 @@ def _flush(status: int) -> int:
 
             status = status or EXIT_IOERR
     if sys.stderr is not None:
+        from .ui.lines import writable_when_stopping
+
         try:
-            sys.stderr.flush()
+            if writable_when_stopping(sys.stderr):
+                sys.stderr.flush()
         except (OSError, ValueError):
             pass
     return status

@@ -7,11 +7,22 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from helpers import Procs, clean_env, hold_until, lock_file, lock_is_free, read_pid, wait_for
+from helpers import (
+    CLI,
+    Procs,
+    clean_env,
+    full_pipe,
+    hold_until,
+    lock_file,
+    lock_is_free,
+    read_pid,
+    wait_for,
+)
 from helpers import procwatch as pw
 
 
@@ -66,6 +77,85 @@ def test_a_report_that_cannot_be_written_does_not_make_the_wrapper_deaf(
     finally:
         wrapper.kill()
         wrapper.communicate()
+
+
+def _blocked_writing_a_pipe(pid: int) -> bool:
+    """Where the kernel says it sleeps ("0" while it runs): anon_pipe_write, pipe_write."""
+    try:
+        return "pipe_write" in Path(f"/proc/{pid}/wchan").read_text()
+    except OSError:
+        return False
+
+
+def _start_unread(args: list[str]) -> subprocess.Popen[bytes]:
+    """local-mutex with a stderr nobody reads: a pipe already full (a parent that reads
+    only stdout, as ``subprocess.run(..., stderr=PIPE)`` without communicate())."""
+    read_end, write_end = full_pipe()
+    try:
+        return subprocess.Popen(
+            [*CLI, *args], stdout=subprocess.DEVNULL, stderr=write_end, env=clean_env()
+        )
+    finally:
+        os.close(write_end)
+        _unread.append(read_end)  # open until the test ends: a full pipe, not a broken one
+
+
+_unread: list[int] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_unread() -> Iterator[None]:
+    yield
+    while _unread:
+        os.close(_unread.pop())
+
+
+@pytest.mark.parametrize("contended", [True, False], ids=["waiting", "holding"])
+def test_a_stop_signal_ends_a_run_blocked_on_a_stderr_nobody_reads(
+    procs: Procs, lock_dir: Path, marks: Path, contended: bool
+) -> None:
+    """Its first line blocks (waiting for a busy lock, or holding a free one before the
+    command): SIGTERM ends it, the command never runs, the lock is free. Its own line
+    about the stop cannot be written either; it used to block there until a second
+    signal."""
+    if contended:
+        procs.start(["full", hold_until(marks), str(lock_dir)])
+        wait_for(marks / "h.held")
+    run = _start_unread(["full", f"touch '{marks}/ran'", str(lock_dir)])
+    path = lock_file(lock_dir, "full")
+    wait_for(lambda: _blocked_writing_a_pipe(run.pid), 20, "its first line blocks")
+    if not contended:
+        assert not lock_is_free(path)  # it holds the lock while blocked
+    run.send_signal(signal.SIGTERM)
+    assert run.wait(10) == 128 + signal.SIGTERM
+    assert not (marks / "ran").exists()
+    if not contended:
+        assert lock_is_free(path)
+
+
+def test_a_stop_signal_ends_a_run_whose_command_filled_the_unread_stderr(
+    lock_dir: Path, marks: Path
+) -> None:
+    """The command is stopped and the lock let go; the "released" line cannot be written
+    and is dropped, so the run ends with the command's status at once."""
+    script = marks / "fill.py"
+    script.write_text(
+        FILL_STDERR + f"open({str(marks / 'full')!r}, 'w').close()\nimport time\ntime.sleep(60)\n"
+    )
+    run = subprocess.Popen(
+        [*CLI, "full", f"exec {sys.executable} {script}", str(lock_dir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,  # never read
+        env=clean_env(),
+    )
+    try:
+        wait_for(marks / "full")
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(10) == 128 + signal.SIGTERM
+        assert lock_is_free(lock_file(lock_dir, "full"))
+    finally:
+        run.kill()
+        run.communicate()
 
 
 def _alive(pid: int) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from .._fastsignal import StopHandlers, signal
+from .._fastsignal import StopHandlers, note_stop, signal
 from ..errors import Interrupted
 from .supervisor import FORWARDED
 
@@ -38,6 +38,7 @@ class Relay:
         self._theirs = -1
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
+        note_stop(signum)
         if self.done:
             self.pending.append(signum)  # after the command: for ourselves, after release
             return

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
+from .._fastsignal import stops_taken
 from ..identity import utc_stamp
 
 TYPE_CHECKING = False
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
 PREFIX = "local-mutex: "
 _MAX_COMMAND = 120
 ANNOTATIONS = ("always", "waited", "never")
+# Once a stop signal came, how long a line may wait for a stderr that takes nothing.
+STOPPING_WRITE_WAIT = 0.5
 
 
 def duration(seconds: float) -> str:
@@ -85,6 +88,24 @@ def describe_holder(holder: Mapping[str, Any], now: float | None = None) -> str:
     return " ".join(parts)
 
 
+def writable_when_stopping(stream: IO[str]) -> bool:
+    """False if a stop signal came and ``stream`` has taken nothing for a moment: a pipe
+    whose reader stopped reading (a parent that reads only our stdout) would block the
+    write, and the run that was told to stop, for good. A pipe that reports room takes a
+    line of up to PIPE_BUF bytes at once; before any stop signal, writes block as usual."""
+    if not stops_taken:
+        return True
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (an API caller's buffer)
+        return True
+    import select
+
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return bool(poller.poll(int(STOPPING_WRITE_WAIT * 1000)))
+
+
 def _escape_data(text: str) -> str:
     # GitHub workflow-command data escaping.
     return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
@@ -135,6 +156,8 @@ class Reporter:
         must still run, and its status is worth more than a log line about it."""
         stream = self.stream if self.stream is not None else sys.stderr
         if stream is None:  # no stderr at all (closed, and no stand-in could be opened)
+            return
+        if not writable_when_stopping(stream):
             return
         try:
             buffer = getattr(stream, "buffer", None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from ..._fastsignal import note_stop
 from ...errors import Interrupted
 from ...ui.progress import Progress
 from . import observe
@@ -65,6 +66,7 @@ class Interruptible:
         self._in_query = False
 
     def _stop(self, signum: int, frame: object) -> None:
+        note_stop(signum)
         self.interrupted_during_query = self._in_query
         raise Interrupted(signum)
 
