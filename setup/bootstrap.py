@@ -206,25 +206,35 @@ def _ensure_click(final: str) -> None:
 def setup(env: "dict[str, str]", final: str) -> int:
     sys.path.insert(0, os.path.join(final, "lib"))
     _ensure_click(final)
+    from local_mutex.ui.github import format_outputs
+
     shim = os.path.join(final, "lib", "local_mutex", "local-mutex.sh")
-    with open(env["GITHUB_PATH"], "a", encoding="utf-8") as f:
-        f.write(os.path.join(final, "bin") + "\n")
-    lines = ["LOCAL_MUTEX_CLI=" + shim, "LOCAL_MUTEX_PYTHON=" + sys.executable]
+    bin_dir = os.path.join(final, "bin")
+    if "\n" in bin_dir or "\r" in bin_dir:  # one path a line: it would add paths of its own
+        print(
+            "::error::local-mutex: the tool cache path has a line break: " + repr(bin_dir),
+            file=sys.stderr,
+        )
+        return 2
+    values = {"LOCAL_MUTEX_CLI": shim, "LOCAL_MUTEX_PYTHON": sys.executable}
     lock_dir = env.get("LOCAL_MUTEX_INPUT_LOCK_DIR", "")
     if lock_dir:
-        sys.path.insert(0, os.path.join(final, "lib"))
         from local_mutex.backends.flock.lockdir import resolve_lock_dir
         from local_mutex.errors import ValidationError
 
         try:
-            lines.append("LOCAL_MUTEX_LOCK_DIR=" + resolve_lock_dir(lock_dir))
+            values["LOCAL_MUTEX_LOCK_DIR"] = resolve_lock_dir(lock_dir)
         except ValidationError as exc:
             print("::error::local-mutex: " + str(exc), file=sys.stderr)
             return 2
-    with open(env["GITHUB_ENV"], "a", encoding="utf-8") as f:
-        f.write("".join(line + "\n" for line in lines))
-    with open(env["GITHUB_OUTPUT"], "a", encoding="utf-8") as f:
-        f.write("cli=" + shim + "\n")
+    with open(env["GITHUB_PATH"], "a", encoding="utf-8") as f:
+        f.write(bin_dir + "\n")
+    # As the step's outputs are: a value with a line break (a lock dir may have one) goes
+    # between random delimiters, so it cannot add variables of its own (BASH_ENV=...).
+    with open(env["GITHUB_ENV"], "a", encoding="utf-8", errors="surrogateescape") as f:
+        f.write(format_outputs(values))
+    with open(env["GITHUB_OUTPUT"], "a", encoding="utf-8", errors="surrogateescape") as f:
+        f.write(format_outputs({"cli": shim}))
     print("local-mutex: ready at " + shim, file=sys.stderr)
     return 0
 

@@ -15,7 +15,7 @@ BOOTSTRAP = Path(__file__).resolve().parents[2] / "setup" / "bootstrap.py"
 
 
 def _setup(
-    tool_cache: Path, tmp: Path, python: str = sys.executable
+    tool_cache: Path, tmp: Path, python: str = sys.executable, lock_dir: str = ""
 ) -> subprocess.CompletedProcess[str]:
     files = {n: tmp / n for n in ("path", "env", "out")}
     for f in files.values():
@@ -26,6 +26,7 @@ def _setup(
             "GITHUB_PATH": str(files["path"]),
             "GITHUB_ENV": str(files["env"]),
             "GITHUB_OUTPUT": str(files["out"]),
+            "LOCAL_MUTEX_INPUT_LOCK_DIR": lock_dir,
         }
     )
     return subprocess.run(
@@ -53,6 +54,39 @@ def test_install_then_reuse(tmp_path: Path) -> None:
     stamp = (install / ".complete").stat().st_mtime_ns
     assert _setup(cache, tmp_path).returncode == 0
     assert (install / ".complete").stat().st_mtime_ns == stamp
+
+
+def _runner_file(text: str) -> dict[str, str]:
+    """GITHUB_ENV / GITHUB_OUTPUT read as the runner reads them: ``KEY=value`` lines, and
+    ``KEY<<DELIMITER`` ... ``DELIMITER`` for a value of several lines."""
+    values: dict[str, str] = {}
+    lines = iter(text.split("\n"))
+    for line in lines:
+        if "<<" in line and ("=" not in line or line.index("<<") < line.index("=")):
+            key, delimiter = line.split("<<", 1)
+            body = []
+            for inner in lines:
+                if inner == delimiter:
+                    break
+                body.append(inner)
+            values[key] = "\n".join(body)
+        elif line:
+            key, value = line.split("=", 1)
+            values[key] = value
+    return values
+
+
+def test_a_lock_dir_with_a_line_break_sets_no_other_variable(tmp_path: Path) -> None:
+    """A lock dir anyone may create under /tmp: its second line must not become a
+    variable of later steps (BASH_ENV runs a file in every later bash step)."""
+    lock_dir = tmp_path / "locks\nBASH_ENV=" / "evil.sh"
+    lock_dir.mkdir(parents=True)
+    r = _setup(tmp_path / "tc", tmp_path, lock_dir=str(lock_dir))
+    assert r.returncode == 0, r.stderr
+    values = _runner_file((tmp_path / "env").read_text())
+    assert sorted(values) == ["LOCAL_MUTEX_CLI", "LOCAL_MUTEX_LOCK_DIR", "LOCAL_MUTEX_PYTHON"]
+    assert values["LOCAL_MUTEX_LOCK_DIR"] == str(lock_dir)
+    assert list(_runner_file((tmp_path / "out").read_text())) == ["cli"]
 
 
 def test_a_partial_install_is_never_used(tmp_path: Path) -> None:

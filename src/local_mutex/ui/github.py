@@ -43,9 +43,23 @@ def capture_file(env: Mapping[str, str]) -> str:
 
 def summary_row(name: str, waited: str, held: str, outcome: str) -> str:
     def cell(text: str) -> str:
-        return text.replace("|", "\\|").replace("\n", " ")
+        return text.replace("|", "\\|").replace("\r", " ").replace("\n", " ")
 
     return (
         "| lock | waited | held | result |\n| --- | --- | --- | --- |\n"
-        f"| `{cell(name)}` | {waited} | {held} | {cell(outcome)} |\n"
+        f"| {code_span(cell(name))} | {waited} | {held} | {cell(outcome)} |\n"
     )
+
+
+def code_span(text: str) -> str:
+    """``text`` as one Markdown code span, whatever backticks it holds: fenced by a run
+    longer than any inside (a lone backtick would close the span, and what follows would
+    render as Markdown: a link of the name's choosing), padded so an edge one stays text."""
+    longest, run = 0, 0
+    for c in text:
+        run = run + 1 if c == "`" else 0
+        longest = max(longest, run)
+    fence = "`" * (longest + 1)
+    edges = text[:1] + text[-1:]
+    pad = " " if "`" in edges or (edges == "  " and text.strip(" ")) else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
