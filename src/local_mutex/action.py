@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from .backends import Ending, open_backend
+from .backends import Ending, open_backend, remote_address
 from .commands.options import is_plain_number
 from .errors import LocalMutexError, NotAcquired, ValidationError
 from .identity import ENV_GIT_TOKEN
@@ -64,7 +64,9 @@ class ActionInputs:
             raise ValidationError(f"slots must be a whole number, not {slots!r}") from None
         if self.slots is not None and not 1 <= self.slots <= 1024:
             raise ValidationError(f"slots must be between 1 and 1024, not {slots!r}")
-        self.remote = get("REMOTE").strip() or None
+        # As on the command line: the input, else $LOCAL_MUTEX_REMOTE (a job-wide default);
+        # locking on this machine instead would not exclude the CLI's runs of the name.
+        self.remote = remote_address(get("REMOTE").strip() or None, env)
         self.key_prefix = get("KEY_PREFIX")
         if self.remote and (self.slots or self.shared) and not self.remote.startswith("postgres"):
             raise ValidationError("slots and shared cannot be used with a git remote")

@@ -10,8 +10,8 @@ import os
 import sys
 
 from ._fastsignal import main_thread
-from .backends import open_backend
-from .errors import ValidationError
+from .backends import open_backend, remote_address
+from .errors import BadAddress, ValidationError
 from .lifecycle import Held, run_locked
 from .names import display
 from .runspec import Command, Options, RunResult
@@ -22,6 +22,14 @@ if TYPE_CHECKING:
 
     from .backends.base import LockStatus
     from .ui.lines import Reporter
+
+
+def _remote(remote: str | None, env: Mapping[str, str]) -> str | None:
+    """``remote``, else $LOCAL_MUTEX_REMOTE, as for the CLI and the action: the same
+    name then locks in the same place whichever of them takes it."""
+    if remote is not None and not remote.strip():
+        raise BadAddress("remote is empty: give the address, or None to lock on this machine")
+    return remote_address(remote, env)
 
 
 def run(
@@ -58,7 +66,9 @@ def run(
             "only the main thread can handle signals (hold() works from any thread)"
         )
     env = os.environ if env is None else env
-    backend = open_backend(remote, lock_dir=lock_dir, env=env, allow_other_owner=allow_other_owner)
+    backend = open_backend(
+        _remote(remote, env), lock_dir=lock_dir, env=env, allow_other_owner=allow_other_owner
+    )
     try:
         return run_locked(
             backend,
@@ -109,7 +119,10 @@ class hold:  # noqa: N801 - reads as a function: ``with hold("name"):``
     def __enter__(self) -> HeldLock:
         name, lock_dir, remote, allow_other_owner = self._args
         backend = open_backend(
-            remote, lock_dir=lock_dir, env=os.environ, allow_other_owner=allow_other_owner
+            _remote(remote, os.environ),
+            lock_dir=lock_dir,
+            env=os.environ,
+            allow_other_owner=allow_other_owner,
         )
         held = Held(
             backend,
@@ -136,7 +149,9 @@ def status(
     name: str | bytes, lock_dir: str | None = None, *, remote: str | None = None
 ) -> LockStatus:
     """Who holds the lock ``name`` and who waits for it."""
-    backend = open_backend(remote, lock_dir=lock_dir, env=os.environ, reading=True)
+    backend = open_backend(
+        _remote(remote, os.environ), lock_dir=lock_dir, env=os.environ, reading=True
+    )
     try:
         from .names import name_bytes
 
@@ -149,7 +164,9 @@ def list_locks(
     lock_dir: str | None = None, *, include_free: bool = False, remote: str | None = None
 ) -> list[LockStatus]:
     """Every held lock in ``lock_dir`` (all lock files with ``include_free``)."""
-    backend = open_backend(remote, lock_dir=lock_dir, env=os.environ, reading=True)
+    backend = open_backend(
+        _remote(remote, os.environ), lock_dir=lock_dir, env=os.environ, reading=True
+    )
     try:
         return backend.list_locks(include_free=include_free)
     finally:

@@ -47,14 +47,38 @@ class Command:
         if (command is None) == (argv is None):
             raise ValidationError("give a shell command or a program with its arguments")
         if argv is not None:
+            if isinstance(argv, (str, bytes)):  # a string is a sequence too: "true" ran "t"
+                raise ValidationError("argv is a list of the program and its arguments")
             if not argv or not argv[0]:
                 raise ValidationError("the program to run is missing after --")
+            if not all(isinstance(a, str) for a in argv):
+                raise ValidationError("every argument in argv must be a str")
+            if any("\0" in a for a in argv):
+                raise ValidationError("an argument holds a NUL byte, which no program can get")
             self.argv = list(argv)
             self.text = " ".join(shell_quote(a) for a in argv)
         else:
             assert command is not None
             self.text = validate_command(command)
+            if "\0" in command:
+                raise ValidationError("the command holds a NUL byte, which no shell can get")
             self.argv = ["sh", "-c", command]
+
+
+# As the command line's bound: past it, timers overflow.
+MAX_SECONDS = 1e9
+
+
+def _check_seconds(label: str, value: float | None, *, zero: bool) -> None:
+    """The bounds the command line keeps, for the API's callers too: NaN, infinity and
+    negative values made the supervisor fail (70) after the lock was taken."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValidationError(f"{label} must be a number of seconds, not {value!r}")
+    if value != value or not 0 <= value <= MAX_SECONDS or (value == 0 and not zero):
+        low = "0" if zero else "more than 0"
+        raise ValidationError(f"{label} {value!r} is not between {low} and {MAX_SECONDS:g} seconds")
 
 
 class Options:
@@ -87,6 +111,9 @@ class Options:
     ) -> None:
         if slots is not None and (slots < 1 or shared):
             raise NestingError("--slots needs a count of at least 1 and cannot be --shared")
+        _check_seconds("wait", wait, zero=True)
+        _check_seconds("timeout", timeout, zero=False)
+        _check_seconds("kill_after", kill_after, zero=True)
         self.wait, self.timeout, self.kill_after = wait, timeout, kill_after
         self.shared, self.slots, self.reentrant = shared, slots, reentrant
         self.stdin_devnull, self.message, self.token = stdin_devnull, message, token

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,6 +66,57 @@ def test_run_raises_typed_errors(lock_dir: Path) -> None:
         local_mutex.run("a\nb", command="true", lock_dir=str(lock_dir))
     with pytest.raises(local_mutex.ValidationError):
         local_mutex.run("api", command="true", lock_dir="/nonexistent/dir")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"timeout": math.inf},
+        {"timeout": math.nan},
+        {"timeout": 1e10},
+        {"timeout": 0},
+        {"timeout": -5},
+        {"wait": -1},
+        {"wait": math.nan},
+        {"kill_after": -1},
+        {"kill_after": "5"},
+        {"command": "echo a\0b"},
+        {"argv": ["echo", "a\0b"]},
+        {"argv": "true"},
+    ],
+    ids=repr,
+)
+def test_run_refuses_what_the_cli_refuses_before_taking_the_lock(
+    lock_dir: Path, marks: Path, bad: dict[str, Any]
+) -> None:
+    """Each used to start the command (or take the lock) and end in 70 or 124."""
+    kwargs: dict[str, Any] = {"command": f"touch '{marks}/ran'", **bad}
+    if "argv" in bad:
+        del kwargs["command"]
+    with pytest.raises(local_mutex.ValidationError):
+        local_mutex.run("api", lock_dir=str(lock_dir), **kwargs)
+    assert not (marks / "ran").exists()
+    assert not list(lock_dir.iterdir())
+
+
+def test_run_takes_the_remote_from_the_environment_as_the_cli_does(
+    lock_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """$LOCAL_MUTEX_REMOTE: the same name locks in the same place whoever takes it."""
+    repo = tmp_path / "locks.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(repo)], check=True)
+    monkeypatch.setenv("LOCAL_MUTEX_REMOTE", f"file://{repo}")
+    assert local_mutex.run("api", argv=["true"], lock_dir=str(lock_dir)).status == 0
+    assert not list(lock_dir.iterdir())  # not this machine's lock dir
+    refs = subprocess.run(
+        ["git", "--git-dir", str(repo), "for-each-ref", "--format=%(refname)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert refs.strip(), "no lock branch on the remote"
+    with pytest.raises(local_mutex.ValidationError):
+        local_mutex.run("api", argv=["true"], remote=" ")
 
 
 def test_hold_serializes_against_the_cli(lock_dir: Path, marks: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import clean_env, old_pythons, pyenv_python, version_of
+from helpers import CLI, clean_env, hold_until, old_pythons, pyenv_python, version_of, wait_for
 
 BOOTSTRAP = Path(__file__).resolve().parents[2] / "setup" / "bootstrap.py"
 
@@ -236,3 +236,42 @@ def test_the_lowest_supported_python_runs_the_action(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert r.stdout == "ran-under-lock\n"
     assert "acquired=true" in out.read_text()
+
+
+def test_the_action_locks_where_the_cli_does_with_a_job_wide_remote(tmp_path: Path) -> None:
+    """$LOCAL_MUTEX_REMOTE set for the job, no remote: input: the action locked on this
+    machine, beside the CLI's run of the name on the remote."""
+    repo = tmp_path / "locks.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(repo)], check=True)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    base = {"LOCAL_MUTEX_REMOTE": f"file://{repo}", "LOCAL_MUTEX_LOCK_DIR": str(tmp_path)}
+    holder = subprocess.Popen([*CLI, "-q", "shared-name", hold_until(marks)], env=clean_env(base))
+    try:
+        wait_for(marks / "h.held")
+        out = tmp_path / "out"
+        out.write_text("")
+        env = clean_env(
+            {
+                **base,
+                "RUNNER_TOOL_CACHE": str(tmp_path / "tc"),
+                "GITHUB_OUTPUT": str(out),
+                "LOCAL_MUTEX_INPUT_NAME": "shared-name",
+                "LOCAL_MUTEX_INPUT_RUN": f"touch '{marks}/action-ran'",
+                "LOCAL_MUTEX_INPUT_WAIT_SECONDS": "0",
+            }
+        )
+        env.pop("GITHUB_STEP_SUMMARY", None)
+        r = subprocess.run(
+            [sys.executable, str(BOOTSTRAP), "action"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 75, r.stderr  # not acquired: the CLI's run holds it
+        assert not (marks / "action-ran").exists()
+        assert "acquired=false" in out.read_text()
+    finally:
+        (marks / "h.go").touch()
+        assert holder.wait(30) == 0

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import os
 
+from ..runspec import MAX_SECONDS
 from .options import (
     EACH,
-    MAX_SECONDS,
     MAX_SLOTS,
     OPTIONS,
     POSITIONALS,
