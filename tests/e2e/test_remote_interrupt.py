@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CLI, clean_env, read_pid, run_cli, wait_for
+from helpers import CLI, clean_env, hold_until, read_pid, run_cli, wait_for
 from helpers import procwatch as pw
 from helpers.gitserver import gate_pushes, git_daemon, lock_state
 
@@ -209,4 +209,36 @@ def test_a_lock_push_acknowledged_too_late_for_its_lease_runs_nothing(
     assert cli.returncode == 69, err
     assert b"too late to run anything under a 6s lease" in err, err
     assert not (tmp_path / "ran").exists()
+    assert gated.state("x") == "free"
+
+
+@pytest.mark.parametrize("end", ["exits", "SIGINT"])
+def test_a_renewal_the_server_holds_does_not_hold_the_caller_after_the_command(
+    gated: Gated, marks: Path, end: str
+) -> None:
+    """Push 2, the first renewal, hangs on the server; the command then ends, by itself or
+    stopped by a Ctrl-C. The renewal is cut short at once: the caller used to wait for
+    its deadline (a third of the lease: 20 min with --lease 3600) before letting go."""
+    gated.hold(2)
+    command = f"touch '{marks}/ran'; " + hold_until(marks)
+    cli = subprocess.Popen(
+        [*CLI, "--remote", gated.url, "--lease", "24", "--kill-after", "0", "x", command],
+        env=clean_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    gated.inflight(2)  # 8 s in: the renewal waits on the server, its deadline 8 s away
+    t0 = time.monotonic()
+    if end == "exits":
+        (marks / "h.go").touch()
+    else:
+        cli.send_signal(signal.SIGINT)
+    _, err = cli.communicate(timeout=30)
+    elapsed = time.monotonic() - t0
+    assert cli.returncode == (0 if end == "exits" else 130), err.decode()
+    assert elapsed < 4.0, f"the caller took {elapsed:.1f}s after the command's end"
+    assert "could not renew" not in err.decode()
+    gated.go(2)
+    gated.over(2)  # the renewal reached the server after the unlock: its CAS fails
     assert gated.state("x") == "free"

@@ -62,6 +62,8 @@ if TYPE_CHECKING:
         # Optional, for server sessions: ``session_fd() -> int | None``, a socket whose
         # hangup means the server ended the lock's session; keeper and supervisor watch it,
         # so a lost session stops the command at once, even with the keeper frozen.
+        # Optional: ``cancel_on(fd)``: a ``check`` under way (a renewal to a hung server)
+        # ends early once ``fd`` turns readable -- the supervisor's report of the end.
         # Optional: ``guardian: int | None``, a child of the keeper that holds the lock too
         # (a lock file put back: ``flock.guardian``), never stopped as the command's orphan.
 

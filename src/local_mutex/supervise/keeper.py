@@ -248,6 +248,8 @@ def _wait(
     text = ""
     interval = lock.check_interval() if lock is not None else None
     next_check = time.monotonic() + (interval or 0.0)
+    if (cancel_on := getattr(lock, "cancel_on", None)) is not None:
+        cancel_on(out)  # a check under way ends once the supervisor reports the end
     poller = select.poll()  # not select(): a caller may hold descriptors past FD_SETSIZE
     poller.register(out, select.POLLIN)
     if relay.wake is not None:

@@ -5,8 +5,9 @@ stops its own command first: the deadline to have it stopped is counted from whe
 last acknowledged renewal was *sent* (the lease may have started then on a contender's
 clock), minus the time a stop takes; past it, ``check`` raises LockLost and the command is
 stopped (TERM, then KILL) before anyone can take the lock over. A renewal push that hangs
-is cut off at that deadline, so it cannot stall it. Clocks must agree to within a third of
-the lease.
+is cut off at that deadline, so it cannot stall it, or as soon as the command ends. The
+holder counts its own lease on the monotonic clock (a step of its wall clock cannot
+stretch it); clocks must agree to within a third of the lease.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ...names import digest, display
 from .letgo import unlock, withdraw
 from .plumbing import PushRefused
 from .protocol import RemoteState, branch_for, describe, format_message, parse_message
+from .spawn import Cancelled
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -56,7 +58,8 @@ class GitLock:
         self.token = os.urandom(16).hex()
         self.ours: RemoteState | None = None
         self.record: dict[str, Any] = {}
-        self.acked_sent = 0.0  # when the last renewal that went through was sent
+        self.acked_sent = 0.0  # when (monotonic) the last renewal that went through was sent
+        self.cancel: int | None = None  # readable: the command ended (``cancel_on``)
         self.lease: float | None = None  # set once taken for a run
         # While a lock push of ours may be under way: (the state it replaces, ours).
         self.pending: tuple[RemoteState, RemoteState] | None = None
@@ -106,7 +109,7 @@ class GitLock:
         if current.state == "lock" and current.expired():
             body["takeover_of"] = current.holder_id or current.actor
         text = format_message("lock", self.backend.actor, message, body)
-        sent = time.time()
+        sent = time.monotonic()
         new = self.git.commit(current.oid, text, self.backend.actor)
         ours = parse_message(new, text, self.ref)
         # From here a stop signal may find the push landed, or about to: see ``take``.
@@ -136,8 +139,8 @@ class GitLock:
             )
         waited = self.take(take.wait, take.reporter, lease=lease, message=None, extra={})
         self.lease = lease
-        late = time.time() - self.acked_sent
-        if time.time() >= self._stop_by(lease):
+        late = time.monotonic() - self.acked_sent
+        if time.monotonic() >= self._stop_by(lease):
             # Acknowledged so late that the command would be stopped as it starts, beside
             # whoever takes the lease over once it runs out: run nothing under it.
             self.abandon()
@@ -264,10 +267,8 @@ class GitLock:
 
     def _not_taken(self, tries: int) -> str:
         pushes = "a push" if tries == 1 else f"{tries} pushes"
-        return (
-            f"it is free, but {pushes} to {self.backend.address} did not take it: "
-            f"{self.git.refusal or 'git gave no reason'}"
-        )
+        why = self.git.refusal or "git gave no reason"
+        return f"it is free, but {pushes} to {self.backend.address} did not take it: {why}"
 
     # -- while held ----------------------------------------------------------------------
 
@@ -280,45 +281,48 @@ class GitLock:
     def keep_fds(self) -> tuple[int, ...]:
         return ()
 
+    def close(self) -> None:
+        pass
+
     def _lease(self) -> float | None:
         return None if self.ours is None else self.lease
 
     def _stop_by(self, lease: float) -> float:
-        """Epoch time by which the command must have been stopped: a third of the lease
-        before it runs out (clocks that disagree by less cannot let a contender in beside
-        it), or the time stopping may take, if more."""
+        """When (monotonic) the command must have been stopped: a third of the lease before
+        it runs out (clocks off by less cannot let a contender in), or the stop's time."""
         return self.acked_sent + lease - max(self.stop_grace, lease / 3)
 
     def stop_deadline(self) -> float | None:
-        """When (monotonic) the command must be stopped if no renewal goes through by
-        then; the supervisor enforces it even if this process is frozen."""
+        """``_stop_by``, for the supervisor to enforce even if this process is frozen."""
         lease = self._lease()
-        if lease is None:
-            return None
-        return time.monotonic() + (self._stop_by(lease) - time.time())
+        return None if lease is None else self._stop_by(lease)
 
     def check_interval(self) -> float | None:
         lease = self._lease()
-        return None if lease is None else min(1.0, lease / 10)
+        if lease is None:
+            return None
+        # No later than the deadline: the command is stopped at it, not up to a tick past.
+        return max(min(1.0, lease / 10, self._stop_by(lease) - time.monotonic()), 0.01)
+
+    def cancel_on(self, fd: int) -> None:
+        self.cancel = fd  # a hung renewal must not hold the caller after the command ended
 
     def check(self) -> str | None:
         """Renew every third of the lease; stop the command in time if renewals fail."""
         lease, ours = self._lease(), self.ours
         if lease is None or ours is None:
             return None
-        now = time.time()
+        now = time.monotonic()
         if now < self.acked_sent + lease / 3:
             return None
         stop_by = self._stop_by(lease)
         if now >= stop_by:
-            raise LockLost(
-                f"lost the lease on remote lock {self.label}: renewals to "
-                f"{self.backend.address} failed since {time.ctime(self.acked_sent)}"
-            )
-        body = {**ours.body, **self.record, "expires_at": round(now + lease, 3)}
+            raise self._lost()
+        body = {**ours.body, **self.record, "expires_at": round(time.time() + lease, 3)}
         text = format_message("lock", ours.actor, ours.message, body)
         # A hung push (or the read after a refused one) must not stall the deadline.
-        self.git.deadline = time.monotonic() + max(stop_by - now, 0.5)
+        self.git.deadline = now + max(stop_by - now, 0.5)
+        self.git.cancel = self.cancel
         moved = False
         try:
             new = self.git.commit(ours.oid, text, self.backend.actor)
@@ -338,11 +342,15 @@ class GitLock:
                         f"({self.git.refusal or 'git gave no reason'})"
                     )
                 moved = seen != new  # else: it went through after all
+        except Cancelled:
+            return None  # the command is over; a renewal that landed is ours to unlock
         except Unavailable as exc:
+            if time.monotonic() >= stop_by:  # cut at the deadline: stop now, not a tick later
+                raise self._lost() from None
             self.warned = True
             return f"could not renew the lease on {self.label} yet: {exc}"
         finally:
-            self.git.deadline = None
+            self.git.deadline = self.git.cancel = None
         if moved:
             raise LockLost(
                 f"lost the lease on remote lock {self.label}: it was taken over before "
@@ -350,6 +358,11 @@ class GitLock:
             )
         self._renewed(new, now, text)
         return None
+
+    def _lost(self) -> LockLost:
+        since = time.ctime(time.time() - (time.monotonic() - self.acked_sent))
+        to = f"renewals to {self.backend.address} failed since {since}"
+        return LockLost(f"lost the lease on remote lock {self.label}: {to}")
 
     def _renewed(self, oid: str, sent: float, text: str | None = None) -> None:
         self.acked_sent = sent
@@ -385,6 +398,3 @@ class GitLock:
         if held:
             out[nesting.ENV_HELD] = nesting.extend(env, nesting.entry(os.getpid(), self.key, False))
         return out
-
-    def close(self) -> None:
-        pass

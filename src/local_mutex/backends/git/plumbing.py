@@ -165,6 +165,8 @@ class Git:
         self.timeout = GIT_TIMEOUT
         # When set (monotonic): every git call ends by then, however many a step makes.
         self.deadline: float | None = None
+        # When set: a descriptor whose readability cuts every git call short (Cancelled).
+        self.cancel: int | None = None
         self.dir = _scratch_dir()
         base = dict(os.environ if env is None else env)
         self.env = {
@@ -215,7 +217,11 @@ class Git:
             timeout = max(min(timeout, self.deadline - time.monotonic()), 0.1)
         try:
             code, out, err = run_git(
-                ["git", *args], stdin=stdin, env=env or self.env, timeout=timeout
+                ["git", *args],
+                stdin=stdin,
+                env=env or self.env,
+                timeout=timeout,
+                cancel=self.cancel,
             )
         except subprocess.TimeoutExpired:
             raise Unavailable(f"git {args[0]} timed out after {timeout:.3g}s") from None

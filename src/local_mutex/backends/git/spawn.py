@@ -22,17 +22,31 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
+# With a ``cancel`` descriptor: how often to look at it while git runs.
+_CANCEL_POLL = 0.1
+
+
+class Cancelled(Exception):
+    """The git call was cut short: its ``cancel`` descriptor turned readable."""
+
+
 # After SIGKILL a process ends at once unless it is stuck in the kernel (a dead NFS
 # mount): wait that long for git, and as long again for helpers we adopted, no more.
 REAP_WAIT = 2.0
 
 
 def run_git(
-    argv: Sequence[str], *, stdin: bytes, env: Mapping[str, str], timeout: float
+    argv: Sequence[str],
+    *,
+    stdin: bytes,
+    env: Mapping[str, str],
+    timeout: float,
+    cancel: int | None = None,
 ) -> tuple[int, bytes, bytes]:
-    """(exit status, stdout, stderr). On a timeout (``subprocess.TimeoutExpired``) or any
-    exception while it runs (a stop signal's ``Interrupted``), git's whole group is
-    killed and reaped before the exception goes on."""
+    """(exit status, stdout, stderr). On a timeout (``subprocess.TimeoutExpired``), once
+    ``cancel`` turns readable (``Cancelled``), or on any exception while it runs (a stop
+    signal's ``Interrupted``), git's whole group is killed and reaped before the exception
+    goes on."""
     try:
         proc = subprocess.Popen(
             list(argv),
@@ -45,11 +59,35 @@ def run_git(
     except FileNotFoundError:
         raise Unavailable("git is not installed") from None
     try:
-        out, err = proc.communicate(stdin, timeout=timeout)
+        out, err = _communicate(proc, stdin, timeout, cancel)
     except BaseException:
         end_group(proc)
         raise
     return proc.returncode, out, err
+
+
+def _communicate(
+    proc: subprocess.Popen[bytes], stdin: bytes, timeout: float, cancel: int | None
+) -> tuple[bytes, bytes]:
+    if cancel is None:
+        return proc.communicate(stdin, timeout=timeout)
+    import select
+
+    deadline = time.monotonic() + timeout
+    poller = select.poll()
+    poller.register(cancel, select.POLLIN)
+    data: bytes | None = stdin
+    while True:
+        # In slices: communicate() may be called again after its timeout, losing nothing.
+        left = deadline - time.monotonic()
+        try:
+            return proc.communicate(data, timeout=max(min(left, _CANCEL_POLL), 0.0))
+        except subprocess.TimeoutExpired:
+            if left <= _CANCEL_POLL:
+                raise
+        data = None  # given once: later calls go on with what is left of it
+        if poller.poll(0):
+            raise Cancelled
 
 
 def end_group(proc: subprocess.Popen[bytes]) -> None:
