@@ -28,6 +28,7 @@ from .names import display, name_bytes
 from .runspec import Command, Options, RunResult
 from .supervise.hooks import session_of
 from .supervise.keeper import SignalsHeld, Spec, supervise
+from .ui.lines import progress_interval
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -42,22 +43,12 @@ ENV_CLI = "LOCAL_MUTEX_CLI"
 ENV_PYTHON = "LOCAL_MUTEX_PYTHON"
 # What LOCAL_MUTEX_CLI points at: nested calls run the same CLI with the same interpreter.
 SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "local-mutex.sh")
-ENV_PROGRESS = "LOCAL_MUTEX_PROGRESS_SECONDS"
-DEFAULT_PROGRESS = 30.0  # seconds, and at least 0.5: each line reads /proc/locks
 # Beyond the TERM -> KILL grace: what stopping a command may take (a lease must outlast it).
 STOP_MARGIN = 2.0
 
 # Locks ``Held`` in this process: (backend kind, lock file, thread) -> (mode, lock). A ``run``
 # of one inside the block runs within it; the held lock names itself to its command's calls.
 _held_here: dict[tuple[str, str, bool, int], tuple[str, Lock]] = {}
-
-
-def progress_interval(env: Mapping[str, str]) -> float:
-    try:
-        value = float(env.get(ENV_PROGRESS, "") or DEFAULT_PROGRESS)
-    except ValueError:
-        return DEFAULT_PROGRESS
-    return max(value, 0.5) if 0 < value < 1e9 else DEFAULT_PROGRESS
 
 
 def command_env(lock: Lock, env: Mapping[str, str], held: bool) -> dict[str, str]:
@@ -154,7 +145,7 @@ def run_locked(
                     reporter=reporter,
                     subreaper=subreaper,
                     held=held,
-                    then=lambda outcome: _release(lock, reporter, outcome.lost is not None),
+                    then=lambda outcome: _release(lock, reporter, outcome),
                 )
             except BaseException:
                 held.letting_go = True
@@ -258,15 +249,17 @@ def _run_inside(
     return result
 
 
-def _release(lock: Lock, reporter: Reporter | None, lost: bool = False) -> None:
+def _release(lock: Lock, reporter: Reporter | None, outcome: Outcome) -> None:
     """Let go; a remote that cannot be told keeps the command's status (its lease or
     session will end by itself), with a warning -- none for a lock already lost, whose
-    error says it all."""
-    if lost:
+    error says it all. One found lost only now may have had another holder meanwhile."""
+    if outcome.lost is not None:
         _let_go(lock)
         return
     try:
         lock.release()
+    except LockLost as exc:
+        outcome.lost_at_release = exc
     except Unavailable as exc:
         if reporter is not None:
             reporter.warning(f"could not release {lock.label} cleanly: {exc}")
@@ -292,10 +285,10 @@ def _finish(
     result.status = outcome.status
     result.timed_out = outcome.timed_out
     result.stop_signal = outcome.signals[0] if outcome.signals else 0
-    result.lost = outcome.lost
+    result.lost = outcome.lost or outcome.lost_at_release
     result.held = time.monotonic() - outcome.started
-    if outcome.lost is not None:
-        result.status = outcome.lost.exit_code
+    if result.lost is not None:
+        result.status = result.lost.exit_code
     if reporter is None:
         return
     if outcome.timed_out and opts.timeout is not None:
@@ -306,6 +299,11 @@ def _finish(
         reporter.error(
             f"{outcome.lost}; the command was stopped (it exited {outcome.status}) "
             f"after {result.held:.1f}s"
+        )
+    elif outcome.lost_at_release is not None:
+        reporter.error(
+            f"{outcome.lost_at_release}: another holder may have run beside the command "
+            f"(it exited {outcome.status} after {result.held:.1f}s)"
         )
     elif result.reentrant:
         reporter.reentrant_done(label, result.held, result.status)

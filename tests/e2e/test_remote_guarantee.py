@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CLI, Procs, clean_env, concurrently, run_cli, wait_for
+from helpers import CLI, Procs, clean_env, concurrently, hold_until, run_cli, wait_for
 from helpers import procwatch as pw
 from helpers.gitserver import Silent, git_daemon
 from helpers.witnessed import witnessed
@@ -394,3 +394,24 @@ def test_a_holder_counts_its_lease_on_a_clock_no_wall_clock_step_moves(
     finally:
         monkeypatch.undo()
         backend.close()
+
+
+def test_a_lock_found_lost_at_release_is_not_a_clean_exit(
+    server: Server, procs: Procs, marks: Path
+) -> None:
+    """Someone deletes the lock branch mid-run and another run takes the name, between two
+    renewals; the first command then ends. Its release finds the branch someone else's:
+    that used to be a warning and exit 0, as if the command had run alone."""
+    holder = procs.start(["--remote", server.url, "--lease", "60", "x", hold_until(marks)])
+    wait_for(marks / "h.held", 30)
+    subprocess.run(
+        ["git", "--git-dir", str(server.repo), "update-ref", "-d", "refs/heads/lock__x"],
+        check=True,
+    )
+    other = run_cli(["--remote", server.url, "x", "true"], timeout=60)
+    assert other.returncode == 0, other.stderr
+    (marks / "h.go").touch()
+    assert holder.wait(30) == 69, procs.stderr(holder)
+    err = procs.stderr(holder)
+    assert "changed hands before release" in err and "beside the command" in err, err
+    assert "released x" not in err, err

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers import Procs, hold_until, run_cli, wait_for
-from helpers.gitserver import drop_connection_once, git_daemon, lock_state
+from helpers.gitserver import drop_connection_once, git_daemon, install_hook, lock_state
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -332,3 +332,47 @@ def test_one_branch_with_an_untrustworthy_body_does_not_hide_the_others(
     assert [lock["name"] for lock in json.loads(r.stdout)] == ["good"]
     r = run_cli(["status", "--remote", remote.url, "junk"])
     assert r.returncode == 2 and b"has a lease end that is not a time" in r.stderr, r.stderr
+
+
+def test_each_keep_going_goes_on_past_an_item_the_remote_failed(
+    remote: Remote, tmp_path: Path
+) -> None:
+    """The second item's lock push lands but loses its answer (69 for that item): with
+    --keep-going the batch used to end there, unsummed, the item unnamed."""
+    count = tmp_path / "count"
+    # Push 1 locks a, push 2 unlocks it, push 3 locks b: its server dies before answering.
+    install_hook(
+        remote.repo,
+        "reference-transaction",
+        f"cat > /dev/null\n[ \"$1\" = committed ] || exit 0\necho x >> '{count}'\n"
+        f"[ $(wc -l < '{count}') -eq 3 ] && kill -9 $PPID\nexit 0\n",
+    )
+    r = run_cli(
+        ["each", "--keep-going", "--remote", remote.url, "item-{}", 'echo "ran $LOCAL_MUTEX_ITEM"'],
+        input=b"a\nb\nc\n",
+        timeout=120,
+    )
+    assert r.returncode == 1, r.stderr  # one item failed
+    assert r.stdout == b"ran a\nran c\n", r.stderr
+    assert b"item 'b':" in r.stderr and b"2 items ran, 1 could not run" in r.stderr, r.stderr
+    assert lock_state(remote.url, "item-b") == "free"
+
+
+def test_an_unlock_that_landed_but_lost_its_answer_is_a_release(
+    remote: Remote, tmp_path: Path
+) -> None:
+    """The server applies the unlock, then dies before it answers: a run warned that it
+    "could not release cleanly", and `release` of a hold failed with 69, both after the
+    lock was released."""
+    armed = tmp_path / "armed"
+    drop_connection_once(remote.repo, armed)
+    r = run_cli(["--remote", remote.url, "x", f"touch '{armed}'"], timeout=60)
+    assert r.returncode == 0 and not armed.exists(), r.stderr  # the drop did fire
+    assert b"cleanly" not in r.stderr, r.stderr
+    assert lock_state(remote.url, "x") == "free"
+    token = run_cli(["hold", "--remote", remote.url, "y"], timeout=60)
+    assert token.returncode == 0, token.stderr
+    armed.touch()
+    r = run_cli(["release", "--remote", remote.url, "--token", token.stdout.decode().strip(), "y"])
+    assert r.returncode == 0 and not armed.exists(), r.stderr
+    assert lock_state(remote.url, "y") == "free"

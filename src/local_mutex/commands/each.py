@@ -17,6 +17,7 @@ from ..errors import (
     LocalMutexError,
     NotAcquired,
     SpawnError,
+    Unavailable,
     ValidationError,
 )
 from ..lifecycle import run_locked
@@ -184,8 +185,9 @@ def run_each(
             status, stop_signal, ran = EXIT_NOT_ACQUIRED, 0, False
             if reporter is not None:
                 reporter.error(f"item {named(item)}: {exc}")
-        except (ValidationError, SpawnError) as exc:
-            # A spawn failure can be the item's own: $LOCAL_MUTEX_ITEM too big (E2BIG).
+        except (ValidationError, SpawnError, Unavailable) as exc:
+            # A spawn failure can be the item's own: $LOCAL_MUTEX_ITEM too big (E2BIG); a
+            # remote that failed one item's take (an answer lost) may well take the next.
             status, stop_signal, ran = exc.exit_code, 0, False
             if reporter is not None:
                 reporter.error(f"item {named(item)}: {exc}")

@@ -52,6 +52,7 @@ class Outcome:
         "keeper_gone",
         "kill_sent",
         "lost",
+        "lost_at_release",
         "signals",
         "started",
         "status",
@@ -68,18 +69,15 @@ class Outcome:
         self.keeper_gone = False
         self.signals: list[int] = []  # stop signals relayed to the command
         self.lost: LockLost | None = None  # the lock was lost mid-run; the command stopped
+        self.lost_at_release: LockLost | None = None  # found lost once the command was over
         self.supervisor_died: int | None = None  # the signal that killed the supervisor
         self.command_pid: int | None = None  # also the command's process group
 
     @property
     def stopped(self) -> bool:
         """Was the command stopped by us (signals, ceiling, lost lock, a death)?"""
-        return (
-            bool(self.signals)
-            or self.timed_out
-            or self.lost is not None
-            or (self.supervisor_died is not None)
-        )
+        died = self.supervisor_died is not None
+        return bool(self.signals) or self.timed_out or self.lost is not None or died
 
 
 def supervise(

@@ -21,8 +21,19 @@ if TYPE_CHECKING:
 PREFIX = "local-mutex: "
 _MAX_COMMAND = 120
 ANNOTATIONS = ("always", "waited", "never")
+ENV_PROGRESS = "LOCAL_MUTEX_PROGRESS_SECONDS"
+DEFAULT_PROGRESS = 30.0  # seconds, and at least 0.5: each line reads /proc/locks
 # Once a stop signal came, how long a line may wait for a stderr that takes nothing.
 STOPPING_WRITE_WAIT = 0.5
+
+
+def progress_interval(env: Mapping[str, str]) -> float:
+    """Seconds between "still waiting" lines ($LOCAL_MUTEX_PROGRESS_SECONDS)."""
+    try:
+        value = float(env.get(ENV_PROGRESS, "") or DEFAULT_PROGRESS)
+    except ValueError:
+        return DEFAULT_PROGRESS
+    return max(value, 0.5) if 0 < value < 1e9 else DEFAULT_PROGRESS
 
 
 def duration(seconds: float) -> str:

@@ -73,7 +73,7 @@ def unlock(
             body.update(lock._body({"released_holder_id": current.holder_id}))
             text = format_message("unlock", lock.backend.actor, current.message, body)
             new = lock.git.commit(current.oid, text, lock.backend.actor)
-        if lock.git.push(lock.ref, new, current.oid):
+        if _pushed(lock, new, current.oid):
             if new is not None:
                 lock.backend.pushed[lock.ref] = parse_message(new, text, lock.ref)
             return current
@@ -98,6 +98,21 @@ def unlock(
             f"({lock.git.refusal or 'git gave no reason'}); it is still locked"
         )
     raise Unavailable(f"remote lock {lock.label} kept changing; release not done")
+
+
+def _pushed(lock: GitLock, new: str | None, expected: str | None) -> bool:
+    """The push went through. One whose answer was lost (the connection dropped after the
+    server applied it) counts if the branch now is what it pushed."""
+    try:
+        return lock.git.push(lock.ref, new, expected)
+    except Unavailable:
+        try:
+            landed = lock.git.fetch(lock.ref) == new
+        except Unavailable:
+            landed = False
+        if landed:
+            return True
+        raise
 
 
 def withdraw(lock: GitLock, was: RemoteState, ours: RemoteState) -> str:
