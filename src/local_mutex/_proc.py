@@ -234,8 +234,12 @@ def children(pid: int) -> list[int]:
 
 
 def _children_by_scan(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir(PROC):
+    found: list[int] = []
+    try:
+        entries = os.listdir(PROC)
+    except OSError:  # out of descriptors or memory: none known (the group is signalled still)
+        return found
+    for entry in entries:
         if entry.isdigit() and parent_of(int(entry)) == pid:
             found.append(int(entry))
     return found

@@ -21,6 +21,7 @@ from .errors import (
     NestingError,
     NotAcquired,
     RecordNotWritten,
+    SpawnError,
     Unavailable,
 )
 from .identity import ENV_TOKEN, holder_record, job_identity
@@ -147,9 +148,12 @@ def run_locked(
                     held=held,
                     then=lambda outcome: _release(lock, reporter, outcome),
                 )
-            except BaseException:
+            except BaseException as exc:
                 held.letting_go = True
-                _let_go(lock)
+                if held.forking and not isinstance(exc, SpawnError):
+                    lock.close()  # our error once it may run: it holds the lock on, alone
+                else:
+                    _let_go(lock)
                 raise
         _finish(result, outcome, lock.label, reporter, opts)
         return result
@@ -171,8 +175,8 @@ def _take(
     extra: Mapping[str, Any] | None = None,
     spent: float = 0.0,
 ) -> float:
-    """Acquire, then publish who holds it (or let go again): the seconds waited, counting
-    the ``spent`` seconds already waited."""
+    """Acquire, then publish who holds it (or let go again): the seconds waited, ``spent``
+    included."""
     lock.stop_grace = opts.kill_after + STOP_MARGIN
     wait = None if opts.wait is None else max(opts.wait - spent, 0.0)
     take = Take(
@@ -250,9 +254,9 @@ def _run_inside(
 
 
 def _release(lock: Lock, reporter: Reporter | None, outcome: Outcome) -> None:
-    """Let go; a remote that cannot be told keeps the command's status (its lease or
-    session will end by itself), with a warning -- none for a lock already lost, whose
-    error says it all. One found lost only now may have had another holder meanwhile."""
+    """Let go; a remote that cannot be told keeps the command's status (its lease or session
+    ends by itself), with a warning -- none for a lock lost already, whose error says it
+    all. One found lost only now may have had another holder meanwhile: an error."""
     if outcome.lost is not None:
         _let_go(lock)
         return
@@ -266,9 +270,8 @@ def _release(lock: Lock, reporter: Reporter | None, outcome: Outcome) -> None:
 
 
 def _let_go(lock: Lock) -> None:
-    """After a failure -- a stop signal once the lock was taken but before the command
-    started, an error of ours: a remote's lock outlives this process, so tell the remote.
-    A lock not (or no longer) held is left alone."""
+    """After a failure before the command started (a stop signal, an error of ours): a
+    remote's lock outlives this process, so tell the remote. One not held is left alone."""
     try:
         lock.release()
     except LocalMutexError:
@@ -359,8 +362,7 @@ class Held:
             _thread.start_new_thread(self._watch, ())
         return self
 
-    def check(self) -> str | None:
-        """One periodic check (for holders that run their own loop)."""
+    def check(self) -> str | None:  # one periodic check, for holders with a loop of their own
         assert self.lock is not None
         try:
             return self.lock.check()

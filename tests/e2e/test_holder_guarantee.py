@@ -115,6 +115,64 @@ def test_a_sigkilled_supervisor_does_not_free_the_lock_while_its_command_runs(
     assert lock_is_free(lock_file(lock_dir, "k9"))
 
 
+# The keeper fails as it stops the orphaned command (as it did out of descriptors: EMFILE
+# listing /proc): an error of its own, after the fork, in the process that holds the lock.
+FAIL_STOPPING = """
+import os, sys
+keeper = os.getpid()
+def _fail(event, args):
+    if event in ("os.kill", "os.killpg") and os.getpid() == keeper:
+        raise OSError(24, "Too many open files (injected)")
+sys.addaudithook(_fail)
+"""
+
+
+@pytest.mark.parametrize("fault", ["injected", "descriptors"])
+def test_a_keeper_that_fails_after_its_supervisor_died_leaves_the_command_the_lock(
+    procs: Procs, lock_dir: Path, marks: Path, tmp_path: Path, fault: str
+) -> None:
+    """The supervisor is SIGKILLed and the keeper fails while it stops the command (a
+    bug, or a file-descriptor limit of 8): it used to let go of the lock on its way out,
+    while the command, which shares it, ran on beside the next holder."""
+    site = tmp_path / "site"
+    site.mkdir()
+    # Deaf to SIGTERM, as the helper of a build may be: it outlives the first signal.
+    command = "trap '' TERM; " + hold_until(marks)
+    if fault == "injected":
+        (site / "sitecustomize.py").write_text(FAIL_STOPPING)
+        argv = [PY, "-m", "local_mutex", "orph", command, str(lock_dir)]
+    else:
+        argv = ["prlimit", "--nofile=8:8", PY, "-m", "local_mutex", "orph", command, str(lock_dir)]
+        if shutil.which("prlimit") is None:
+            pytest.skip("prlimit (util-linux) is not installed")
+    src = Path(__file__).resolve().parents[2] / "src"
+    keeper = subprocess.Popen(
+        argv,
+        env=clean_env({"PYTHONPATH": f"{site}:{src}"}),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for(marks / "h.held")
+        child = _supervisor_pid(keeper, "supervisor")
+        assert child != keeper.pid
+        (command_pid,) = pw.children(child)
+        os.kill(child, signal.SIGKILL)
+        keeper.wait(30)  # it ends, one way or another
+        path = lock_file(lock_dir, "orph")
+        if pw.alive(command_pid):
+            assert not lock_is_free(path), "the lock was free while the command still ran"
+            r = run_cli(["--no-wait", "orph", "true", str(lock_dir)])
+            assert r.returncode == 75, r.stderr
+        else:  # the keeper did stop it (out of descriptors, yet it found a way)
+            assert fault == "descriptors" and keeper.returncode == 137, keeper.stderr
+    finally:
+        (marks / "h.go").touch()
+        keeper.kill()
+        keeper.communicate()
+    wait_for(lambda: lock_is_free(lock_file(lock_dir, "orph")), 30)
+
+
 def test_a_command_deaf_to_sigterm_after_its_supervisor_died_gets_sigkill_then_releases(
     procs: Procs, lock_dir: Path, marks: Path, wit: Witnessed
 ) -> None:
