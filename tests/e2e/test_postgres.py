@@ -712,6 +712,52 @@ def test_an_empty_password_is_no_password() -> None:
     assert password_of("postgresql://me:@h/d?password=q") == "q"
 
 
+def _enclosing_in_a_child(url: str, env: dict[str, str]) -> object:
+    """``lock.enclosing(env)`` asked by a child of this process, as a nested call asks."""
+    code = (
+        "import json, os, sys\n"
+        "from local_mutex.backends.postgres.backend import PostgresBackend\n"
+        "lock = PostgresBackend(sys.argv[1], env={}).lock(b'domain')\n"
+        "print(json.dumps(lock.enclosing(dict(os.environ))))\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, url], capture_output=True, text=True, env=env, check=False
+    )
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_a_command_that_changes_pg_variables_is_in_another_domain(pg: PgServer) -> None:
+    """The URL leaves the database to $PGDATABASE. A command that points PGDATABASE (or
+    PGHOSTADDR, ...) elsewhere reaches another lock domain with the same URL: its nested
+    call ran "inside" while another process held the name there, and the password
+    forwarded for the run's own server went wherever the variables pointed."""
+    url = f"postgresql://postgres:{PASSWORD}@127.0.0.1:{pg.port}"
+    env = pg.env({"PATH": os.environ["PATH"], "PGDATABASE": "postgres"})
+    env.pop("PGPASSWORD", None)  # only the password in the URL, forwarded by us
+    backend = PostgresBackend(url, env=env)
+    lock = backend.lock(b"domain")
+    drop = DropBound.from_env({})
+    try:
+        lock.acquire(Take(wait=0))
+        child = lock.child_env(env, held=True)
+        bare = child["LOCAL_MUTEX_REMOTE"]
+        assert _enclosing_in_a_child(bare, child) == [os.getpid(), "x"]
+        assert connect_params(bare, child, drop)["password"] == PASSWORD
+        for var, value in (("PGDATABASE", "template1"), ("PGHOSTADDR", "127.0.0.2")):
+            moved = {**child, var: value}
+            assert _enclosing_in_a_child(bare, moved) is None, var
+            assert "password" not in connect_params(bare, moved, drop), var
+        # Variables the URL overrides change nothing: the same domain.
+        for var, value in (("PGHOST", "elsewhere.invalid"), ("PGPORT", "1"), ("PGUSER", "x")):
+            same = {**child, var: value}
+            assert _enclosing_in_a_child(bare, same) == [os.getpid(), "x"], var
+            assert connect_params(bare, same, drop)["password"] == PASSWORD, var
+    finally:
+        lock.release()
+        backend.close()
+
+
 def test_child_env_stays_in_the_domain_without_the_password(pg: PgServer) -> None:
     url = pg.url.replace("postgres@", f"postgres:{PASSWORD}@")
     backend = PostgresBackend(url, env=pg.env({"PATH": os.environ["PATH"]}))

@@ -24,6 +24,9 @@ ENV_DROP = "LOCAL_MUTEX_PG_DROP_SECONDS"
 # travels in this variable, which only this backend reads -- never PGPASSWORD, which the
 # command's own clients would send to whatever server they talk to.
 ENV_PASSWORD = "LOCAL_MUTEX_PG_PASSWORD"
+# ... for the lock domain named here (``domain``): the same URL with other PG* variables
+# reaches another server, which must not get it.
+ENV_PASSWORD_FOR = "LOCAL_MUTEX_PG_PASSWORD_FOR"
 DEFAULT_DROP = 30.0
 MIN_DROP = 6.0
 MIN_SERVER = 140000  # pg_locks.waitstart, idle_session_timeout, client_connection_check_interval
@@ -73,13 +76,41 @@ def password_warning(url: str) -> str | None:
     )
 
 
-def domain(url: str) -> str:
-    """The lock domain's identity for reentrancy: the URL without password, one scheme."""
+# The PG* variables libpq takes the server, database and user from when the URL leaves them
+# open (None: whenever a service may be read). A command that changes one reaches another
+# lock domain with the same URL: another database's lock, not its own run's.
+_DOMAIN_VARS = (
+    ("PGHOST", "host"),
+    ("PGHOSTADDR", "hostaddr"),
+    ("PGPORT", "port"),
+    ("PGDATABASE", "dbname"),
+    ("PGUSER", "user"),
+    ("PGSERVICE", "service"),
+    ("PGSERVICEFILE", None),
+    ("PGSYSCONFDIR", None),
+)
+
+
+def domain(url: str, env: Mapping[str, str]) -> str:
+    """The lock domain's identity for reentrancy and for a forwarded password: the URL
+    without password, one scheme, and the PG* variables that fill in what it leaves open."""
     bare = without_password(url)
     for scheme in SCHEMES:
         if bare.startswith(scheme):
-            return "postgresql://" + bare[len(scheme) :]
-    return bare
+            bare = "postgresql://" + bare[len(scheme) :]
+            break
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        given = set(conninfo_to_dict(url))
+    except Exception:  # a URL libpq cannot read (it fails to connect too): all of them
+        given = set()
+    filled = [
+        f"{var}={env[var]}"
+        for var, param in _DOMAIN_VARS
+        if env.get(var) and (param is None or param not in given)
+    ]
+    return " ".join([bare, *filled])
 
 
 def load_driver() -> ModuleType:

@@ -160,7 +160,7 @@ class PostgresBackend:
                     )
                 )
                 continue
-            if not slots and enclosing_entry(env, domain(self.url), row.key) is not None:
+            if not slots and enclosing_entry(env, domain(self.url, env), row.key) is not None:
                 raise NestingError(
                     f"release of {label} from inside a run inside its hold would wait for "
                     "that run, and so for itself: release it once the run is over"

@@ -15,7 +15,7 @@ import time
 
 from ...errors import BadAddress, Unavailable
 from ..secrets import hide_secrets, mask
-from .address import ENV_PASSWORD, DropBound, domain, load_driver
+from .address import ENV_PASSWORD, ENV_PASSWORD_FOR, DropBound, domain, load_driver
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -97,12 +97,10 @@ def connect_params(url: str, env: Mapping[str, str], drop: DropBound) -> dict[st
 
 def _forwarded_to(url: str, env: Mapping[str, str]) -> bool:
     """Is there a password an enclosing run forwarded for this very lock domain? Only a
-    URL naming its own server, database and user gets it, never another server a nested
-    call names (the URL is compared: PG* variables the command sets are not)."""
-    from ...nesting import ENV_REMOTE
-
-    outer = env.get(ENV_REMOTE, "")
-    return bool(env.get(ENV_PASSWORD)) and bool(outer) and domain(outer) == domain(url)
+    URL that reaches its own server, database and user gets it, never another server a
+    nested call names -- by its URL or by PG* variables the command set."""
+    domain_for = env.get(ENV_PASSWORD_FOR, "")
+    return bool(env.get(ENV_PASSWORD)) and bool(domain_for) and domain_for == domain(url, env)
 
 
 def connect_seconds(url: str, params: Mapping[str, Any]) -> float:

@@ -23,6 +23,7 @@ from . import observe, record, waiting
 from .address import (
     ENV_DROP,
     ENV_PASSWORD,
+    ENV_PASSWORD_FOR,
     DropBound,
     domain,
     password_of,
@@ -75,17 +76,16 @@ class PostgresLock:
         self.inside_of: int | None = None  # the hold's server pid, for a run inside it
         self._wait_since, self._command = 0.0, ""
         self._budget = 512
-        # Set by the lifecycle before acquire: what stopping the command may take. The
-        # heartbeat's deadline plus this must stay inside the server's drop bound.
+        # What stopping the command may take (the lifecycle sets it); with the heartbeat's
+        # deadline it must stay inside the server's drop bound.
         self.stop_grace = 7.0
         self._host = os.uname().nodename
 
     # -- nesting ------------------------------------------------------------------------------
-
     def enclosing(self, env: Mapping[str, str], slots: int | None = None) -> tuple[int, str] | None:
         if slots is not None:
             return None  # a name's slots are locks apart from its plain one (not nested)
-        return enclosing_entry(env, domain(self.url), self.key)
+        return enclosing_entry(env, domain(self.url, env), self.key)
 
     def held_by_our_hold(
         self,
@@ -106,13 +106,14 @@ class PostgresLock:
     def child_env(self, env: Mapping[str, str], held: bool) -> dict[str, str]:
         out = dict(env)
         out[nesting.ENV_REMOTE] = without_password(self.url)
+        here = domain(self.url, env)
         secret = password_of(self.url)
         if secret:
-            out[ENV_PASSWORD] = secret
+            out[ENV_PASSWORD], out[ENV_PASSWORD_FOR] = secret, here
         inside = self.inside_of is not None  # nested calls run inside the hold too
         if held and (self.held_key == self.key or inside):
             shared = self.shared and not inside
-            out.update(held_entry(out, os.getpid(), domain(self.url), self.key, shared))
+            out.update(held_entry(out, os.getpid(), here, self.key, shared))
         return out
 
     # -- taking -------------------------------------------------------------------------------
