@@ -13,7 +13,7 @@ import os
 
 from .backends import Ending, open_backend, remote_address
 from .commands.options import is_plain_number
-from .errors import LocalMutexError, NotAcquired, ValidationError
+from .errors import EXIT_IOERR, LocalMutexError, NotAcquired, ValidationError
 from .identity import ENV_GIT_TOKEN
 from .lifecycle import run_locked
 from .names import name_bytes
@@ -111,17 +111,25 @@ class _Step:
         self.outcome: str | None = None
 
     def finish(self, status: int, label: str) -> int:
-        github.append(self.env.get("GITHUB_OUTPUT"), github.format_outputs(self.outputs))
+        """The outputs, then the summary row. Outputs that cannot be written (a full disk)
+        are lost answers: 74, unless the status says something went wrong already; a
+        summary row is only a view of them: a warning."""
+        try:
+            github.append(self.env.get("GITHUB_OUTPUT"), github.format_outputs(self.outputs))
+        except OSError as exc:
+            self.reporter.error(f"could not write the step's outputs ({_why(exc)})")
+            status = status or EXIT_IOERR
         if self.outcome is not None:
-            github.append(
-                self.env.get("GITHUB_STEP_SUMMARY"),
-                github.summary_row(
-                    label,
-                    duration(float(self.outputs["waited-seconds"])),
-                    duration(float(self.outputs["held-seconds"])),
-                    self.outcome,
-                ),
+            row = github.summary_row(
+                label,
+                duration(float(self.outputs["waited-seconds"])),
+                duration(float(self.outputs["held-seconds"])),
+                self.outcome,
             )
+            try:
+                github.append(self.env.get("GITHUB_STEP_SUMMARY"), row)
+            except OSError as exc:
+                self.reporter.warning(f"could not write the job summary ({_why(exc)})")
         return status
 
     def not_acquired(self, exc: NotAcquired, skip: bool) -> int:
@@ -202,9 +210,20 @@ def _hold(inputs: ActionInputs, step: _Step, backend: Backend) -> int:
         "remote_url": inputs.remote,
     }
     info = take_hold(backend, inputs.name, values, step.plain_env())
-    step.outputs.update(
-        {"acquired": "true", "token": info.token, "waited-seconds": f"{info.waited:.3f}"}
-    )
+    try:  # the token first, on its own: a hold nobody has the token of must not stay
+        github.append(step.env.get("GITHUB_OUTPUT"), github.format_outputs({"token": info.token}))
+    except OSError as exc:
+        ending = Ending(step.env, token=info.token, slots=inputs.slots is not None)
+        what = f"could not write the hold's token to the step's outputs ({_why(exc)})"
+        try:
+            backend.release_hold(name_bytes(inputs.name), ending)
+        except LocalMutexError:
+            step.reporter.error(f"{what}, and could not end the hold: see release with force")
+            return EXIT_IOERR
+        step.reporter.error(f"{what}; ended the hold")
+        step.outcome = "not held: its token could not be written"
+        return EXIT_IOERR
+    step.outputs.update({"acquired": "true", "waited-seconds": f"{info.waited:.3f}"})
     from .holds.start import delivered
 
     delivered(info)  # the job's end ends it too (its anchor), whoever has the token
@@ -255,6 +274,10 @@ def _check(inputs: ActionInputs, step: _Step, backend: Backend) -> int:
         }
     )
     return 0
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
 
 
 def main(env: Mapping[str, str] | None = None) -> int:

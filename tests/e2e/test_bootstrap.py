@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -275,3 +276,52 @@ def test_the_action_locks_where_the_cli_does_with_a_job_wide_remote(tmp_path: Pa
     finally:
         (marks / "h.go").touch()
         assert holder.wait(30) == 0
+
+
+def _action(tmp_path: Path, inputs: dict[str, str], files: dict[str, str]) -> Any:
+    env = clean_env(
+        {
+            "GITHUB_ACTIONS": "true",
+            "RUNNER_TOOL_CACHE": str(tmp_path / "tc"),
+            "LOCAL_MUTEX_INPUT_LOCK_DIR": str(tmp_path),
+            **{f"LOCAL_MUTEX_INPUT_{k}": v for k, v in inputs.items()},
+            **files,
+        }
+    )
+    for unset in ("GITHUB_OUTPUT", "GITHUB_STEP_SUMMARY"):
+        if unset not in files:
+            env.pop(unset, None)
+    return subprocess.run(
+        [sys.executable, str(BOOTSTRAP), "action"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(("command", "status"), [("exit 3", 3), ("true", 74)])
+def test_outputs_that_cannot_be_written_are_an_error_not_a_traceback(
+    tmp_path: Path, command: str, status: int
+) -> None:
+    """A full disk under GITHUB_OUTPUT: a traceback and exit 1 took the command's status."""
+    r = _action(tmp_path, {"NAME": "n", "RUN": command}, {"GITHUB_OUTPUT": "/dev/full"})
+    assert r.returncode == status, r.stderr
+    assert "Traceback" not in r.stderr and "could not write the step's outputs" in r.stderr
+
+
+def test_a_summary_that_cannot_be_written_is_a_warning(tmp_path: Path) -> None:
+    r = _action(tmp_path, {"NAME": "n", "RUN": "true"}, {"GITHUB_STEP_SUMMARY": "/dev/full"})
+    assert r.returncode == 0, r.stderr
+    assert "::warning::" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_hold_whose_token_cannot_be_written_is_ended(tmp_path: Path) -> None:
+    """Nobody could ever release it with its token: it stayed held (and no traceback)."""
+    r = _action(tmp_path, {"NAME": "h", "MODE": "hold"}, {"GITHUB_OUTPUT": "/dev/full"})
+    assert r.returncode == 74, r.stderr
+    assert "ended the hold" in r.stderr and "Traceback" not in r.stderr
+    status = subprocess.run(
+        [*CLI, "status", "h", "--lock-dir", str(tmp_path)], env=clean_env(), capture_output=True
+    )
+    assert status.returncode == 0, status.stdout  # free
