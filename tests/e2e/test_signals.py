@@ -209,6 +209,24 @@ def test_command_ignoring_signals_is_killed_within_ten_seconds(
     assert lock_is_free(lock_file(lock_dir, "stubborn"))
 
 
+@pytest.mark.parametrize(
+    ("sig", "after", "before"), [(signal.SIGTERM, 1.0, 3.5), (signal.SIGINT, 5.0, 6.5)]
+)
+def test_kill_after_bounds_the_grace_after_a_relayed_signal(
+    procs: Procs, lock_dir: Path, marks: Path, sig: signal.Signals, after: float, before: float
+) -> None:
+    """--kill-after 1: SIGKILL a second after the first SIGTERM the command gets (at once
+    for a relayed SIGTERM, 4 s after a SIGINT). It came at the fixed 7 s whatever it said."""
+    cmd = f"trap '' INT TERM HUP; touch '{marks}/ready'; while :; do sleep 0.1; done"
+    holder = procs.start(["--kill-after", "1", "deaf", cmd, str(lock_dir)])
+    wait_for(marks / "ready")
+    t0 = time.monotonic()
+    holder.send_signal(sig)
+    assert holder.wait(15) == 137
+    elapsed = time.monotonic() - t0
+    assert after <= elapsed < before, elapsed
+
+
 def test_a_waiter_signalled_before_running_does_not_run(
     procs: Procs, lock_dir: Path, marks: Path
 ) -> None:

@@ -94,7 +94,8 @@ OPTIONS = (
         "kill_after",
         "seconds",
         _v(RUN, EACH),
-        "Grace between SIGTERM and SIGKILL when local-mutex stops the command [default: 5].",
+        "Grace between SIGTERM and SIGKILL when local-mutex stops the command, 7 at most "
+        "after a stop signal it relays [default: 5].",
         metavar="SECONDS",
         default=5.0,
     ),

@@ -91,7 +91,10 @@ class _Supervisor:
         if not self.stopping:
             self.stopping = True
             self._schedule(now + ESCALATE_TERM_AFTER, signal.SIGTERM)
-            self._schedule(now + ESCALATE_KILL_AFTER, signal.SIGKILL)
+            # --kill-after after the first SIGTERM, if that comes before the fixed 7 s.
+            term = now if signum == signal.SIGTERM else now + ESCALATE_TERM_AFTER
+            kill = min(now + ESCALATE_KILL_AFTER, term + self.spec.kill_after)
+            self._schedule(kill, signal.SIGKILL)
 
     def on_stop_now(self, signum: int, frame: FrameType | None) -> None:
         """The keeper says stop: the lock is lost, or (from our own watcher) it is gone."""
