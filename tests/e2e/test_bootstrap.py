@@ -325,3 +325,21 @@ def test_a_hold_whose_token_cannot_be_written_is_ended(tmp_path: Path) -> None:
         [*CLI, "status", "h", "--lock-dir", str(tmp_path)], env=clean_env(), capture_output=True
     )
     assert status.returncode == 0, status.stdout  # free
+
+
+def test_a_hold_with_no_job_process_to_end_it_says_so(tmp_path: Path) -> None:
+    """No runner worker (nor act) among its ancestors: the hold ends only at a release or
+    its TTL, and the step said it would end with the job."""
+    out = tmp_path / "out"
+    out.write_text("")
+    r = _action(tmp_path, {"NAME": "h", "MODE": "hold"}, {"GITHUB_OUTPUT": str(out)})
+    try:
+        assert r.returncode == 0, r.stderr
+        assert "no job process found to end it" in r.stderr, r.stderr
+        assert "this job ends" not in r.stderr
+    finally:
+        subprocess.run(
+            [*CLI, "-q", "release", "--force", "h", "--lock-dir", str(tmp_path)],
+            env=clean_env(),
+            check=True,
+        )

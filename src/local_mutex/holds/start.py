@@ -27,7 +27,9 @@ ENV_SPEC = "LOCAL_MUTEX_HOLD_SPEC"
 ENV_READY_FD = "LOCAL_MUTEX_HOLD_READY_FD"
 ENV_ACK_FD = "LOCAL_MUTEX_HOLD_ACK_FD"
 DELIVERED = b"delivered\n"
-JOB_PROCESSES = ("Runner.Worker", "act")
+# A job's process: the runner's worker, or act (``gh act`` runs it as gh-act), which runs
+# every job of a workflow: a hold under act ends with the whole run, not its job.
+JOB_PROCESSES = ("Runner.Worker", "act", "gh-act")
 _BOOT = (
     "import sys; sys.path.insert(0, sys.argv.pop(1)); "
     "from local_mutex.holds.holder import main; sys.exit(main())"
