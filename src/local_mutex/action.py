@@ -32,6 +32,20 @@ if TYPE_CHECKING:
     from .backends.base import Backend
 
 
+# The modes each input that is not for all of them is used by.
+_INPUT_MODES = {
+    "wait-seconds": ("run", "hold"),
+    "timeout-seconds": ("run",),
+    "ttl-seconds": ("hold",),
+    "shared": ("run",),
+    "reentrant": ("run",),
+    "message": ("run", "hold"),
+    "token": ("release",),
+    "force": ("release",),
+    "if-locked": ("run", "hold"),
+}
+
+
 class ActionInputs:
     """The action's inputs, parsed and checked; every bad value is a ValidationError."""
 
@@ -78,6 +92,22 @@ class ActionInputs:
             raise ValidationError(
                 f"annotations must be one of {', '.join(ANNOTATIONS)}, not {get('ANNOTATIONS')!r}"
             )
+        # An input the mode does not use is refused, as the CLI refuses an option its verb
+        # does not take: ignored, `shared: true` on a hold took an exclusive one.
+        given = {
+            "wait-seconds": self.wait is not None,
+            "timeout-seconds": self.timeout is not None,
+            "ttl-seconds": self.ttl is not None,
+            "shared": self.shared,
+            "reentrant": self.reentrant,
+            "message": self.message is not None,
+            "token": self.token is not None,
+            "force": self.force,
+            "if-locked": self.if_locked != "fail",
+        }
+        unused = [k for k, on in given.items() if on and self.mode not in _INPUT_MODES[k]]
+        if unused:
+            raise ValidationError(f"{', '.join(unused)}: not used by mode: {self.mode}")
 
 
 def seconds(text: str, label: str, *, allow_zero: bool) -> float | None:

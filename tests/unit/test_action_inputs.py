@@ -13,7 +13,14 @@ from local_mutex.action import INPUT_PREFIX, ActionInputs, boolean, seconds
 from local_mutex.errors import ValidationError
 
 
+# The mode an input is used by, where run does not use it (others are refused: below).
+MODE_OF = {"ttl_seconds": "hold", "token": "release", "force": "release"}
+
+
 def inputs(**values: str) -> ActionInputs:
+    for key in list(values):
+        if key in MODE_OF and "mode" not in values:
+            values["mode"] = MODE_OF[key]
     return ActionInputs({INPUT_PREFIX + k.upper(): v for k, v in values.items()})
 
 
@@ -294,3 +301,34 @@ def test_any_inputs_parse_or_are_refused(values: dict[str, str]) -> None:
     assert i.slots is None or 1 <= i.slots <= 1024
     for value in (i.wait, i.timeout, i.ttl):
         assert value is None or (math.isfinite(value) and 0 <= value <= 1e9)
+
+
+# --- inputs a mode does not use ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "key", "value"),
+    [
+        ("hold", "shared", "true"),
+        ("hold", "timeout_seconds", "5"),
+        ("hold", "reentrant", "true"),
+        ("run", "ttl_seconds", "5"),
+        ("run", "token", "t"),
+        ("run", "force", "true"),
+        ("release", "message", "m"),
+        ("release", "wait_seconds", "1"),
+        ("check", "if_locked", "skip"),
+        ("check", "wait_seconds", "0"),
+    ],
+)
+def test_an_input_the_mode_does_not_use_is_refused(mode: str, key: str, value: str) -> None:
+    """Ignored, ``shared: true`` on a hold took an exclusive one without a word."""
+    msg = refused(mode=mode, name="n", **{key: value})
+    assert msg == f"{key.replace('_', '-')}: not used by mode: {mode}"
+
+
+def test_the_defaults_of_every_input_suit_every_mode() -> None:
+    defaults = {"if_locked": "fail", "shared": "false", "reentrant": "false", "force": "false"}
+    for mode in ("run", "hold", "release", "check"):
+        run = {"run": "true"} if mode == "run" else {}
+        assert inputs(mode=mode, name="n", **defaults, **run).mode == mode
