@@ -296,13 +296,13 @@ def _check(inputs: ActionInputs, step: _Step, backend: Backend) -> int:
     from ._json import dumps
 
     st = backend.status(name_bytes(inputs.name))
-    holders = [h.as_dict() for h in st.holders] or [
-        h.as_dict() for s in st.slots for h in s.holders
-    ]
+    locked = st.busy(inputs.slots)
+    # The holder of what ``locked`` is about (the plain lock, or the slots), and only then.
+    of = st.holders if inputs.slots is None else [h for s in st.slots for h in s.holders]
     step.outputs.update(
         {
-            "locked": "true" if st.busy(inputs.slots) else "false",
-            "holder": dumps(holders[0]) if holders else "",
+            "locked": "true" if locked else "false",
+            "holder": dumps(of[0].as_dict()) if locked and of else "",
         }
     )
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -343,3 +344,41 @@ def test_a_hold_with_no_job_process_to_end_it_says_so(tmp_path: Path) -> None:
             env=clean_env(),
             check=True,
         )
+
+
+@pytest.mark.parametrize(
+    ("held_with", "check_with", "locked"),
+    [
+        ([], ["3"], False),
+        (["--slots", "1"], [], False),
+        ([], [], True),
+        (["--slots", "1"], ["1"], True),
+    ],
+    ids=["plain-held-slots-asked", "slot-held-plain-asked", "plain", "slots"],
+)
+def test_check_names_a_holder_only_of_what_locked_is_about(
+    tmp_path: Path, held_with: list[str], check_with: list[str], locked: bool
+) -> None:
+    """``holder`` was the plain lock's holder while ``locked`` spoke of the slots (and the
+    other way round): action.yml says it is empty when free."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    holder = subprocess.Popen(
+        [*CLI, "-q", *held_with, "c", hold_until(marks), str(tmp_path)], env=clean_env()
+    )
+    try:
+        wait_for(marks / "h.held")
+        out = tmp_path / "out"
+        out.write_text("")
+        slots = {"SLOTS": check_with[0]} if check_with else {}
+        r = _action(tmp_path, {"NAME": "c", "MODE": "check", **slots}, {"GITHUB_OUTPUT": str(out)})
+        assert r.returncode == 0, r.stderr
+        values = _runner_file(out.read_text())
+        assert values["locked"] == ("true" if locked else "false")
+        if locked:
+            assert json.loads(values["holder"])["pid"] == holder.pid
+        else:
+            assert values["holder"] == ""
+    finally:
+        (marks / "h.go").touch()
+        holder.wait(30)
