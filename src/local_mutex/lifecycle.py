@@ -21,7 +21,6 @@ from .errors import (
     NestingError,
     NotAcquired,
     RecordNotWritten,
-    SpawnError,
     Unavailable,
 )
 from .identity import ENV_TOKEN, holder_record, job_identity
@@ -148,9 +147,9 @@ def run_locked(
                     held=held,
                     then=lambda outcome: _release(lock, reporter, outcome),
                 )
-            except BaseException as exc:
+            except BaseException:
                 held.letting_go = True
-                if held.forking and not isinstance(exc, SpawnError):
+                if held.command_may_run:
                     lock.close()  # our error once it may run: it holds the lock on, alone
                 else:
                     _let_go(lock)

@@ -1335,3 +1335,37 @@ def test_a_relayed_stop_ends_a_daemon_that_left_the_group_with_the_command(
     assert not pw.alive(int((marks / "daemon").read_text()))
     # The escalation's SIGTERM would have come ESCALATE_TERM_AFTER (4 s) after the request.
     assert time.monotonic() - asked < 3.5, "the daemon waited for the escalation"
+
+
+@pytest.mark.parametrize("limit", [9, 10, 11, 12])
+def test_a_put_back_out_of_descriptors_warns_and_the_command_runs_on(
+    lock_dir: Path, marks: Path, limit: int
+) -> None:
+    """A low file-descriptor limit and a cleaner deleting the lock file again and again:
+    handing a file put back to the supervisor ran out of descriptors (importing a module
+    needs one), and the keeper died in a traceback (exit 1), stopping the command. Which
+    limit runs out just there depends on the interpreter: a few are tried."""
+    if shutil.which("prlimit") is None:
+        pytest.skip("prlimit (util-linux) is not installed")
+    nofile = f"--nofile={limit}:{limit}"
+    keeper = subprocess.Popen(
+        ["prlimit", nofile, *CLI, "-q", "pb", hold_until(marks), str(lock_dir)],
+        env=clean_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for(marks / "h.held")
+        path = lock_file(lock_dir, "pb")
+        for _ in range(6):
+            path.unlink()
+            try:  # at the lowest limits no file can be put back at all: it says so
+                wait_for(lambda: path.exists() and path.stat().st_size > 0, 3)
+            except AssertionError:
+                break
+        (marks / "h.go").touch()
+        _, err = keeper.communicate(timeout=30)
+    finally:
+        keeper.kill()
+    assert keeper.returncode == 0, err.decode()
+    assert b"Traceback" not in err, err.decode()

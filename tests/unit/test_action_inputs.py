@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from local_mutex.action import INPUT_PREFIX, ActionInputs, boolean, seconds
 from local_mutex.errors import ValidationError
 
-
 # The mode an input is used by, where run does not use it (others are refused: below).
 MODE_OF = {"ttl_seconds": "hold", "token": "release", "force": "release"}
 

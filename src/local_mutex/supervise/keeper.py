@@ -92,14 +92,12 @@ def supervise(
 ) -> Outcome:
     """Run the command to the end under a forked supervisor and report how it ended.
 
-    Returns with the stop signals blocked (unblocked by ``held`` on exit), so a late
-    signal cannot kill the caller before it releases the lock. ``subreaper``: adopt the
-    command's orphans if the supervisor dies (only for a process of our own, the CLI).
-    ``then(outcome)`` runs once the command is over and everything of it stopped -- the lock's
-    release -- while the supervisor is still tearing itself down (a third of a millisecond
-    the next holder need not wait for); the supervisor is reaped after it. It runs with
-    the stop signals blocked: keep it short (nothing that may block on the terminal).
-    """
+    Returns with the stop signals blocked (unblocked by ``held`` on exit), so a late signal
+    cannot kill the caller before it releases the lock. ``subreaper``: adopt the command's
+    orphans if the supervisor dies (only for a process of our own, the CLI). ``then(outcome)``
+    runs once the command is over and everything of it stopped -- the lock's release --
+    while the supervisor still tears itself down (a third of a millisecond the next holder
+    need not wait for), with the stop signals blocked: keep it short."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -150,7 +148,11 @@ def supervise(
                 # way to tell which processes are this command's.
                 ours = keep_fds if lock is not None else ()
                 spare |= guardian_of(lock)
+                if held is not None:  # should this fail, the command may run on: keep it
+                    held.command_may_run = True
                 _stop_orphaned(outcome, spec, subreaper, reporter, text, ours, spare)
+                if held is not None:
+                    held.command_may_run = False
         finally:
             relay.done = True
             # The caller's mask, should an error have come before it was put back.
@@ -331,9 +333,13 @@ def _identity(fd: int) -> tuple[int, int]:
 def _hand_down(child: int, life: int, fds: Sequence[int], reporter: Reporter | None) -> None:
     """A description of the lock opened mid-run (a lock file put back): the supervisor
     must hold it too, or our death would free it while the command still runs."""
-    from .handdown import give
+    try:  # out of descriptors even the import may fail: say so, the command runs on
+        from .handdown import give
 
-    if not give(child, life, fds) and reporter is not None:
+        taken = give(child, life, fds)
+    except OSError:
+        taken = False
+    if not taken and reporter is not None:
         reporter.warning(
             "the supervisor did not take the lock file put back: until the command ends, "
             f"the lock depends on pid {os.getpid()} alone"
@@ -378,15 +384,10 @@ def _stop_orphaned(
     """The supervisor died with the command still ours: stop it before the release. If
     it died before it could tell us the command's pid, the command is found the way the
     kernel sees it: the processes that share our lock's descriptions."""
-    pgid = outcome.command_pid
-    if pgid is None:
-        pgid = reaper.group_holding(keep_fds)
+    pgid = outcome.command_pid or reaper.group_holding(keep_fds)
     if reporter is not None:
-        why = (
-            f"died from signal {outcome.supervisor_died}"
-            if outcome.supervisor_died
-            else f"failed ({text or 'no report'})"
-        )
+        died = outcome.supervisor_died
+        why = f"died from signal {died}" if died else f"failed ({text or 'no report'})"
         reporter.error(
             f"the supervisor of the command {why}; stopping the command before releasing"
         )

@@ -138,6 +138,9 @@ class SignalsHeld(StopHandlers):
         self.pending: list[int] = []
         self.letting_go = False  # a second signal must not cut the release short
         self.forking = False  # set just before the fork: queue, never raise, from then on
+        # Set while the keeper stops an orphaned command: an error then leaves it running,
+        # and the lock must stay with it (no release).
+        self.command_may_run = False
         # The process exits right after a run that ended (the CLI's): a stop signal that
         # came once the command was over is dropped, so the exit status is the command's
         # (a run that did not end re-raises them as usual; one after this still counts).
