@@ -701,6 +701,10 @@ def test_password_is_masked_warned_and_kept_out_of_child_urls() -> None:
     # Both passwords hidden in a message, and the one libpq uses (the query's) handed on.
     assert hide_secrets("s3cret and other", url) == "*** and ***"
     assert password_of(url) == "other"
+    # A key libpq decodes is a password all the same: handed on, never left in the URL.
+    encoded = "postgresql://me@db/locks?pass%77ord=s3cret&a=b"
+    assert password_of(encoded) == "s3cret"
+    assert without_password(encoded) == "postgresql://me@db/locks?a=b"
 
 
 def test_an_empty_password_is_no_password() -> None:

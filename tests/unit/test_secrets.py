@@ -45,6 +45,12 @@ _PASSWORD = st.text(
         ("postgresql://h/db?application_name=a@b", "postgresql://h/db?application_name=a@b"),
         ("git://h:9418/path@x/r.git", "git://h:9418/path@x/r.git"),
         ("postgresql://u:ab/cd+ef==@h/db", "postgresql://u:***@h/db"),  # base64, raw
+        # A raw / and then a raw ? in a password: "u:ab" cannot be a host and its port.
+        ("postgresql://u:ab/SECRET1?x@h:5/db", "postgresql://u:***@h:5/db"),
+        ("postgresql://[::1]:5432/db?user=a@b", "postgresql://[::1]:5432/db?user=a@b"),
+        # libpq decodes a parameter's key, and sslpassword unlocks the client's key.
+        ("postgresql://h/db?pass%77ord=SECRET2", "postgresql://h/db?pass%77ord=***"),
+        ("postgresql://h/db?sslpassword=SECRET3&a=b", "postgresql://h/db?sslpassword=***&a=b"),
     ],
 )
 def test_mask(url: str, shown: str) -> None:

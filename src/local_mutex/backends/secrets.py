@@ -8,13 +8,20 @@ import re
 from urllib.parse import unquote
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-_QUERY_PW = re.compile(r"(?P<key>[?&]password=)(?P<pw>[^&#]*)")
+_QUERY_PARAM = re.compile(r"[?&](?P<key>[^=&#]*)=(?P<value>[^&#]*)")
+# Query parameters that are secrets: libpq's (it decodes keys: ``pass%77ord=`` counts).
+SECRET_KEYS = ("password", "sslpassword")
 # ``host:9418/path@x``: a port (1 to 5 digits), then a path with an @ in it. Read as a
 # password instead it would be one of a port's shape followed by a raw "/": we do not.
 _PORT_AND_PATH = re.compile(r"\d{1,5}/")
 # Pieces of a password split at a delimiter are hidden too, down to this length (shorter
 # ones would blank out letters all over a message).
 _SHORTEST_PIECE = 4
+
+
+def query_secrets(url: str, keys: tuple[str, ...] = SECRET_KEYS) -> list[re.Match[str]]:
+    """The query parameters whose (percent-decoded) key is one of ``keys``."""
+    return [m for m in _QUERY_PARAM.finditer(url) if unquote(m["key"]).lower() in keys]
 
 
 def _userinfo_password(url: str) -> tuple[int, int] | None:
@@ -30,7 +37,7 @@ def _userinfo_password(url: str) -> tuple[int, int] | None:
     query = url.find("?", start)
     ats = [url.rfind("@", start, query if query >= 0 else len(url))]
     last = url.rfind("@", start)
-    if last > ats[0] and "/" not in url[start : query if query >= 0 else last]:
+    if last > ats[0] and _no_path_before(url[start : query if query >= 0 else last]):
         ats.append(last)
     for at in reversed(ats):  # the widest first
         colon = url.find(":", start, at) if at >= 0 else -1
@@ -39,13 +46,25 @@ def _userinfo_password(url: str) -> tuple[int, int] | None:
     return None
 
 
+def _no_path_before(head: str) -> bool:
+    """No path before the query: no ``/`` -- or one after ``user:x`` where ``x`` is no port
+    (``user:ab/cd?x@host``: a raw ``/`` in a password, not ``host:5432/db?...``)."""
+    first = head.split("/", 1)[0]
+    if first == head:
+        return True
+    if "@" in first or first.startswith("["):  # ``user:pw@host/db``, ``[::1]:5432/db``
+        return False
+    _, colon, after = first.partition(":")
+    return bool(colon) and not after.isdigit()
+
+
 def secrets_of(url: str) -> list[str]:
     """Every password in the URL, as written and percent-decoded (``user:@`` holds none)."""
     raw = []
     span = _userinfo_password(url)
     if span is not None:
         raw.append(url[span[0] : span[1]])
-    raw += [m["pw"] for m in _QUERY_PW.finditer(url) if m["pw"]]
+    raw += [m["value"] for m in query_secrets(url) if m["value"]]
     found = {*raw, *map(unquote, raw)}
     for secret in list(found):
         found.update(p for p in re.split(r"[/?#@]", secret) if len(p) >= _SHORTEST_PIECE)
@@ -72,7 +91,10 @@ def hide_secrets(text: str, url: str) -> str:
 
 def mask(url: str) -> str:
     """The URL with any password replaced by ``***``: for messages, status and JSON."""
+    for m in reversed(query_secrets(url)):  # from the end: earlier spans stay where they are
+        if m["value"]:
+            url = f"{url[: m.start('value')]}***{url[m.end('value') :]}"
     span = _userinfo_password(url)
     if span is not None:
         url = f"{url[: span[0]]}***{url[span[1] :]}"
-    return _QUERY_PW.sub(lambda m: f"{m['key']}***" if m["pw"] else m[0], url)
+    return url

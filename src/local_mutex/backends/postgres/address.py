@@ -11,7 +11,7 @@ import re
 
 from ...errors import BadAddress
 from ...supervise.hooks import SUPERVISOR_LATE
-from ..secrets import has_password, mask
+from ..secrets import has_password, mask, query_secrets
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -37,9 +37,8 @@ EXTRA_HINT = (
     "(the index's package named local-mutex is an unrelated project)"
 )
 
-# userinfo "user:password@" in the authority, and password=... in the query string.
+# userinfo "user:password@" in the authority (password=... in the query: query_secrets).
 _USERINFO = re.compile(r"^(?P<scheme>[a-z]+://)(?P<user>[^:@/?#]*):(?P<pw>[^@/?#]*)@")
-_QUERY_PW = re.compile(r"(?P<key>[?&]password=)(?P<pw>[^&#]*)")
 
 
 def is_postgres(address: str) -> bool:
@@ -49,7 +48,8 @@ def is_postgres(address: str) -> bool:
 def without_password(url: str) -> str:
     """The URL with any password removed: what a nested call is given."""
     url = _USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}@", url, count=1)
-    url = _QUERY_PW.sub("", url)
+    for m in reversed(query_secrets(url, ("password",))):  # libpq decodes keys: pass%77ord
+        url = url[: m.start()] + url[m.end() :]
     if "?" not in url and "&" in url:  # the password was the first parameter
         url = url.replace("&", "?", 1)
     return url
@@ -59,8 +59,10 @@ def password_of(url: str) -> str | None:
     """The password libpq would use (a query's ``password=`` overrides the userinfo's)."""
     from urllib.parse import unquote
 
-    found = [_QUERY_PW.search(url), _USERINFO.match(url)]
-    secrets = [unquote(m["pw"]) for m in found if m is not None and m["pw"]]
+    query = query_secrets(url, ("password",))
+    userinfo = _USERINFO.match(url)
+    found = [m["value"] for m in query[-1:]] + ([userinfo["pw"]] if userinfo else [])
+    secrets = [unquote(pw) for pw in found if pw]
     return secrets[0] if secrets else None
 
 
