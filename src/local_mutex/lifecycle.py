@@ -149,8 +149,8 @@ def run_locked(
                 )
             except BaseException:
                 held.letting_go = True
-                if held.command_may_run:
-                    lock.close()  # our error once it may run: it holds the lock on, alone
+                if held.command_may_run:  # our error once it may run: leave it the lock
+                    getattr(lock, "leave", lock.close)()
                 else:
                     _let_go(lock)
                 raise

@@ -737,7 +737,8 @@ def test_a_command_that_changes_pg_variables_is_in_another_domain(pg: PgServer) 
     call ran "inside" while another process held the name there, and the password
     forwarded for the run's own server went wherever the variables pointed."""
     url = f"postgresql://postgres:{PASSWORD}@127.0.0.1:{pg.port}"
-    env = pg.env({"PATH": os.environ["PATH"], "PGDATABASE": "postgres"})
+    env = pg.env({"PATH": os.environ["PATH"]})
+    env["PGDATABASE"] = "postgres"
     env.pop("PGPASSWORD", None)  # only the password in the URL, forwarded by us
     backend = PostgresBackend(url, env=env)
     lock = backend.lock(b"domain")
@@ -752,11 +753,41 @@ def test_a_command_that_changes_pg_variables_is_in_another_domain(pg: PgServer) 
             moved = {**child, var: value}
             assert _enclosing_in_a_child(bare, moved) is None, var
             assert "password" not in connect_params(bare, moved, drop), var
-        # Variables the URL overrides change nothing: the same domain.
-        for var, value in (("PGHOST", "elsewhere.invalid"), ("PGPORT", "1"), ("PGUSER", "x")):
+        # Variables the URL overrides change nothing: the same domain. Nor does a service
+        # file when no service is named.
+        for var, value in (
+            ("PGHOST", "elsewhere.invalid"),
+            ("PGPORT", "1"),
+            ("PGUSER", "x"),
+            ("PGSYSCONFDIR", "/nowhere"),
+        ):
             same = {**child, var: value}
             assert _enclosing_in_a_child(bare, same) == [os.getpid(), "x"], var
             assert connect_params(bare, same, drop)["password"] == PASSWORD, var
+    finally:
+        lock.release()
+        backend.close()
+
+
+def test_another_user_on_the_same_database_is_the_same_lock_domain(pg: PgServer) -> None:
+    """Advisory locks are the database's: a nested call as another role (PGUSER, the URL
+    leaving the user open) still runs inside -- it would wait for its own run's lock --
+    but the password forwarded for the run's own user is not sent for another."""
+    url = f"postgresql://127.0.0.1:{pg.port}/postgres?password={PASSWORD}"
+    env = pg.env({"PATH": os.environ["PATH"]})
+    env["PGUSER"] = "postgres"
+    env.pop("PGPASSWORD", None)
+    backend = PostgresBackend(url, env=env)
+    lock = backend.lock(b"domain")
+    drop = DropBound.from_env({})
+    try:
+        lock.acquire(Take(wait=0))
+        child = lock.child_env(env, held=True)
+        bare = child["LOCAL_MUTEX_REMOTE"]
+        assert connect_params(bare, child, drop)["password"] == PASSWORD
+        other = {**child, "PGUSER": "someone"}
+        assert _enclosing_in_a_child(bare, other) == [os.getpid(), "x"]
+        assert "password" not in connect_params(bare, other, drop)
     finally:
         lock.release()
         backend.close()
@@ -1380,3 +1411,49 @@ def test_cli_password_in_url_is_warned_about_and_never_printed(pg: PgServer) -> 
     assert held.returncode == 0
     assert PASSWORD not in held.stderr
     assert "PGPASSWORD" in held.stderr  # the advice
+
+
+def test_a_keeper_that_fails_stopping_an_orphan_leaves_it_the_lock(
+    pg: PgServer, tmp_path: Path
+) -> None:
+    """The supervisor is SIGKILLed and the keeper fails while it stops the command (as it
+    did out of descriptors): closing the session on its way out freed the lock while the
+    command, which shares the socket, still ran."""
+    from helpers import hold_until
+    from helpers import procwatch as pw
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        "keeper = os.getpid()\n"
+        "def _fail(event, args):\n"
+        '    if event in ("os.kill", "os.killpg") and os.getpid() == keeper:\n'
+        '        raise OSError(24, "Too many open files (injected)")\n'
+        "sys.addaudithook(_fail)\n"
+    )
+    src = Path(__file__).resolve().parents[2] / "src"
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    command = "trap '' TERM; " + hold_until(marks)
+    keeper = subprocess.Popen(
+        [*CLI, "--remote", pg.url, "orph", command],
+        env=_cli_env(pg, {"PYTHONPATH": f"{site}:{src}"}),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for(marks / "h.held")
+        (supervisor,) = pw.children(keeper.pid)
+        (command_pid,) = pw.children(supervisor)
+        os.kill(supervisor, signal.SIGKILL)
+        keeper.wait(30)
+        assert pw.alive(command_pid)
+        other = _cli(pg, "--remote", pg.url, "--no-wait", "orph", "true")
+        assert other.returncode == 75, other.stderr
+    finally:
+        (marks / "h.go").touch()
+        keeper.kill()
+        keeper.communicate()
+    wait_for(lambda: _cli(pg, "--remote", pg.url, "--no-wait", "orph", "true").returncode == 0)

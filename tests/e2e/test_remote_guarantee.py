@@ -415,3 +415,24 @@ def test_a_lock_found_lost_at_release_is_not_a_clean_exit(
     err = procs.stderr(holder)
     assert "changed hands before release" in err and "beside the command" in err, err
     assert "released x" not in err, err
+
+
+def test_a_release_to_a_server_that_stopped_answering_ends_within_ten_seconds(
+    server: Server, procs: Procs, marks: Path
+) -> None:
+    """The server hangs (something else took its port and never answers) while the command
+    runs. The unlock gives up after 10 s, keeping the command's status; reading the branch
+    back (its answer may have been what was lost) took 10 s more."""
+    holder = procs.start(["--remote", server.url, "--lease", "60", "x", hold_until(marks)])
+    wait_for(marks / "h.held", 30)
+    server.kill()
+    hang = Silent(int(server.url.split(":")[2].split("/")[0]))
+    try:
+        t0 = time.monotonic()
+        (marks / "h.go").touch()
+        assert holder.wait(30) == 0, procs.stderr(holder)
+        elapsed = time.monotonic() - t0
+    finally:
+        hang.close()
+    assert elapsed < 13.0, elapsed
+    assert "could not release x cleanly" in procs.stderr(holder)

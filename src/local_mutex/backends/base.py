@@ -64,6 +64,8 @@ if TYPE_CHECKING:
         # so a lost session stops the command at once, even with the keeper frozen.
         # Optional: ``cancel_on(fd)``: a ``check`` under way (a renewal to a hung server)
         # ends early once ``fd`` turns readable -- the supervisor's report of the end.
+        # Optional: ``leave()``: let go of ours, leaving the lock to the command's processes
+        # that share it (an error of ours while they may run); else ``close()`` does that.
         # Optional: ``guardian: int | None``, a child of the keeper that holds the lock too
         # (a lock file put back: ``flock.guardian``), never stopped as the command's orphan.
 

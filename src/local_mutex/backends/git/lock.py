@@ -376,13 +376,13 @@ class GitLock:
         if self.ours is None:
             return
         ours, self.ours = self.ours, None
-        # The command is over: a hung server must not hold the caller for the full git
-        # timeout; if the unlock does not go through, the lease frees the lock anyway.
-        self.git.timeout = RELEASE_TIMEOUT
+        # The command is over: a hung server must not hold the caller long, all the unlock's
+        # git calls together; if it does not go through, the lease frees the lock anyway.
+        self.git.deadline = time.monotonic() + RELEASE_TIMEOUT
         try:
             done = unlock(self, ours, force=False, delete_branch=False, token=None)
         finally:
-            self.git.timeout = self.backend.git_timeout
+            self.git.deadline = None
         if done is None:
             raise LockLost(f"remote lock {self.label} changed hands before release")
 

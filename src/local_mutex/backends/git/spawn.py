@@ -76,16 +76,25 @@ def _communicate(
     deadline = time.monotonic() + timeout
     poller = select.poll()
     poller.register(cancel, select.POLLIN)
-    data: bytes | None = stdin
+    # The input first, in full: communicate() called again after its timeout goes on
+    # reading, but writes only what its first call was given, once. git reads its input
+    # at once (a commit message; a push takes none), whatever the server does.
+    if proc.stdin is not None:
+        try:
+            if stdin:
+                proc.stdin.write(stdin)
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # git ended without reading it: its status says why
+        proc.stdin = None
     while True:
         # In slices: communicate() may be called again after its timeout, losing nothing.
         left = deadline - time.monotonic()
         try:
-            return proc.communicate(data, timeout=max(min(left, _CANCEL_POLL), 0.0))
+            return proc.communicate(timeout=max(min(left, _CANCEL_POLL), 0.0))
         except subprocess.TimeoutExpired:
             if left <= _CANCEL_POLL:
                 raise
-        data = None  # given once: later calls go on with what is left of it
         if poller.poll(0):
             raise Cancelled
 

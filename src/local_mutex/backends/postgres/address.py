@@ -78,24 +78,24 @@ def password_warning(url: str) -> str | None:
     )
 
 
-# The PG* variables libpq takes the server, database and user from when the URL leaves them
-# open (None: whenever a service may be read). A command that changes one reaches another
-# lock domain with the same URL: another database's lock, not its own run's.
+# The PG* variables libpq takes the server and database from when the URL leaves them open:
+# a command that changes one reaches another lock domain with the same URL (another
+# database's lock, not its own run's). The user is no part of it (advisory locks are the
+# database's), but of where a forwarded password may go.
 _DOMAIN_VARS = (
     ("PGHOST", "host"),
     ("PGHOSTADDR", "hostaddr"),
     ("PGPORT", "port"),
     ("PGDATABASE", "dbname"),
-    ("PGUSER", "user"),
     ("PGSERVICE", "service"),
-    ("PGSERVICEFILE", None),
-    ("PGSYSCONFDIR", None),
 )
+_SERVICE_FILES = ("PGSERVICEFILE", "PGSYSCONFDIR")  # where a service named is looked up
 
 
-def domain(url: str, env: Mapping[str, str]) -> str:
-    """The lock domain's identity for reentrancy and for a forwarded password: the URL
-    without password, one scheme, and the PG* variables that fill in what it leaves open."""
+def domain(url: str, env: Mapping[str, str], *, user: bool = False) -> str:
+    """The lock domain's identity for reentrancy (``user``: for a forwarded password): the
+    URL without password, one scheme, and the PG* variables that fill in what it leaves
+    open."""
     bare = without_password(url)
     for scheme in SCHEMES:
         if bare.startswith(scheme):
@@ -107,11 +107,10 @@ def domain(url: str, env: Mapping[str, str]) -> str:
         given = set(conninfo_to_dict(url))
     except Exception:  # a URL libpq cannot read (it fails to connect too): all of them
         given = set()
-    filled = [
-        f"{var}={env[var]}"
-        for var, param in _DOMAIN_VARS
-        if env.get(var) and (param is None or param not in given)
-    ]
+    pairs = [*_DOMAIN_VARS, *([("PGUSER", "user")] if user else [])]
+    filled = [f"{var}={env[var]}" for var, key in pairs if env.get(var) and key not in given]
+    if "service" in given or env.get("PGSERVICE"):
+        filled += [f"{var}={env[var]}" for var in _SERVICE_FILES if env.get(var)]
     return " ".join([bare, *filled])
 
 

@@ -100,7 +100,8 @@ def _forwarded_to(url: str, env: Mapping[str, str]) -> bool:
     URL that reaches its own server, database and user gets it, never another server a
     nested call names -- by its URL or by PG* variables the command set."""
     domain_for = env.get(ENV_PASSWORD_FOR, "")
-    return bool(env.get(ENV_PASSWORD)) and bool(domain_for) and domain_for == domain(url, env)
+    here = domain(url, env, user=True)
+    return bool(env.get(ENV_PASSWORD)) and bool(domain_for) and domain_for == here
 
 
 def connect_seconds(url: str, params: Mapping[str, Any]) -> float:

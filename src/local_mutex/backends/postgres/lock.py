@@ -76,9 +76,7 @@ class PostgresLock:
         self.inside_of: int | None = None  # the hold's server pid, for a run inside it
         self._wait_since, self._command = 0.0, ""
         self._budget = 512
-        # What stopping the command may take (the lifecycle sets it); with the heartbeat's
-        # deadline it must stay inside the server's drop bound.
-        self.stop_grace = 7.0
+        self.stop_grace = 7.0  # stopping the command (set by the lifecycle); see DropBound
         self._host = os.uname().nodename
 
     # -- nesting ------------------------------------------------------------------------------
@@ -109,7 +107,7 @@ class PostgresLock:
         here = domain(self.url, env)
         secret = password_of(self.url)
         if secret:
-            out[ENV_PASSWORD], out[ENV_PASSWORD_FOR] = secret, here
+            out[ENV_PASSWORD], out[ENV_PASSWORD_FOR] = secret, domain(self.url, env, user=True)
         inside = self.inside_of is not None  # nested calls run inside the hold too
         if held and (self.held_key == self.key or inside):
             shared = self.shared and not inside
@@ -388,6 +386,8 @@ class PostgresLock:
         session, self.session = self.session, None
         if session is not None:
             session.abandon()
+
+    leave = abandon  # the command's copy of the socket keeps the session, and the lock
 
     def close(self) -> None:
         session, self.session = self.session, None
