@@ -106,8 +106,11 @@ class ActionInputs:
             "if-locked": self.if_locked != "fail",
         }
         unused = [k for k, on in given.items() if on and self.mode not in _INPUT_MODES[k]]
-        if unused:
-            raise ValidationError(f"{', '.join(unused)}: not used by mode: {self.mode}")
+        self.unused = f"{', '.join(unused)}: not used by mode: {self.mode}" if unused else ""
+        # A release still releases (a step copied from its hold's): failing it would leave
+        # the lock held. It says so instead.
+        if unused and self.mode != "release":
+            raise ValidationError(self.unused)
 
 
 def seconds(text: str, label: str, *, allow_zero: bool) -> float | None:
@@ -325,6 +328,8 @@ def main(env: Mapping[str, str] | None = None) -> int:
         inputs = ActionInputs(env_d)
     except ValidationError as exc:
         return step.finish(reporter.failure(exc), label)
+    if inputs.unused:
+        reporter.warning(f"{inputs.unused}; ignored")
     modes = {"run": _run, "hold": _hold, "release": _release, "check": _check}
     try:
         backend = _backend(inputs, step, reading=inputs.mode in ("release", "check"))
