@@ -65,8 +65,21 @@ def main(argv: "Sequence[str] | None" = None) -> int:
         from ._site import ensure
 
         ensure()
-        from .commands.clicktree import show
+        try:
+            from .commands.clicktree import show
+        except ModuleNotFoundError as exc:
+            if exc.name != "click":
+                raise
+            from .commands.options import UsageError
 
+            # The plain form and the verbs need no click; only help and completion do.
+            return _reporter().failure(
+                UsageError(
+                    f"help and shell completion need click, which {sys.executable} does "
+                    "not have: pip install click (the setup action installs it); "
+                    "usage: local-mutex [OPTIONS] NAME COMMAND [LOCK_DIR]"
+                )
+            )
         try:
             return show(args)
         except (KeyError, ValueError) as exc:

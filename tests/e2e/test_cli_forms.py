@@ -619,3 +619,20 @@ def test_the_switch_is_what_changes_the_method(procs: Procs, lock_dir: Path, mar
     assert with_proc["holders"][0]["pid"] == without["holders"][0]["pid"] == holder.pid
     (marks / "h.go").touch()
     assert holder.wait(20) == 0
+
+
+@pytest.mark.parametrize("ask", [["--help"], ["run", "--help"], []])
+def test_help_without_click_says_what_is_missing(ask: list[str]) -> None:
+    """An interpreter without click (the action's tool-cache install runs nested calls with
+    the runner's python): asking for help ended in a ModuleNotFoundError traceback."""
+    src = Path(__file__).resolve().parents[2] / "src"
+    code = (
+        "import sys; sys.modules['click'] = None; "  # import click fails, as without it
+        f"sys.path.insert(0, {str(src)!r}); sys.argv[1:] = {ask!r}; "
+        "from local_mutex.cli import main, run_and_exit; run_and_exit(main)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and "need click" in r.stderr, r.stderr

@@ -141,7 +141,8 @@ OPTIONS = (
         "quiet",
         "flag",
         EVERY,
-        "Print only errors (status, list, history: no answer, just the exit status).",
+        "Print only errors and warnings (status, list, history: no answer, just the exit "
+        "status).",
     ),
     Option(
         ("--remote",),
