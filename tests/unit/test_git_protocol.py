@@ -510,6 +510,14 @@ ADVICE = (
         ),
         ("hint: only a hint\n", ""),
         ("", ""),
+        # A server that closed the connection: git says nothing but its advice about access
+        # rights, which is then no cause at all.
+        (
+            "fatal: Could not read from remote repository.\n\n"
+            "Please make sure you have the correct access rights\n"
+            "and the repository exists.\n",
+            "the remote closed the connection or refused it (git said no more)",
+        ),
     ],
 )
 def test_why_keeps_the_cause_not_the_advice(stderr: str, cause: str) -> None:

@@ -54,10 +54,13 @@ _DF_HINT = (
     "cannot both exist)"
 )
 # git's generic lines, which say nothing about the cause.
+_NO_READ = "fatal: Could not read from remote repository"
 _BOILERPLATE = (
     "hint:",
-    "fatal: Could not read from remote repository",
+    _NO_READ,
     "error: failed to push some refs",
+    "Please make sure you have the correct access rights",  # git's advice after _NO_READ
+    "and the repository exists.",
 )
 
 
@@ -91,6 +94,10 @@ def why(stderr: str, limit: int = 3) -> str:
             parts[-1] = f"{parts[-1]} {line}"
         elif len(parts) < limit:
             parts.append(line)
+    if not parts and _NO_READ in stderr:
+        # Nothing but the advice ("Please make sure you have the correct access rights"),
+        # which is as often wrong: a server that closed the connection says no more.
+        return "the remote closed the connection or refused it (git said no more)"
     return "; ".join(parts)
 
 
