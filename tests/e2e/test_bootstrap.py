@@ -253,23 +253,11 @@ def test_the_action_locks_where_the_cli_does_with_a_job_wide_remote(tmp_path: Pa
         wait_for(marks / "h.held")
         out = tmp_path / "out"
         out.write_text("")
-        env = clean_env(
-            {
-                **base,
-                "RUNNER_TOOL_CACHE": str(tmp_path / "tc"),
-                "GITHUB_OUTPUT": str(out),
-                "LOCAL_MUTEX_INPUT_NAME": "shared-name",
-                "LOCAL_MUTEX_INPUT_RUN": f"touch '{marks}/action-ran'",
-                "LOCAL_MUTEX_INPUT_WAIT_SECONDS": "0",
-            }
-        )
-        env.pop("GITHUB_STEP_SUMMARY", None)
-        r = subprocess.run(
-            [sys.executable, str(BOOTSTRAP), "action"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
+        inputs = {"NAME": "shared-name", "RUN": f"touch '{marks}/action-ran'"}
+        r = _action(
+            tmp_path,
+            {**inputs, "WAIT_SECONDS": "0"},
+            {**base, "GITHUB_OUTPUT": str(out)},
         )
         assert r.returncode == 75, r.stderr  # not acquired: the CLI's run holds it
         assert not (marks / "action-ran").exists()
@@ -279,18 +267,20 @@ def test_the_action_locks_where_the_cli_does_with_a_job_wide_remote(tmp_path: Pa
         assert holder.wait(30) == 0
 
 
-def _action(tmp_path: Path, inputs: dict[str, str], files: dict[str, str]) -> Any:
+def _action(tmp_path: Path, inputs: dict[str, str], extra: dict[str, str]) -> Any:
+    """The action's entry under Actions, with these inputs and ``extra`` variables (the
+    runner files among them: those not given are unset)."""
     env = clean_env(
         {
             "GITHUB_ACTIONS": "true",
             "RUNNER_TOOL_CACHE": str(tmp_path / "tc"),
             "LOCAL_MUTEX_INPUT_LOCK_DIR": str(tmp_path),
             **{f"LOCAL_MUTEX_INPUT_{k}": v for k, v in inputs.items()},
-            **files,
+            **extra,
         }
     )
     for unset in ("GITHUB_OUTPUT", "GITHUB_STEP_SUMMARY"):
-        if unset not in files:
+        if unset not in extra:
             env.pop(unset, None)
     return subprocess.run(
         [sys.executable, str(BOOTSTRAP), "action"],

@@ -731,22 +731,33 @@ def _enclosing_in_a_child(url: str, env: dict[str, str]) -> object:
     return json.loads(r.stdout)
 
 
+@contextlib.contextmanager
+def _nested_env(pg: PgServer, url: str, var: str) -> Iterator[tuple[dict[str, str], str]]:
+    """Hold ``domain`` with ``url`` (its password forwarded by us, not PGPASSWORD) and the
+    PG variable ``var`` set to the server's value; yield the command's environment and
+    the URL its nested calls get."""
+    env = pg.env({"PATH": os.environ["PATH"]})
+    env[var] = "postgres"
+    env.pop("PGPASSWORD", None)
+    backend = PostgresBackend(url, env=env)
+    lock = backend.lock(b"domain")
+    try:
+        lock.acquire(Take(wait=0))
+        child = lock.child_env(env, held=True)
+        yield child, child["LOCAL_MUTEX_REMOTE"]
+    finally:
+        lock.release()
+        backend.close()
+
+
 def test_a_command_that_changes_pg_variables_is_in_another_domain(pg: PgServer) -> None:
     """The URL leaves the database to $PGDATABASE. A command that points PGDATABASE (or
     PGHOSTADDR, ...) elsewhere reaches another lock domain with the same URL: its nested
     call ran "inside" while another process held the name there, and the password
     forwarded for the run's own server went wherever the variables pointed."""
     url = f"postgresql://postgres:{PASSWORD}@127.0.0.1:{pg.port}"
-    env = pg.env({"PATH": os.environ["PATH"]})
-    env["PGDATABASE"] = "postgres"
-    env.pop("PGPASSWORD", None)  # only the password in the URL, forwarded by us
-    backend = PostgresBackend(url, env=env)
-    lock = backend.lock(b"domain")
     drop = DropBound.from_env({})
-    try:
-        lock.acquire(Take(wait=0))
-        child = lock.child_env(env, held=True)
-        bare = child["LOCAL_MUTEX_REMOTE"]
+    with _nested_env(pg, url, "PGDATABASE") as (child, bare):
         assert _enclosing_in_a_child(bare, child) == [os.getpid(), "x"]
         assert connect_params(bare, child, drop)["password"] == PASSWORD
         for var, value in (("PGDATABASE", "template1"), ("PGHOSTADDR", "127.0.0.2")):
@@ -764,9 +775,6 @@ def test_a_command_that_changes_pg_variables_is_in_another_domain(pg: PgServer) 
             same = {**child, var: value}
             assert _enclosing_in_a_child(bare, same) == [os.getpid(), "x"], var
             assert connect_params(bare, same, drop)["password"] == PASSWORD, var
-    finally:
-        lock.release()
-        backend.close()
 
 
 def test_another_user_on_the_same_database_is_the_same_lock_domain(pg: PgServer) -> None:
@@ -774,23 +782,12 @@ def test_another_user_on_the_same_database_is_the_same_lock_domain(pg: PgServer)
     leaving the user open) still runs inside -- it would wait for its own run's lock --
     but the password forwarded for the run's own user is not sent for another."""
     url = f"postgresql://127.0.0.1:{pg.port}/postgres?password={PASSWORD}"
-    env = pg.env({"PATH": os.environ["PATH"]})
-    env["PGUSER"] = "postgres"
-    env.pop("PGPASSWORD", None)
-    backend = PostgresBackend(url, env=env)
-    lock = backend.lock(b"domain")
     drop = DropBound.from_env({})
-    try:
-        lock.acquire(Take(wait=0))
-        child = lock.child_env(env, held=True)
-        bare = child["LOCAL_MUTEX_REMOTE"]
+    with _nested_env(pg, url, "PGUSER") as (child, bare):
         assert connect_params(bare, child, drop)["password"] == PASSWORD
         other = {**child, "PGUSER": "someone"}
         assert _enclosing_in_a_child(bare, other) == [os.getpid(), "x"]
         assert "password" not in connect_params(bare, other, drop)
-    finally:
-        lock.release()
-        backend.close()
 
 
 def test_child_env_stays_in_the_domain_without_the_password(pg: PgServer) -> None:
