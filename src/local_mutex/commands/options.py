@@ -141,8 +141,7 @@ OPTIONS = (
         "quiet",
         "flag",
         EVERY,
-        "Print only errors and warnings (status, list, history: no answer, just the exit "
-        "status).",
+        "Print only errors and warnings (status, list, history: no answer, just the exit status).",
     ),
     Option(
         ("--remote",),
