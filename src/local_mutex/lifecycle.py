@@ -20,7 +20,6 @@ from .errors import (
     LockLost,
     NestingError,
     NotAcquired,
-    RecordNotWritten,
     Unavailable,
 )
 from .identity import ENV_TOKEN, holder_record, job_identity
@@ -194,8 +193,8 @@ def _take(
     holder = holder_record(lock.label, command, shared=opts.shared, env=env, extra=extra)
     try:
         lock.write_record(holder)
-    except RecordNotWritten:
-        lock.release()
+    except LocalMutexError:  # (a session cut as it writes): its error, not the release's
+        _let_go(lock)
         raise
     return waited
 

@@ -1454,3 +1454,21 @@ def test_a_keeper_that_fails_stopping_an_orphan_leaves_it_the_lock(
         keeper.kill()
         keeper.communicate()
     wait_for(lambda: _cli(pg, "--remote", pg.url, "--no-wait", "orph", "true").returncode == 0)
+
+
+def test_a_session_cut_as_the_record_is_written_says_why_and_runs_nothing(
+    pg: PgServer, tmp_path: Path
+) -> None:
+    """The connection drops just after the grant, as the holder record goes out: the
+    release that followed failed too, and its error ("could not tell ... to release")
+    replaced the real one; nothing said the command had not run."""
+    with GatedProxy(pg, b"SELECT pg_backend_pid(), EXISTS") as proxy:
+        ran = tmp_path / "ran"
+        wrapper = _spawn(pg, tmp_path, "run", "--remote", proxy.url, "cut", f"touch {ran}")
+        wait_for(lambda: proxy.held == 1, 20, "the record at the gate")
+        proxy.close()  # both ends: the client hears the connection end
+        status = wrapper.wait(30)
+    err = (tmp_path / "cli0.err").read_text()
+    assert status in (69, 74), err
+    assert "could not tell" not in err and "release" not in err.split("\n")[-2], err
+    assert not ran.exists()
