@@ -436,3 +436,24 @@ def test_a_release_to_a_server_that_stopped_answering_ends_within_ten_seconds(
         hang.close()
     assert elapsed < 13.0, elapsed
     assert "could not release x cleanly" in procs.stderr(holder)
+
+
+def test_a_waiter_on_a_server_that_stopped_answering_says_so(
+    server: Server, procs: Procs, marks: Path
+) -> None:
+    """The server hangs while a run waits: its --wait ran out with "held by" the holder it
+    saw seconds before, as if that one still held it; it says the server did not answer."""
+    holder = procs.start(["--remote", server.url, "--lease", "60", "x", hold_until(marks)])
+    wait_for(marks / "h.held", 30)
+    waiter = procs.start(["--remote", server.url, "--poll", "0.5", "--wait", "4", "x", "true"])
+    procs.wait_stderr(waiter, "waiting for lock x")
+    server.kill()
+    hang = Silent(int(server.url.split(":")[2].split("/")[0]))
+    try:
+        assert waiter.wait(30) == 75, procs.stderr(waiter)
+    finally:
+        hang.close()
+        (marks / "h.go").touch()
+        holder.wait(60)
+    err = procs.stderr(waiter)
+    assert "did not answer" in err or "timed out" in err, err

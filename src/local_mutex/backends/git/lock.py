@@ -237,13 +237,12 @@ class GitLock:
                     )
             elapsed = time.monotonic() - start
             if wait is not None and elapsed >= wait:
+                why = f"held by {describe(current)}" if current.locked else ""
+                if unreachable:  # what we last saw may be long gone: say what we know
+                    why = f"{self.backend.address} did not answer (last seen {why or 'free'})"
                 raise NotAcquired(
                     f"remote lock {self.label} not acquired after {elapsed:.1f}s; "
-                    + (
-                        f"held by {describe(current)}"
-                        if current.locked
-                        else self._not_taken(unexplained)
-                    ),
+                    + (why or self._not_taken(unexplained)),
                     current.as_dict(),
                     elapsed,
                 )
@@ -361,8 +360,8 @@ class GitLock:
 
     def _lost(self) -> LockLost:
         since = time.ctime(time.time() - (time.monotonic() - self.acked_sent))
-        to = f"renewals to {self.backend.address} failed since {since}"
-        return LockLost(f"lost the lease on remote lock {self.label}: {to}")
+        why = f"no renewal since {since} ({self.backend.address} or this process stalled)"
+        return LockLost(f"lost the lease on remote lock {self.label}: {why}")
 
     def _renewed(self, oid: str, sent: float, text: str | None = None) -> None:
         self.acked_sent = sent
