@@ -144,7 +144,7 @@ def run_locked(
                     reporter=reporter,
                     subreaper=subreaper,
                     held=held,
-                    then=lambda outcome: _release(lock, reporter, outcome),
+                    then=lambda outcome: _release(lock, reporter, outcome, result),
                 )
             except BaseException:
                 held.letting_go = True
@@ -251,10 +251,11 @@ def _run_inside(
     return result
 
 
-def _release(lock: Lock, reporter: Reporter | None, outcome: Outcome) -> None:
+def _release(lock: Lock, reporter: Reporter | None, outcome: Outcome, result: RunResult) -> None:
     """Let go; a remote that cannot be told keeps the command's status (its lease or session
     ends by itself), with a warning -- none for a lock lost already, whose error says it
     all. One found lost only now may have had another holder meanwhile: an error."""
+    result.held = time.monotonic() - outcome.started  # the command's time, not the release's
     if outcome.lost is not None:
         _let_go(lock)
         return
@@ -287,7 +288,7 @@ def _finish(
     result.timed_out = outcome.timed_out
     result.stop_signal = outcome.signals[0] if outcome.signals else 0
     result.lost = outcome.lost or outcome.lost_at_release
-    result.held = time.monotonic() - outcome.started
+    result.held = result.held or time.monotonic() - outcome.started
     if result.lost is not None:
         result.status = result.lost.exit_code
     if reporter is None:
