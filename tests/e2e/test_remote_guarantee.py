@@ -461,3 +461,33 @@ def test_a_waiter_on_a_server_that_stopped_answering_says_so(
         holder.wait(60)
     err = procs.stderr(waiter)
     assert "did not answer" in err or "timed out" in err, err
+
+
+@pytest.mark.parametrize("then", ["deleted", "taken"])
+def test_a_renewal_that_finds_the_branch_changed_says_how(
+    server: Server, procs: Procs, marks: Path, then: str
+) -> None:
+    """Someone deletes the lock branch mid-run (and another run may take the name): the
+    holder stops its command at its next renewal (69), saying what it found. It always
+    said "taken over"."""
+    holder = procs.start(
+        ["--remote", server.url, "--lease", "9", "--kill-after", "1", "x", hold_until(marks)]
+    )
+    wait_for(marks / "h.held", 30)
+    subprocess.run(
+        ["git", "--git-dir", str(server.repo), "update-ref", "-d", "refs/heads/lock__x"],
+        check=True,
+    )
+    other = None
+    if then == "taken":
+        other = procs.start(["--remote", server.url, "x", hold_until(marks, "o")])
+        wait_for(marks / "o.held", 30)
+    try:
+        assert holder.wait(30) == 69, procs.stderr(holder)
+    finally:
+        (marks / "o.go").touch()
+        if other is not None:
+            other.wait(30)
+    err = procs.stderr(holder)
+    said = "its branch was deleted" if then == "deleted" else "it was taken over by"
+    assert said in err, err

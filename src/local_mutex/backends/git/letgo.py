@@ -115,6 +115,21 @@ def _pushed(lock: GitLock, new: str | None, expected: str | None) -> bool:
         raise
 
 
+def what_moved(lock: GitLock, oid: str | None) -> str:
+    """What the branch became under a renewal of ours (``oid``: its tip now), for the lost
+    lock's message: deleted, unlocked, or locked by someone else."""
+    late = "before its renewal went through"
+    if oid is None:
+        return f"its branch was deleted {late}"
+    try:
+        state = parse_message(oid, lock.git.message(oid), lock.ref)
+    except LocalMutexError:
+        return f"the branch was changed {late}"
+    if state.state != "lock":
+        return f"it was unlocked by {describe(state)} {late}"
+    return f"it was taken over by {describe(state)} {late}"
+
+
 def withdraw(lock: GitLock, was: RemoteState, ours: RemoteState) -> str:
     """A stop signal came once our lock push (``was`` -> ``ours``) had started: it may land
     on the server whenever, even after we have given up on it. Make sure it does not

@@ -22,7 +22,7 @@ from ..._proc import decimal
 from ...errors import Interrupted, LockLost, NotAcquired, Unavailable, Unsupported
 from ...identity import job_identity, run_url, token_hash
 from ...names import digest, display
-from .letgo import unlock, withdraw
+from .letgo import unlock, what_moved, withdraw
 from .plumbing import PushRefused
 from .protocol import RemoteState, branch_for, describe, format_message, parse_message
 from .spawn import Cancelled
@@ -351,10 +351,7 @@ class GitLock:
         finally:
             self.git.deadline = self.git.cancel = None
         if moved:
-            raise LockLost(
-                f"lost the lease on remote lock {self.label}: it was taken over before "
-                "its renewal went through"
-            )
+            raise LockLost(f"lost the lease on remote lock {self.label}: {what_moved(self, seen)}")
         self._renewed(new, now, text)
         return None
 
