@@ -28,10 +28,12 @@ def write_record(fd: int, record: Mapping[str, Any], path: str) -> bool:
     RecordNotWritten when the write fails (a full disk, a file size limit)."""
     line = (dumps(record) + "\n").encode("ascii")
     try:
-        os.ftruncate(fd, 0)
+        # Over the old one, then cut to length: a reader (a newcomer asking whose a moved
+        # file is) never finds the file empty, as between a truncate and the write.
         written = os.pwrite(fd, line, 0)
         if written != len(line):
             raise OSError(errno.ENOSPC, "short write")
+        os.ftruncate(fd, len(line))
     except OSError as exc:
         if exc.errno in (errno.EBADF, errno.EINVAL) and not _writable(fd):
             return False
