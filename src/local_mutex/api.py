@@ -10,8 +10,8 @@ import os
 import sys
 
 from ._fastsignal import main_thread
-from .backends import open_backend, remote_address
-from .errors import BadAddress, ValidationError
+from .backends import given_remote, open_backend
+from .errors import ValidationError
 from .lifecycle import Held, run_locked
 from .names import display
 from .runspec import Command, Options, RunResult
@@ -27,9 +27,7 @@ if TYPE_CHECKING:
 def _remote(remote: str | None, env: Mapping[str, str]) -> str | None:
     """``remote``, else $LOCAL_MUTEX_REMOTE, as for the CLI and the action: the same
     name then locks in the same place whichever of them takes it."""
-    if remote is not None and not remote.strip():
-        raise BadAddress("remote is empty: give the address, or None to lock on this machine")
-    return remote_address(remote, env)
+    return given_remote(remote, env, "remote")
 
 
 def run(

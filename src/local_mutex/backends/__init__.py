@@ -72,6 +72,20 @@ def remote_address(explicit: str | None, env: Mapping[str, str]) -> str | None:
     return value.strip() or None
 
 
+def given_remote(explicit: str | None, env: Mapping[str, str], what: str) -> str | None:
+    """``remote_address``, with an explicit empty ``what`` (``--remote "$REMOTE"`` with the
+    variable unset) refused: quietly locking on this machine instead would lose the
+    exclusion across machines the caller asked for."""
+    if explicit is not None and not explicit.strip():
+        from ..errors import BadAddress
+
+        raise BadAddress(
+            f"{what} is empty (an unset variable?): give the address, or leave {what} "
+            "out to lock on this machine"
+        )
+    return remote_address(explicit, env)
+
+
 def is_git_address(remote: str) -> bool:
     """A git URL of a documented form: a known scheme with something after it, ``self``,
     or scp-like ``[user@]host:path`` (a ':' before any '/', as git itself reads it)."""

@@ -3,8 +3,8 @@ fast path and the action call the same functions. What they share lives here."""
 
 from __future__ import annotations
 
-from ..backends import open_backend, remote_address
-from ..errors import BadAddress, LocalMutexError, Unsupported
+from ..backends import given_remote, open_backend
+from ..errors import LocalMutexError, Unsupported
 from ..nesting import ENV_HELD
 from ..ui.lines import Reporter
 
@@ -35,15 +35,7 @@ def backend_for(
     reporter: Reporter | None = None,
 ) -> Backend:
     """The backend the command line names, with options it cannot honour refused."""
-    given = parsed.text("remote")
-    if given is not None and not given.strip():
-        # ``--remote "$REMOTE"`` with the variable unset: quietly locking on this machine
-        # instead would lose the exclusion across machines the caller asked for.
-        raise BadAddress(
-            "--remote is empty (an unset variable?): give the address, or leave --remote "
-            "out to lock on this machine"
-        )
-    remote = remote_address(given, env)
+    remote = given_remote(parsed.text("remote"), env, "--remote")
     backend = open_backend(
         remote,
         lock_dir=parsed.text("lock_dir"),

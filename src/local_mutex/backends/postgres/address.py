@@ -78,17 +78,30 @@ def password_warning(url: str) -> str | None:
     )
 
 
-# The PG* variables libpq takes the server and database from when the URL leaves them open:
-# a command that changes one reaches another lock domain with the same URL (another
-# database's lock, not its own run's). The user is no part of it (advisory locks are the
-# database's), but of where a forwarded password may go.
-_DOMAIN_VARS = (
+# libpq environment variables and the connection parameter each stands for. They are read
+# from the mapping we are given (not only from os.environ), and only where the URL itself
+# does not set that parameter -- the URL wins, as in libpq.
+ENV_PARAMS = (
     ("PGHOST", "host"),
     ("PGHOSTADDR", "hostaddr"),
     ("PGPORT", "port"),
     ("PGDATABASE", "dbname"),
+    ("PGUSER", "user"),
+    ("PGPASSWORD", "password"),
+    ("PGPASSFILE", "passfile"),
     ("PGSERVICE", "service"),
+    ("PGSSLMODE", "sslmode"),
+    ("PGSSLROOTCERT", "sslrootcert"),
+    ("PGSSLCERT", "sslcert"),
+    ("PGSSLKEY", "sslkey"),
+    ("PGCONNECT_TIMEOUT", "connect_timeout"),
+    ("PGTARGETSESSIONATTRS", "target_session_attrs"),
 )
+# Of those, the ones libpq takes the server and database from when the URL leaves them
+# open: a command that changes one reaches another lock domain with the same URL (another
+# database's lock, not its own run's). The user is no part of it (advisory locks are the
+# database's), but of where a forwarded password may go.
+_DOMAIN_KEYS = ("host", "hostaddr", "port", "dbname", "service")
 _SERVICE_FILES = ("PGSERVICEFILE", "PGSYSCONFDIR")  # where a service named is looked up
 
 
@@ -107,8 +120,12 @@ def domain(url: str, env: Mapping[str, str], *, user: bool = False) -> str:
         given = set(conninfo_to_dict(url))
     except Exception:  # a URL libpq cannot read (it fails to connect too): all of them
         given = set()
-    pairs = [*_DOMAIN_VARS, *([("PGUSER", "user")] if user else [])]
-    filled = [f"{var}={env[var]}" for var, key in pairs if env.get(var) and key not in given]
+    keys = (*_DOMAIN_KEYS, "user") if user else _DOMAIN_KEYS
+    filled = [
+        f"{var}={env[var]}"
+        for var, key in ENV_PARAMS
+        if key in keys and env.get(var) and key not in given
+    ]
     if "service" in given or env.get("PGSERVICE"):
         filled += [f"{var}={env[var]}" for var in _SERVICE_FILES if env.get(var)]
     return " ".join([bare, *filled])

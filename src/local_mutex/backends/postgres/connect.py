@@ -15,7 +15,14 @@ import time
 
 from ...errors import BadAddress, Unavailable
 from ..secrets import hide_secrets, mask
-from .address import ENV_PASSWORD, ENV_PASSWORD_FOR, DropBound, domain, load_driver
+from .address import (
+    ENV_PARAMS,
+    ENV_PASSWORD,
+    ENV_PASSWORD_FOR,
+    DropBound,
+    domain,
+    load_driver,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -24,25 +31,6 @@ if TYPE_CHECKING:
 
     from psycopg import Connection
 
-# libpq environment variables and the connection parameter each stands for. They are read
-# from the mapping we are given (not only from os.environ), and only where the URL itself
-# does not set that parameter -- the URL wins, as in libpq.
-_ENV_PARAMS = (
-    ("PGHOST", "host"),
-    ("PGHOSTADDR", "hostaddr"),
-    ("PGPORT", "port"),
-    ("PGDATABASE", "dbname"),
-    ("PGUSER", "user"),
-    ("PGPASSWORD", "password"),
-    ("PGPASSFILE", "passfile"),
-    ("PGSERVICE", "service"),
-    ("PGSSLMODE", "sslmode"),
-    ("PGSSLROOTCERT", "sslrootcert"),
-    ("PGSSLCERT", "sslcert"),
-    ("PGSSLKEY", "sslkey"),
-    ("PGCONNECT_TIMEOUT", "connect_timeout"),
-    ("PGTARGETSESSIONATTRS", "target_session_attrs"),
-)
 # Messages that mean the address (credentials, database, role) is wrong, not that the
 # server is out of reach for now.
 _BAD_ADDRESS = (
@@ -83,7 +71,7 @@ def connect_params(url: str, env: Mapping[str, str], drop: DropBound) -> dict[st
         why = hide_secrets(driver_message(str(exc)), url)
         raise BadAddress(f"bad PostgreSQL URL {mask(url)}: {why}") from None
     params: dict[str, Any] = {}
-    for var, param in _ENV_PARAMS:
+    for var, param in ENV_PARAMS:
         if param not in given and env.get(var):
             params[param] = env[var]
     if "password" not in given and "password" not in params and _forwarded_to(url, env):
