@@ -80,6 +80,15 @@ def main(argv: "Sequence[str] | None" = None) -> int:
                     "usage: local-mutex [OPTIONS] NAME COMMAND [LOCK_DIR]"
                 )
             )
+        from .ui.output import STDOUT, closed_by_caller
+
+        if STDOUT in closed_by_caller:  # it would go to the /dev/null standing in
+            from .errors import EXIT_IOERR
+
+            _reporter().error(
+                "could not print the help or completions (stdout closed by the caller)"
+            )
+            return EXIT_IOERR
         try:
             return show(args)
         except (KeyError, ValueError) as exc:

@@ -130,7 +130,7 @@ def run_locked(
                 f"is in ${ENV_TOKEN}; there is neither here: {lock.label} is taken like "
                 "anyone else would take it"
             )
-        progress = progress_interval(env) if reporter is not None else None
+        progress = progress_interval(env, reporter) if reporter is not None else None
         with SignalsHeld(last) as held:
             try:
                 result.waited = _take(

@@ -259,3 +259,29 @@ def test_help_lost_to_a_full_disk_is_exit_74(fds: list[int]) -> None:
     fds.append(_unwritable("closed pipe"))
     r = _start(["--help"], stdout=fds[1], stderr=subprocess.PIPE)
     assert (r.returncode, r.stderr) == (1, b"")  # click's own way with a reader gone
+
+
+ANSWER_LOST = "could not write the answer to standard output (closed by the caller)"
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["status", "x"], ANSWER_LOST),
+        (["list", "--json"], ANSWER_LOST),
+        (["--version"], ANSWER_LOST),
+        (
+            ["run", "--help"],
+            "could not print the help or completions (stdout closed by the caller)",
+        ),
+    ],
+)
+def test_an_answer_to_a_stdout_the_caller_closed_is_exit_74(
+    lock_dir: Path, args: list[str], says: str
+) -> None:
+    """``local-mutex status x >&-``: the answer went to the /dev/null standing in for the
+    closed stdout, and its verdict (exit 0: free) passed for one somebody had read."""
+    where = ["--lock-dir", str(lock_dir)] if args[0] in ("status", "list") else []
+    script = shlex.join([*CLI, *args, *where])
+    r = subprocess.run(["sh", "-c", f"{script} >&-"], env=_env(), capture_output=True, timeout=30)
+    assert (r.returncode, r.stderr.decode()) == (74, f"local-mutex: {says}\n")

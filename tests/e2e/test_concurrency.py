@@ -127,6 +127,33 @@ def test_a_tiny_progress_interval_is_raised_to_half_a_second(
     assert holder.wait(20) == 0
 
 
+@pytest.mark.parametrize("value", ["junk", "0", "-5", "nan"])
+def test_a_progress_interval_that_is_no_number_above_zero_is_said(
+    lock_dir: Path, value: str
+) -> None:
+    r = run_cli(["-q", "p", "true", str(lock_dir)], env={"LOCAL_MUTEX_PROGRESS_SECONDS": value})
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.decode().splitlines() == [
+        f"local-mutex: $LOCAL_MUTEX_PROGRESS_SECONDS={value!r} is not a number of seconds "
+        "above 0; ignored: a still-waiting line every 30s"
+    ]
+
+
+def test_a_huge_progress_interval_is_taken_without_a_word(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    holder = procs.start(["huge", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    r = run_cli(
+        ["--wait", "1", "huge", "true", str(lock_dir)],
+        env={"LOCAL_MUTEX_PROGRESS_SECONDS": "inf"},
+    )
+    assert r.returncode == 75
+    assert b"still waiting" not in r.stderr and b"SECONDS" not in r.stderr, r.stderr
+    (marks / "h.go").touch()
+    assert holder.wait(20) == 0
+
+
 def test_progress_line_repeats_while_waiting(procs: Procs, lock_dir: Path, marks: Path) -> None:
     holder = procs.start(["slow", hold_until(marks), str(lock_dir)])
     wait_for(marks / "h.held")

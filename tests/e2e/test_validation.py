@@ -79,6 +79,34 @@ def test_a_lock_dir_that_takes_no_new_files_is_refused_at_once(
     assert not (marks / "ran").exists()
 
 
+@pytest.mark.parametrize(
+    ("mode", "lacks"),
+    [(0o555, "write (w)"), (0o666, "search (x)"), (0o444, "write (w) or search (x)")],
+)
+def test_an_unusable_lock_dir_says_which_permission_it_lacks(
+    tmp_path: Path, marks: Path, mode: int, lacks: str
+) -> None:
+    """A 0666 dir is writable by its mode, but without search permission nobody can
+    create a file in it: "not writable" alone had the user look at the wrong bit."""
+    needle = f"is not writable: no {lacks} permission for us"
+    if os.geteuid() == 0:  # root writes anywhere: the CLI runs as nobody
+        with as_other_user() as nobody:
+            ran = nobody.shared_dir("marks", 0o777) / "ran"
+            locked = nobody.shared_dir("ro", mode)
+            r = nobody.run(["n", f"touch '{ran}'", str(locked)], timeout=30)
+            assert r.returncode == 2, r.stderr
+            assert needle.encode() in r.stderr, r.stderr
+            assert not ran.exists()
+    else:
+        locked = tmp_path / "ro"
+        locked.mkdir(mode)
+        locked.chmod(mode)
+        try:
+            _assert_refused(["n", f"touch '{marks}/ran'", str(locked)], marks, needle)
+        finally:
+            locked.chmod(0o755)
+
+
 def test_unwritable_lock_dir(tmp_path: Path, marks: Path) -> None:
     locked = tmp_path / "ro"
     locked.mkdir()

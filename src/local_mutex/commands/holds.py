@@ -9,7 +9,7 @@ from ..backends import Ending
 from ..errors import EXIT_IOERR, EXIT_USAGE, LocalMutexError, NestingError
 from ..names import name_bytes, shell_quote
 from ..nesting import ENV_REMOTE
-from ..ui.output import closed_by_caller, out
+from ..ui.output import STDOUT, closed_by_caller, out
 from . import Failed, reporter_for, using
 
 TYPE_CHECKING = False
@@ -20,8 +20,6 @@ if TYPE_CHECKING:
     from ..backends.base import Backend, HoldInfo
     from ..ui.lines import Reporter
     from .argv import Parsed
-
-_STDOUT = 1
 
 
 def take_hold(
@@ -93,7 +91,7 @@ def hold(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     reporter = reporter_for(parsed, env)
     name = parsed.positionals[0]
-    if _STDOUT in closed_by_caller:
+    if STDOUT in closed_by_caller:
         reporter.error(
             "hold prints the token that ends it on standard output, which is closed; "
             "nothing was held (send it to a file, or to /dev/null to drop it on purpose)"

@@ -27,13 +27,23 @@ DEFAULT_PROGRESS = 30.0  # seconds, and at least 0.5: each line reads /proc/lock
 STOPPING_WRITE_WAIT = 0.5
 
 
-def progress_interval(env: Mapping[str, str]) -> float:
-    """Seconds between "still waiting" lines ($LOCAL_MUTEX_PROGRESS_SECONDS)."""
+def progress_interval(env: Mapping[str, str], reporter: Reporter | None = None) -> float:
+    """Seconds between "still waiting" lines ($LOCAL_MUTEX_PROGRESS_SECONDS): at least 0.5,
+    at most 1e9 (a huge value asks for none). What is not a number above 0 is said, not
+    silently replaced: the user meant something by it."""
+    raw = env.get(ENV_PROGRESS, "")
     try:
-        value = float(env.get(ENV_PROGRESS, "") or DEFAULT_PROGRESS)
+        value = float(raw or DEFAULT_PROGRESS)
     except ValueError:
-        return DEFAULT_PROGRESS
-    return max(value, 0.5) if 0 < value < 1e9 else DEFAULT_PROGRESS
+        value = 0.0
+    if value > 0:  # not NaN either
+        return min(max(value, 0.5), 1e9)
+    if reporter is not None:
+        reporter.warning(
+            f"${ENV_PROGRESS}={printable(raw)!r} is not a number of seconds above 0; "
+            f"ignored: a still-waiting line every {DEFAULT_PROGRESS:g}s"
+        )
+    return DEFAULT_PROGRESS
 
 
 def duration(seconds: float) -> str:

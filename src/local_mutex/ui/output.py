@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 # /dev/null in for them, so an answer written there is lost without an error. ``hold``
 # refuses to start one whose token nobody could read.
 closed_by_caller: set[int] = set()
+STDOUT = 1
 
 
 def out(text: str) -> None:
@@ -43,7 +44,11 @@ def answer(text: str, status: int, reporter: Reporter) -> int:
     is written -- or once its reader went away (EPIPE: ``| head -1``, ``| grep -q``
     stopped reading on purpose, as ripgrep or ``ls`` take it, and ``status`` keeps its
     free/held verdict) -- else 74: a full disk or an I/O error lost an answer someone
-    meant to keep, which must not pass for one (an empty ``status --json >file``)."""
+    meant to keep, which must not pass for one (an empty ``status --json >file``). So is
+    a stdout the caller closed (``>&-``): the answer would go to the /dev/null standing in."""
+    if STDOUT in closed_by_caller:
+        reporter.error("could not write the answer to standard output (closed by the caller)")
+        return EXIT_IOERR
     try:
         out(text)
     except BrokenPipeError:

@@ -63,7 +63,13 @@ def resolve_lock_dir(
     if not stat.S_ISDIR(st.st_mode):
         raise InvalidLockDir(f"lock dir {path!r} does not exist or is not a directory")
     if writable and not os.access(path, os.W_OK | os.X_OK):
-        raise InvalidLockDir(f"lock dir {path!r} is not writable")
+        # Without search (x) a writable dir takes no file either: say which bit is missing.
+        lacks = " or ".join(
+            what
+            for flag, what in ((os.W_OK, "write (w)"), (os.X_OK, "search (x)"))
+            if not os.access(path, flag)
+        )
+        raise InvalidLockDir(f"lock dir {path!r} is not writable: no {lacks} permission for us")
     return path
 
 
