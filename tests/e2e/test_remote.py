@@ -220,3 +220,28 @@ def test_release_never_ends_a_running_commands_lock(remote: str, marks: Path) ->
         finally:
             (marks / "h.go").touch()
     assert run.returncode == 0
+
+
+def test_list_names_the_branches_it_leaves_out(remote: str, tmp_path: Path) -> None:
+    """A branch under the prefix whose tip is no lock commit blocks its name for good (it
+    is refused to take, rewrite or delete); ``list`` left it out without a word, so the
+    one lock a stuck job waited for was the one nobody could see."""
+    assert run_cli(["run", "--remote", remote, "fine", "true"]).returncode == 0
+    repo = tmp_path / "plain"
+    subprocess.run(["git", "init", "--quiet", str(repo)], check=True)
+    env = clean_env({"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost"})
+    env.update(GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@localhost")
+    git = ["git", "-C", str(repo)]
+    subprocess.run(
+        [*git, "commit", "-q", "--allow-empty", "-m", "just a commit"], env=env, check=True
+    )
+    subprocess.run([*git, "push", "-q", remote, "HEAD:refs/heads/lock__odd"], env=env, check=True)
+    r = run_cli(["list", "--all", "--remote", remote, "--json"])
+    assert r.returncode == 0, r.stderr
+    assert [s["name"] for s in json.loads(r.stdout)] == ["fine"]
+    err = r.stderr.decode()
+    assert "branch refs/heads/lock__odd (" in err and "is not a lock" in err, err
+    assert err.endswith("; not listed\n") and err.count("\n") == 1, err
+    # Still refused when someone tries to take it: the warning is about a real block.
+    r = run_cli(["run", "--remote", remote, "--no-wait", "odd", "true"])
+    assert r.returncode != 0 and b"is not a lock" in r.stderr

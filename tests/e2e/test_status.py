@@ -177,6 +177,25 @@ def test_list_shows_held_locks_and_all(procs: Procs, lock_dir: Path, marks: Path
         (marks / f"{name}.go").touch()
 
 
+def test_list_names_the_lock_files_it_leaves_out(lock_dir: Path, tmp_path: Path) -> None:
+    """A symlink or FIFO planted at a lock file's path blocks that name (every taker
+    refuses it); ``list`` left it out without a word, so nobody saw why a job never ran."""
+    assert run_cli(["fine", "true", str(lock_dir)]).returncode == 0
+    link, fifo = lock_file(lock_dir, "linked"), lock_file(lock_dir, "piped")
+    link.symlink_to(tmp_path / "elsewhere")
+    os.mkfifo(fifo)
+    r = run_cli(["list", "--all", "--lock-dir", str(lock_dir), "--json"], timeout=20)
+    assert r.returncode == 0, r.stderr
+    assert [s["lock_file"] for s in json.loads(r.stdout)] == [str(lock_file(lock_dir, "fine"))]
+    assert set(r.stderr.decode().splitlines()) == {
+        f"local-mutex: lock file {str(fifo)!r} is not a regular file; refusing to use it; "
+        "not listed",
+        f"local-mutex: lock file {str(link)!r} is a symlink; refusing to follow it; not listed",
+    }
+    r = run_cli(["linked", "true", str(lock_dir)])  # the block the warning is about
+    assert r.returncode == 2 and b"is a symlink; refusing to follow it" in r.stderr
+
+
 def test_status_bad_input(lock_dir: Path, tmp_path: Path) -> None:
     r = run_cli(["status", "", "--lock-dir", str(lock_dir)])
     assert r.returncode == 2 and b"lock name is empty" in r.stderr

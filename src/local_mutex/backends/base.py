@@ -19,7 +19,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
     from typing import Any, Protocol
 
     from . import Ending, Take
@@ -96,6 +96,9 @@ if TYPE_CHECKING:
         # Holds that outlive their holder process (git branches) versus holds kept by a
         # detached holder process (flock, postgres).
         persistent_holds: bool
+        # What the last ``list_locks`` left out and why (a lock file or branch nobody can
+        # take until a person removes it): the CLI warns of each, so none hides unseen.
+        unlisted: Sequence[str]
 
         def lock(self, name: bytes) -> Lock: ...
 

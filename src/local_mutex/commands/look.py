@@ -59,16 +59,19 @@ def list_(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
     reporter = reporter_for(parsed, env)
     include_free = parsed.flag("include_free")
     try:
-        found = using(
+        listed = using(
             parsed,
             env,
             reporter,
-            lambda b: b.list_locks(include_free=include_free),
+            lambda b: (b.list_locks(include_free=include_free), b.unlisted),
             reading=True,
             translate=_cannot_tell,
         )
     except Failed as exc:
         return exc.code
+    found, unlisted = listed
+    for why in unlisted:
+        reporter.warning(why)
     if parsed.flag("quiet"):
         return 0
     if parsed.flag("json"):

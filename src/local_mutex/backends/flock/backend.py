@@ -13,7 +13,7 @@ from .lockdir import allow_other_owner_from_env, resolve_lock_dir
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
     from typing import Any
 
     from .. import Ending
@@ -29,6 +29,7 @@ class FlockBackend:
     persistent_holds = False
     # Options of the command line that mean nothing here (they are for remotes).
     refuses: tuple[str, ...] = ("key_prefix", "lease", "poll", "delete_branch")
+    unlisted: Sequence[str] = ()
 
     def __init__(
         self,
@@ -71,7 +72,10 @@ class FlockBackend:
     def list_locks(self, *, include_free: bool) -> list[LockStatus]:
         from .state import list_locks
 
-        return list_locks(self.lock_dir, include_free=include_free)
+        unlisted: list[str] = []
+        found = list_locks(self.lock_dir, include_free=include_free, unlisted=unlisted)
+        self.unlisted = unlisted
+        return found
 
     def history(self, name: bytes) -> list[dict[str, Any]]:
         raise Unsupported("history is kept only by git remotes (--remote URL)")

@@ -208,8 +208,11 @@ def _missing(path: str, name: str | None) -> LockStatus:
     return _from_kernel(path, name, lock.key, entries, _proc.boot_time(), rec)
 
 
-def list_locks(directory: str, *, include_free: bool = False) -> list[LockStatus]:
-    """Every local-mutex lock file in the directory that is held (or all of them)."""
+def list_locks(
+    directory: str, *, include_free: bool = False, unlisted: list[str] | None = None
+) -> list[LockStatus]:
+    """Every local-mutex lock file in the directory that is held (or all of them); what
+    is no regular file goes to ``unlisted``, said why (nobody can lock its name)."""
     try:
         entries = [e for e in os.scandir(directory) if _is_lock_name(e.name)]
         infos = [(e, e.stat(follow_symlinks=False)) for e in entries]
@@ -219,9 +222,11 @@ def list_locks(directory: str, *, include_free: bool = False) -> list[LockStatus
     out = []
     boot = _proc.boot_time()
     for entry, st in infos:
-        if not stat.S_ISREG(st.st_mode):
-            continue
         path = os.path.join(directory, entry.name)
+        if not stat.S_ISREG(st.st_mode):
+            if unlisted is not None:
+                unlisted.append(f"{refusal_for(st, path, True)}; not listed")
+            continue
         if locks is None:
             probed = _probe(path, None)
             if include_free or probed.held:

@@ -14,7 +14,7 @@ from .protocol import DEFAULT_PREFIX, BadBody, NotALock, RemoteState, describe, 
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
     from typing import Any
 
     from .. import Ending
@@ -41,6 +41,7 @@ class GitBackend:
     kind = "git"
     persistent_holds = True
     refuses: tuple[str, ...] = ("shared", "slots", "slotted", "reentrant", "allow_other_owner")
+    unlisted: Sequence[str] = ()
 
     def __init__(
         self,
@@ -78,15 +79,18 @@ class GitBackend:
         return _status(lock.read(), lock.lock_file, lock.label)
 
     def list_locks(self, *, include_free: bool) -> list[LockStatus]:
-        out = []
+        out: list[LockStatus] = []
+        unlisted: list[str] = []
+        self.unlisted = unlisted
         for ref, oid in self.git.heads(self.prefix):
             name = ref[len("refs/heads/") + len(self.prefix) :]
             try:
                 fetched = self.git.fetch(ref)
                 state = parse_message(oid, self.git.message(fetched or oid), ref)
-            except (NotALock, BadBody):
-                # Not ours to describe; or a body nobody can trust (``status NAME`` says
-                # what is wrong with it): one such branch must not hide all the others.
+            except (NotALock, BadBody) as exc:
+                # Nobody can take its name until a person fixes the branch: said, but one
+                # such branch must not hide all the others.
+                unlisted.append(f"{exc}; not listed")
                 continue
             st = _status(state, f"{self.address} {ref}", name)
             if include_free or st.held:

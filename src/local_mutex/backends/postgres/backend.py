@@ -48,6 +48,7 @@ class PostgresBackend:
     persistent_holds = False
     # Options (by their dest) that mean nothing here: refused with exit 2 when given.
     refuses: tuple[str, ...] = ("key_prefix", "lease", "poll", "delete_branch", "allow_other_owner")
+    unlisted: Sequence[str] = ()
 
     def __init__(self, url: str, *, env: Mapping[str, str], reading: bool = False) -> None:
         if not is_postgres(url):
