@@ -245,3 +245,34 @@ def test_list_names_the_branches_it_leaves_out(remote: str, tmp_path: Path) -> N
     # Still refused when someone tries to take it: the warning is about a real block.
     r = run_cli(["run", "--remote", remote, "--no-wait", "odd", "true"])
     assert r.returncode != 0 and b"is not a lock" in r.stderr
+
+
+def test_a_branch_whose_tip_is_no_commit_is_named_as_such(tmp_path: Path) -> None:
+    """A branch pointing at a blob (written by hand on the server; git's own commands
+    refuse to) was ``git cat-file failed: … bad file`` for every verb, and ``list``
+    failed altogether (exit 3) for that one branch."""
+    repo = tmp_path / "r.git"
+    subprocess.run(["git", "init", "--quiet", "--bare", str(repo)], check=True)
+    blob = (
+        subprocess.run(
+            ["git", "--git-dir", str(repo), "hash-object", "-w", "--stdin"],
+            input=b"not a commit\n",
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .strip()
+    )
+    (repo / "refs" / "heads" / "lock__b").write_text(blob + "\n")
+    url = f"file://{repo}"
+    says = (
+        f"branch refs/heads/lock__b ({blob[:12]}) is not a lock: its tip is a blob, not a "
+        "commit; refusing to take, rewrite or delete it"
+    )
+    for verb in (["status", "b"], ["run", "--no-wait", "b", "true"], ["release", "b", "--force"]):
+        r = run_cli([*verb, "--remote", url])
+        assert (r.returncode, r.stderr.decode()) == (2, f"local-mutex: {says}\n"), verb
+    r = run_cli(["history", "b", "--remote", url])
+    assert (r.returncode, r.stdout, r.stderr.decode()) == (2, b"", f"local-mutex: {says}\n")
+    r = run_cli(["list", "--all", "--remote", url])
+    assert (r.returncode, r.stderr.decode()) == (0, f"local-mutex: {says}; not listed\n")

@@ -86,7 +86,7 @@ class GitBackend:
             name = ref[len("refs/heads/") + len(self.prefix) :]
             try:
                 fetched = self.git.fetch(ref)
-                state = parse_message(oid, self.git.message(fetched or oid), ref)
+                state = parse_message(oid, self.git.message(fetched or oid, ref), ref)
             except (NotALock, BadBody) as exc:
                 # Nobody can take its name until a person fixes the branch: said, but one
                 # such branch must not hide all the others.
@@ -102,6 +102,7 @@ class GitBackend:
         oid = self.git.fetch(lock.ref, depth=None)
         if oid is None:
             return []
+        self.git.message(oid, lock.ref)  # NotALock for a tip that is no commit
         entries = []
         for commit, when, message in self.git.history(oid):
             try:

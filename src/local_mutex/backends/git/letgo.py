@@ -122,7 +122,7 @@ def what_moved(lock: GitLock, oid: str | None) -> str:
     if oid is None:
         return f"its branch was deleted {late}"
     try:
-        state = parse_message(oid, lock.git.message(oid), lock.ref)
+        state = parse_message(oid, lock.git.message(oid, lock.ref), lock.ref)
     except LocalMutexError:
         return f"the branch was changed {late}"
     if state.state != "lock":

@@ -74,7 +74,7 @@ class GitLock:
         oid = self.git.fetch(self.ref)
         if oid is None:
             return RemoteState(None, None)
-        return parse_message(oid, self.git.message(oid), self.ref)
+        return parse_message(oid, self.git.message(oid, self.ref), self.ref)
 
     def enclosing(self, env: Mapping[str, str], slots: int | None = None) -> tuple[int, str] | None:
         return nesting.enclosing_hold(env, self.key)  # slots: refused before (``refuses``)
@@ -362,7 +362,7 @@ class GitLock:
 
     def _renewed(self, oid: str, sent: float, text: str | None = None) -> None:
         self.acked_sent = sent
-        message = self.git.message(oid) if text is None else text
+        message = self.git.message(oid, self.ref) if text is None else text
         self.ours = self.backend.pushed[self.ref] = parse_message(oid, message, self.ref)
         self.unanswered.clear()
 

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from ..._proc import decimal, exists
 from ...errors import BadAddress, Unavailable
 from ..secrets import hide_secrets, mask
+from .protocol import NotALock
 from .spawn import run_git
 
 TYPE_CHECKING = False
@@ -269,8 +270,19 @@ class Git:
         with open(os.path.join(self.dir, "FETCH_HEAD"), encoding="utf-8") as f:
             return f.read().split("\t", 1)[0].strip()
 
-    def message(self, oid: str, limit: int = 1 << 20) -> str:
-        raw = self.run("cat-file", "commit", oid).stdout[:limit].decode("utf-8", "replace")
+    def message(self, oid: str, ref: str, limit: int = 1 << 20) -> str:
+        """The message of commit ``oid``, the tip of ``ref``; NotALock when the tip is a
+        blob, tree or tag (a branch git itself would never let a push point there)."""
+        proc = self.run("cat-file", "commit", oid, check=False)
+        if proc.returncode != 0:
+            kind = self.run("cat-file", "-t", oid, check=False).stdout.decode().strip()
+            if kind in ("blob", "tree", "tag"):
+                raise NotALock(
+                    f"branch {ref} ({oid[:12]}) is not a lock: its tip is a {kind}, not a "
+                    "commit; refusing to take, rewrite or delete it"
+                )
+            raise Unavailable(f"git cat-file failed: {self._why(proc)}")
+        raw = proc.stdout[:limit].decode("utf-8", "replace")
         return raw.split("\n\n", 1)[1] if "\n\n" in raw else ""
 
     def heads(self, prefix: str) -> list[tuple[str, str]]:
