@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
+import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -191,6 +192,11 @@ def cmdline(pid: int) -> str | None:
 
 
 def boot_time() -> float | None:
+    """When the machine booted (epoch seconds), to the clock tick: ``btime`` in /proc/stat
+    is whole seconds, which put every process's start up to a second early."""
+    clock = getattr(time, "CLOCK_BOOTTIME", None)  # the clock process start times count on
+    if clock is not None and USE_PROC:
+        return time.time() - time.clock_gettime(clock)
     try:
         with open(f"{PROC}/stat", encoding="ascii") as f:
             for line in f:

@@ -37,6 +37,10 @@ class RunResult:
         self.waited = 0.0
         self.held = 0.0
 
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"RunResult({fields})"
+
 
 class Command:
     """What to run: a shell command (``/bin/sh -c``) or a program with its arguments."""

@@ -36,8 +36,12 @@ def test_lock_path_matches_the_cli(lock_dir: Path) -> None:
 def test_run_returns_the_status_and_prints_nothing(
     lock_dir: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    assert local_mutex.run("api", command="exit 4", lock_dir=str(lock_dir)).status == 4
+    result = local_mutex.run("api", command="exit 4", lock_dir=str(lock_dir))
+    assert result.status == 4
     assert capfd.readouterr().err == ""
+    # Printed, it says what it holds (it was ``<local_mutex.runspec.RunResult object …>``).
+    assert repr(result).startswith("RunResult(acquired=True, held=")
+    assert "status=4, stop_signal=0, timed_out=False, waited=" in repr(result)
 
 
 def test_run_takes_an_argv_verbatim(lock_dir: Path, marks: Path) -> None:

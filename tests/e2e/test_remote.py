@@ -276,3 +276,17 @@ def test_a_branch_whose_tip_is_no_commit_is_named_as_such(tmp_path: Path) -> Non
     assert (r.returncode, r.stdout, r.stderr.decode()) == (2, b"", f"local-mutex: {says}\n")
     r = run_cli(["list", "--all", "--remote", url])
     assert (r.returncode, r.stderr.decode()) == (0, f"local-mutex: {says}; not listed\n")
+
+
+def test_list_takes_the_key_prefix_every_other_verb_takes(tmp_path: Path) -> None:
+    """Locks under a prefix of one's own could be taken, held, released and asked about,
+    but not listed: ``list`` refused ``--key-prefix``."""
+    repo = tmp_path / "r.git"
+    subprocess.run(["git", "init", "--quiet", "--bare", str(repo)], check=True)
+    url = f"file://{repo}"
+    assert run_cli(["run", "--remote", url, "--key-prefix", "team/", "a", "true"]).returncode == 0
+    assert run_cli(["run", "--remote", url, "b", "true"]).returncode == 0
+    for prefix, names in ((["--key-prefix", "team/"], ["a"]), ([], ["b"])):
+        r = run_cli(["list", "--all", "--json", "--remote", url, *prefix])
+        assert r.returncode == 0, r.stderr
+        assert [s["name"] for s in json.loads(r.stdout)] == names

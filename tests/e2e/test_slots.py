@@ -128,6 +128,31 @@ def test_the_slot_number_is_known_without_proc(procs: Procs, lock_dir: Path, mar
         assert a.wait(20) == 0
 
 
+@pytest.mark.parametrize("env", [{}, NO_PROC], ids=["proc", "probe"])
+def test_every_slot_file_knows_its_slot_free_or_held(
+    procs: Procs, lock_dir: Path, marks: Path, env: dict[str, str]
+) -> None:
+    """The slot came from the holder's record: a free slot file said ``slot: null`` (and
+    ``list --all`` showed it as a plain lock), and a record could claim any slot."""
+    a = procs.start(["--slots", "3", "pool", hold_until(marks, "a"), str(lock_dir)], env=env)
+    wait_for(marks / "a.held")
+    b = procs.start(["--slots", "3", "pool", hold_until(marks, "b"), str(lock_dir)], env=env)
+    wait_for(marks / "b.held")
+    (marks / "a.go").touch()
+    assert a.wait(20) == 0  # slot 0 free again, slot 1 held
+    assert run_cli(["--slots", "3", "pool", "true", str(lock_dir)], env=env).returncode == 0
+    where = ["--lock-dir", str(lock_dir), "--json"]
+    st = json.loads(run_cli(["status", "pool", *where], env=env).stdout)
+    assert [(s["slot"], s["state"]) for s in st["slots"]] == [(0, "free"), (1, "held")]
+    listed = json.loads(run_cli(["list", "--all", *where], env=env).stdout)
+    assert sorted((x["slot"], x["state"]) for x in listed if x["slot"] is not None) == [
+        (0, "free"),
+        (1, "held"),
+    ]
+    (marks / "b.go").touch()
+    assert b.wait(20) == 0
+
+
 def test_slots_wait_ceiling_and_hold(lock_dir: Path) -> None:
     for _ in range(2):
         r = run_cli(["hold", "pool", "--slots", "2", "--lock-dir", str(lock_dir)])

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,22 @@ def test_waiters_are_listed_in_queue_order(procs: Procs, lock_dir: Path, marks: 
     assert all(x["mode"] == "exclusive" and "echo" in x["command"] for x in st["waiters"])
     (marks / "h.go").touch()
     assert [w.wait(20) for w in waiters] == [0, 0, 0]
+
+
+@linux_only
+def test_a_waiters_start_is_when_it_started(procs: Procs, lock_dir: Path, marks: Path) -> None:
+    """Start times came from /proc/stat's whole-second ``btime``: up to a second early, so
+    a waiter seemed to start before the holder it queued behind."""
+    procs.start(["t", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    before = time.time()
+    waiter = procs.start(["t", "true", str(lock_dir)])
+    wait_for(lambda: _status("t", lock_dir)[1]["waiters"])
+    after = time.time()
+    started = _status("t", lock_dir)[1]["waiters"][0]["started_epoch"]
+    assert before - 0.05 <= started <= after, (before, started, after)  # a tick is 10 ms
+    (marks / "h.go").touch()
+    assert waiter.wait(20) == 0
 
 
 @linux_only

@@ -18,22 +18,24 @@ from .options import EACH, HISTORY, HOLD, LIST, RELEASE, RUN, STATUS, Option, op
 
 _IMPLICIT_RUN = "local_mutex.implicit_run"  # ctx.meta: the run form without its verb
 
-HELP = """Run a command under a named lock that is released the instant its holder dies.
+HELP = """Run a command under a named lock, held while it runs and released once it is over.
 
 \b
   local-mutex [OPTIONS] NAME COMMAND [LOCK_DIR]
   local-mutex [OPTIONS] NAME -- PROGRAM [ARGS]...
 
 COMMAND runs under /bin/sh -c (PROGRAM runs directly, with its arguments verbatim) once no
-other holder of NAME is running; the lock is released when it ends, however it ends.
+other holder of NAME is running; the lock is released when it ends, however it ends (a
+holder that is killed stops the command first).
 Lock files live in LOCK_DIR or --lock-dir, else $LOCAL_MUTEX_LOCK_DIR, else /tmp;
 --remote locks on a git remote or a PostgreSQL database instead.
 
 \b
 Exit status: the command's own (128+N when killed by signal N); 2 bad usage or
-input; 69 remote unavailable or lock lost mid-run; 70 internal error; 74 holder
-record or answer not written; 75 lock not acquired in time; 77 release refused;
-124/137 run ceiling hit; 125 the command could not start.
+input; 3 status/list cannot tell; 69 remote unavailable or lock lost mid-run; 70
+the supervisor failed mid-run; 74 holder record or answer not written; 75 lock not
+acquired in time; 77 release refused; 124/137 run ceiling hit; 125 the command
+could not start.
 """
 
 VERB_HELP = {
@@ -64,7 +66,8 @@ VERB_HELP = {
     ),
     STATUS: (
         "Is NAME free or held; by whom, since when; who waits, in order.",
-        "Exit 0 free, 1 held, 3 cannot tell, 2 bad input. Never creates the lock file and, "
+        "Exit 0 free, 1 held, 3 cannot tell, 2 bad input, 74 the answer not written. Never "
+        "creates the lock file and, "
         "on Linux, never takes the lock.",
     ),
     LIST: ("Every lock in the lock dir (or on the remote) that is held.", ""),

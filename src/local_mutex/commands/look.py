@@ -25,7 +25,8 @@ def _cannot_tell(exc: BaseException) -> BaseException:
 
 
 def status(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
-    """Exit 0 free, 1 held (with ``--slots``: every slot), 3 cannot tell, 2 bad input."""
+    """Exit 0 free, 1 held (with ``--slots``: every slot), 3 cannot tell, 2 bad input, 74 the
+    answer not written."""
     env = os.environ if env is None else env
     reporter = reporter_for(parsed, env)
     name = parsed.positionals[0]

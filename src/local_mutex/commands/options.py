@@ -157,7 +157,7 @@ OPTIONS = (
         ("--key-prefix",),
         "key_prefix",
         "text",
-        EVERY - {LIST},
+        EVERY,
         "With a git --remote: branch prefix of locks [default: lock__].",
         metavar="PREFIX",
     ),

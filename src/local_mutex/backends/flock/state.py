@@ -110,9 +110,7 @@ def _from_kernel(
             )
         )
     mode = "exclusive" if any(e.exclusive for e in granted) else "shared"
-    st = LockStatus(path, name, "held", "proc", mode, holders, waiters)
-    st.slot = _slot_of(rec)
-    return st
+    return LockStatus(path, name, "held", "proc", mode, holders, waiters)
 
 
 def recorded_name(rec: Mapping[str, Any], path: str) -> str | None:
@@ -129,9 +127,12 @@ def recorded_name(rec: Mapping[str, Any], path: str) -> str | None:
     return named if base == stem + LOCK_SUFFIX or base.startswith(stem + ".slot") else None
 
 
-def _slot_of(rec: Mapping[str, Any] | None) -> int | None:
-    slot = rec.get("slot") if rec is not None else None
-    return slot if isinstance(slot, int) and not isinstance(slot, bool) else None
+def slot_index(path: str) -> int | None:
+    """A slot file's index, from its name (``….slot<i>.lock``), free or held, whatever its
+    record says; None for any other file."""
+    stem = os.path.basename(path)[: -len(LOCK_SUFFIX)]
+    _, dot, index = stem.rpartition(".slot")
+    return _proc.decimal(index, 4) if dot else None
 
 
 def _probe(path: str, name: str | None) -> LockStatus:
@@ -153,9 +154,7 @@ def _probe(path: str, name: str | None) -> LockStatus:
                 holders.append(_holder_from(rec["pid"], exclusive, rec, time.time()))
                 name = name or recorded_name(rec, path)
             mode = "exclusive" if exclusive else "shared"
-            st = LockStatus(path, name, "held", "probe", mode, holders)
-            st.slot = _slot_of(rec)
-            return st
+            return LockStatus(path, name, "held", "probe", mode, holders)
         except OSError as exc:
             raise CannotTell(f"cannot probe lock file {path!r}: {exc.strerror}") from None
         return LockStatus(path, name, "free", "probe")
@@ -177,6 +176,12 @@ def status_of_path(
     path: str, name: str | None = None, *, allow_other_owner: bool = True
 ) -> LockStatus:
     """The state of one lock file. Never creates it; on Linux never takes the lock."""
+    st = _status_of(path, name, allow_other_owner)
+    st.slot = slot_index(path)
+    return st
+
+
+def _status_of(path: str, name: str | None, allow_other_owner: bool) -> LockStatus:
     try:
         st = os.stat(path, follow_symlinks=False)
     except FileNotFoundError:
@@ -238,6 +243,8 @@ def list_locks(
             out.append(_from_kernel(path, None, key, mine, boot))
         elif include_free:
             out.append(LockStatus(path, None, "free", "proc"))
+    for found in out:
+        found.slot = slot_index(found.lock_file)
     return ordered([s for s in out if include_free or s.held])
 
 
