@@ -123,8 +123,12 @@ def _read(path: str) -> "tuple[list[Entry], list[Extension]]":
                 return [], []
             if _stamp(os.stat(os.path.join(_PARENT, rel))) != stamp:
                 return [], []
-        for name, origin, stamp in extensions:  # an interpreter rebuilt in place: write anew
-            if name not in _EXTENSIONS or _stamp(os.stat(origin)) != stamp:
+        for name, origin, stamp in extensions:
+            # Another interpreter's file (one package dir, two installs of a version), or
+            # this one rebuilt in place: write anew.
+            if name not in _EXTENSIONS or os.path.dirname(origin) not in sys.path:
+                return [], []
+            if _stamp(os.stat(origin)) != stamp:
                 return [], []
     except Exception:  # missing, unreadable, damaged (marshal raises SystemError too),
         return [], []  # or a source gone: the usual imports

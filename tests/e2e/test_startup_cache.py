@@ -174,6 +174,7 @@ def test_an_edit_whose_mtime_was_put_back_is_still_seen(root: Path, tmp_path: Pa
         "not code",
         "extension rebuilt",
         "extension not ours",
+        "extension elsewhere",
     ],
 )
 def test_a_damaged_or_foreign_cache_is_not_used(root: Path, tmp_path: Path, damage: str) -> None:
@@ -189,9 +190,14 @@ def test_a_damaged_or_foreign_cache_is_not_used(root: Path, tmp_path: Path, dama
         cache.write_bytes(b"")
     elif damage == "foreign interpreter":
         cache.write_bytes(marshal.dumps(((header[0], b"\x00\x00\r\n", *header[2:]), entries)))
-    elif damage in ("extension rebuilt", "extension not ours"):
+    elif damage.startswith("extension"):
         name, origin, stamp = header[3][0]
-        name, stamp = ("_socket", stamp) if damage == "extension not ours" else (name, (0, 0, 0))
+        if damage == "extension elsewhere":  # another install's copy: not on our sys.path
+            copy = tmp_path / os.path.basename(origin)
+            shutil.copy2(origin, copy)
+            origin, stamp = str(copy), _startup._stamp(os.stat(copy))
+        name, stamp = ("_socket", stamp) if damage == "extension not ours" else (name, stamp)
+        stamp = (0, 0, 0) if damage == "extension rebuilt" else stamp
         extensions = [(name, origin, stamp), *header[3][1:]]
         cache.write_bytes(marshal.dumps(((*header[:3], extensions), entries)))
     elif damage == "not code":
@@ -202,7 +208,9 @@ def test_a_damaged_or_foreign_cache_is_not_used(root: Path, tmp_path: Path, dama
         gone.rename(gone.with_suffix(".moved"))
         shutil.copy2(gone.with_suffix(".moved"), gone)  # back, but not the same file time
         os.utime(gone, ns=(0, 0))
+    damaged = cache.read_bytes()
     _plain(root, tmp_path)  # runs, the usual way, and writes a good cache again
+    assert cache.read_bytes() != damaged
     assert _imported_normally(root, tmp_path) <= ENTRY
 
 
