@@ -111,18 +111,22 @@ def test_waiting_line_names_the_holder(procs: Procs, lock_dir: Path, marks: Path
     assert "acquired lock busy" in procs.stderr(waiter)
 
 
-def test_a_tiny_progress_interval_is_raised_to_half_a_second(
-    procs: Procs, lock_dir: Path, marks: Path
+@pytest.mark.parametrize(("value", "lines"), [("0.00001", (1, 3)), ("inf", (0, 0))])
+def test_a_tiny_progress_interval_is_raised_to_half_a_second_and_a_huge_one_taken(
+    procs: Procs, lock_dir: Path, marks: Path, value: str, lines: tuple[int, int]
 ) -> None:
-    """Each line reads /proc/locks: 0.00001 s printed thousands of lines a second."""
+    """Each line reads /proc/locks: 0.00001 s printed thousands of lines a second. ``inf``
+    asks for none, without a word."""
     holder = procs.start(["tiny", hold_until(marks), str(lock_dir)])
     wait_for(marks / "h.held")
     r = run_cli(
         ["--wait", "1.2", "tiny", "true", str(lock_dir)],
-        env={"LOCAL_MUTEX_PROGRESS_SECONDS": "0.00001"},
+        env={"LOCAL_MUTEX_PROGRESS_SECONDS": value},
     )
     assert r.returncode == 75
-    assert 1 <= r.stderr.count(b"still waiting for lock tiny") <= 3, r.stderr[-2000:]
+    low, high = lines
+    assert low <= r.stderr.count(b"still waiting for lock tiny") <= high, r.stderr[-2000:]
+    assert b"SECONDS" not in r.stderr
     (marks / "h.go").touch()
     assert holder.wait(20) == 0
 
@@ -137,21 +141,6 @@ def test_a_progress_interval_that_is_no_number_above_zero_is_said(
         f"local-mutex: $LOCAL_MUTEX_PROGRESS_SECONDS={value!r} is not a number of seconds "
         "above 0; ignored: a still-waiting line every 30s"
     ]
-
-
-def test_a_huge_progress_interval_is_taken_without_a_word(
-    procs: Procs, lock_dir: Path, marks: Path
-) -> None:
-    holder = procs.start(["huge", hold_until(marks), str(lock_dir)])
-    wait_for(marks / "h.held")
-    r = run_cli(
-        ["--wait", "1", "huge", "true", str(lock_dir)],
-        env={"LOCAL_MUTEX_PROGRESS_SECONDS": "inf"},
-    )
-    assert r.returncode == 75
-    assert b"still waiting" not in r.stderr and b"SECONDS" not in r.stderr, r.stderr
-    (marks / "h.go").touch()
-    assert holder.wait(20) == 0
 
 
 def test_progress_line_repeats_while_waiting(procs: Procs, lock_dir: Path, marks: Path) -> None:
