@@ -716,6 +716,90 @@ def test_a_reentrant_run_in_the_tick_after_a_deletion_joins_the_hold(
     assert _free("window", lock_dir)
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="a zombie is told by /proc")
+def test_a_reentrant_run_whose_hold_just_died_takes_its_turn(
+    lock_dir: Path, marks: Path, tmp_path: Path
+) -> None:
+    """A hold's holder killed while a `run --reentrant` asked it to share (and another
+    caller, which took the lock then, had not yet written its record): the dead holder
+    never answered and, a zombie for a moment, still counted as running, so the run was
+    refused ("did not share its lock ... not answering"). Here the zombie stays: a hold
+    record names it, and its child keeps the lock, as that other caller would."""
+    token = "0" * 32
+    code = (
+        "import fcntl, os, sys, time\n"
+        "from local_mutex.backends.flock import record\n"
+        "from local_mutex.identity import holder_record, token_hash\n"
+        "path, token, go = sys.argv[1:]\n"
+        "fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "extra = {'hold': True, 'token_sha256': token_hash(token)}\n"
+        "record.write_record(fd, holder_record('dead', '', shared=False, env={}, extra=extra),"
+        " path)\n"
+        "if os.fork() == 0:\n"
+        "    while not os.path.exists(go): time.sleep(0.02)\n"
+        "    os._exit(0)\n"
+    )
+    go = marks / "go"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(lock_file(lock_dir, "dead")), token, str(go)],
+        env=clean_env(),
+    )
+    try:
+        # Exited, not reaped: a zombie whose record says it holds the hold.
+        wait_for(lambda: pw.state(holder.pid) == "Z", 20, "the holder a zombie")
+        r = subprocess.run(
+            [
+                *CLI,
+                "run",
+                "--reentrant",
+                "--wait",
+                "0.5",
+                "--lock-dir",
+                str(lock_dir),
+                "dead",
+                f"touch '{marks}/ran'",
+            ],
+            env=clean_env({"LOCAL_MUTEX_HOLD_TOKEN": token}),
+            capture_output=True,
+            timeout=30,
+        )
+        assert r.returncode == 75, r.stderr  # waited its turn behind the child, as anyone
+        assert b"did not share" not in r.stderr, r.stderr
+    finally:
+        go.touch()
+        holder.wait(20)
+    r = run_cli(["run", "--reentrant", "--lock-dir", str(lock_dir), "dead", f"touch '{marks}/ran'"])
+    assert r.returncode == 0 and (marks / "ran").exists(), r.stderr
+
+
+def test_a_reentrant_run_after_a_deletion_whose_new_file_another_took_waits_its_turn(
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
+) -> None:
+    """A tmp cleaner took the hold's file and another caller the new one: the hold can never
+    take it back (it ends: documented). A `run --reentrant` then gave the hold a second,
+    and was refused (exit 2, "did not share its lock ... not answering"); it now sees the new
+    file is another's at once, and takes its turn as anyone would."""
+    cleanup.append("taken")
+    token = _hold("taken", lock_dir)
+    holder_pid = _status("taken", lock_dir)["holders"][0]["pid"]
+    with stopped(holder_pid):
+        lock_file(lock_dir, "taken").unlink()
+        other = procs.start(["taken", hold_until(marks, "o"), str(lock_dir)])
+        procs.wait_stderr(other, f"was deleted while pid {holder_pid} held it")
+        run = procs.start(
+            ["run", "--reentrant", "--lock-dir", str(lock_dir), "taken", f"touch '{marks}/ran'"],
+            env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+        )
+        procs.wait_stderr(run, "waiting for lock taken")  # queued, behind the other
+    wait_for(marks / "o.held")  # the hold found its file taken and ended; the other runs
+    assert not (marks / "ran").exists()
+    (marks / "o.go").touch()
+    assert other.wait(30) == 0, procs.stderr(other)
+    assert run.wait(30) == 0, procs.stderr(run)
+    assert (marks / "ran").exists() and "did not share" not in procs.stderr(run)
+
+
 def test_a_reentrant_run_after_a_deletion_under_a_stopped_hold_keeps_its_ceiling(
     lock_dir: Path, marks: Path, cleanup: list[str]
 ) -> None:
@@ -1349,3 +1433,19 @@ def test_a_hold_waiting_for_its_token_to_get_out_still_keeps_its_ttl(lock_dir: P
         caller.wait(10)
         os.close(read_end)
         os.close(write_end)
+
+
+def test_a_hold_stopped_while_it_waits_says_nothing_was_held(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """It said "the command did not run": a hold has no command."""
+    holder = procs.start(["busy", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    waiting = procs.start(["hold", "busy", "--lock-dir", str(lock_dir)])
+    wait_for(lambda: _status("busy", lock_dir)["waiters"], 20, "the hold queued")
+    waiting.send_signal(signal.SIGTERM)
+    assert waiting.wait(20) == 143
+    last = procs.stderr(waiting).splitlines()[-1]
+    assert last == "local-mutex: stopped waiting for the lock: received signal 15; nothing was done"
+    (marks / "h.go").touch()
+    assert holder.wait(20) == 0

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Procs, hold_until, run_cli, wait_for
+from helpers import Procs, hold_until, lock_file, run_cli, wait_for
+from local_mutex.backends.flock.slots import gate_path
 
 needs_proc = pytest.mark.skipif(
     not os.path.isdir("/proc/self"), reason="reads the waiters' CPU time from /proc"
@@ -151,6 +152,45 @@ def test_every_slot_file_knows_its_slot_free_or_held(
     ]
     (marks / "b.go").touch()
     assert b.wait(20) == 0
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="needs /proc/locks")
+def test_status_shows_who_waits_for_a_slot(procs: Procs, lock_dir: Path, marks: Path) -> None:
+    """Waiters queue on the name's gate file, which ``status`` never looked at: with every
+    slot busy and three callers waiting it said ``queue_length: 0`` (PostgreSQL's showed
+    them). The head of the queue holds the gate as it looks for a slot: a waiter, first."""
+    holders = [
+        procs.start(["--slots", "2", "pool", hold_until(marks, m), str(lock_dir)]) for m in "ab"
+    ]
+    for m in "ab":
+        wait_for(marks / f"{m}.held")
+    waiters = []
+    gate = Path(gate_path(str(lock_file(lock_dir, "pool"))))
+    for i in range(3):
+        waiters.append(procs.start(["--slots", "2", "pool", f"echo {i}", str(lock_dir)]))
+        wait_for(lambda n=i + 1: _at_gate(gate) == n, 20, f"{i + 1} at the gate")
+    try:
+        where = ["--lock-dir", str(lock_dir)]
+        st = json.loads(run_cli(["status", "--slots", "pool", *where, "--json"]).stdout)
+        assert [w["pid"] for w in st["waiters"]] == [w.pid for w in waiters]  # in turn
+        assert [w["position"] for w in st["waiters"]] == [1, 2, 3] and st["queue_length"] == 3
+        assert all("echo" in w["command"] for w in st["waiters"])
+        text = run_cli(["status", "--slots", "pool", *where]).stdout.decode()
+        assert "waiting: 3" in text, text
+    finally:
+        for m in "ab":
+            (marks / f"{m}.go").touch()
+    assert [p.wait(30) for p in holders + waiters] == [0] * 5
+
+
+def _at_gate(gate: Path) -> int:
+    """How many processes hold or wait for the gate file's lock (from /proc/locks)."""
+    try:
+        inode = gate.stat().st_ino
+    except FileNotFoundError:
+        return 0
+    lines = Path("/proc/locks").read_text().splitlines()
+    return sum(1 for ln in lines if f":{inode} " in ln and "FLOCK" in ln)
 
 
 def test_slots_wait_ceiling_and_hold(lock_dir: Path) -> None:

@@ -6,7 +6,7 @@ import os
 
 from .._fastsignal import deferred_stops, quiet_stops
 from ..backends import Ending
-from ..errors import EXIT_IOERR, EXIT_USAGE, LocalMutexError, NestingError
+from ..errors import EXIT_IOERR, EXIT_USAGE, Interrupted, LocalMutexError, NestingError
 from ..names import name_bytes, shell_quote
 from ..nesting import ENV_REMOTE
 from ..ui.output import STDOUT, closed_by_caller, out
@@ -114,7 +114,7 @@ def hold(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
         # interruptible): then it ends what was taken, which nobody else has the token of
         # (a remote's hold would last until a forced release).
         with stops:
-            info = using(parsed, env, reporter, work)
+            info = using(parsed, env, reporter, work, translate=_nothing_held)
             out(info.token)  # stdout only: logs (stderr, annotations) are read by many
     except Failed as exc:  # reported; if it came after the hold was taken, end it
         return _end_undelivered(parsed, env, reporter, name, taken, "failed", exc.code)
@@ -158,6 +158,13 @@ def _end_undelivered(
             return failed.code
     reporter.error(f"{what}; ended the hold")
     return code
+
+
+def _nothing_held(exc: BaseException) -> BaseException:
+    """A stop while ``hold`` waited: it has no command that "did not run"."""
+    if isinstance(exc, Interrupted):
+        return Interrupted(exc.signum, waiting_for="the lock")
+    return exc
 
 
 def release(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:

@@ -58,8 +58,8 @@ class FlockBackend:
         )
 
     def status(self, name: bytes) -> LockStatus:
-        from .slots import existing_slots
-        from .state import status_of_path
+        from .slots import existing_slots, gate_path
+        from .state import add_gate_queue, status_of_path
 
         path = self.path_of(name)
         st = status_of_path(path, display(name), allow_other_owner=self.allow_other_owner)
@@ -67,6 +67,8 @@ class FlockBackend:
             status_of_path(p, display(name), allow_other_owner=self.allow_other_owner)
             for p in existing_slots(path)
         ]
+        if st.slots:  # waiting for a slot, after the plain lock's own waiters
+            add_gate_queue(st.waiters, gate_path(path))
         return st
 
     def list_locks(self, *, include_free: bool) -> list[LockStatus]:

@@ -4,6 +4,7 @@ its lock, so that a ``run --reentrant`` inside it holds the lock as the hold doe
 from __future__ import annotations
 
 import os
+import time
 
 from ... import _proc
 from . import kernel, record
@@ -14,6 +15,8 @@ JOIN_TRIES = 2
 # The least time a join gets in all, whatever ``--wait``: a running holder answers within
 # a tick; a stopped one never does.
 JOIN_LEAST = 1.0
+# A holder that gave no share because it was killed as we asked is gone a moment later.
+_DYING = 0.5
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -46,9 +49,20 @@ def our_hold(
     rec = record.read_record(path)
     if rec is None or not owned(rec, env, token) or not isinstance(rec.get("pid"), int):
         return None
-    if not _proc.exists(rec["pid"]):
-        return None  # a record its holder left behind is not a hold
+    if not _proc.running(rec["pid"]):
+        return None  # a record its holder left behind (dead, or a zombie) is not a hold
     return rec
+
+
+def ended(pid: int) -> bool:
+    """Did the hold's holder end (killed as we asked it) rather than not answer? Given
+    the moment a process killed outright takes to exit."""
+    deadline = time.monotonic() + _DYING
+    while _proc.running(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def join(

@@ -214,8 +214,11 @@ def let_our_hold_adopt(
     )
     while True:
         # Its record goes in right after it locks: a hold is known by its record.
+        takers = {k.pid for k in read_proc_locks() or () if k.key == here and not k.depth}
         now = record.read_record_fd(lock.fd)
-        if _locked(here) and now is not None and now.get("hold"):
+        if takers and now is not None and now.get("hold"):
+            return None
+        if takers - {found.pid}:  # another caller has the new file: our hold never will
             return None
         if time.monotonic() >= deadline:
             return found.pid

@@ -93,8 +93,15 @@ def _from_kernel(
     if name is None and rec is not None and any(h.source == "record" for h in holders):
         name = recorded_name(rec, path)
     waiters: list[Waiter] = []
-    seen: set[int] = set()
-    for e in queued:
+    add_waiters(waiters, queued, boot)
+    mode = "exclusive" if any(e.exclusive for e in granted) else "shared"
+    return LockStatus(path, name, "held", "proc", mode, holders, waiters)
+
+
+def add_waiters(waiters: list[Waiter], entries: list[KernelLock], boot: float | None) -> None:
+    """The processes of ``entries`` (in their order), after ``waiters``, each once."""
+    seen = {w.pid for w in waiters}
+    for e in entries:
         if e.pid in seen:
             continue
         seen.add(e.pid)
@@ -109,8 +116,20 @@ def _from_kernel(
                 started_epoch=None if started is None else round(started, 3),
             )
         )
-    mode = "exclusive" if any(e.exclusive for e in granted) else "shared"
-    return LockStatus(path, name, "held", "proc", mode, holders, waiters)
+
+
+def add_gate_queue(waiters: list[Waiter], gate: str) -> None:
+    """Who waits for a slot, after ``waiters``: the head of the queue (it holds the gate
+    while it looks for a free slot), then the gate's queue, in the kernel's order."""
+    locks = read_proc_locks()
+    try:
+        st = os.stat(gate, follow_symlinks=False)
+    except OSError:
+        return
+    if locks is None or not stat.S_ISREG(st.st_mode):
+        return  # no /proc/locks: waiters are unknown, as for any lock
+    at_gate = [e for e in locks if e.key == key_of(st)]
+    add_waiters(waiters, sorted(at_gate, key=lambda e: e.depth > 0), _proc.boot_time())
 
 
 def recorded_name(rec: Mapping[str, Any], path: str) -> str | None:
