@@ -62,7 +62,7 @@ def test_a_stop_signal_leaves_no_git_helper_behind(silent: Silent, verb: str, si
         cli.send_signal(sig)
         _, err = cli.communicate(timeout=30)
         assert cli.returncode == 128 + sig, err
-        assert b"did not run" in err, err
+        assert b"did not run" in err or b"nothing was done" in err, err
         assert _left(tag) == []
     finally:
         cli.kill()

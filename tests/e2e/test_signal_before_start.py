@@ -1,8 +1,8 @@
 """A stop signal after the lock was taken but before the command started: the caller lets
 go of the lock and exits 128+N saying the command did not run. A local lock the kernel
 would free anyway; a git remote's branch nobody frees but its lease (a run) or `release
---force` (a hold). The signal is sent by an audit hook at the first import of ``_ctypes``,
-which a run makes right there (for prctl, just before it forks its supervisor), so the
+--force` (a hold). The signal is sent by an audit hook when a run looks up prctl (through
+``_ctypes``), which it does right there, just before it forks its supervisor, so the
 moment is exact on any machine."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(60)
 HOOK = """
 import os, sys
 def _stop(event, args, sig=int(os.environ["SIGNAL_AT_CTYPES"])):
-    if event == "import" and args[0] == "_ctypes":
+    if event == "ctypes.dlsym/handle" and args[1] == "prctl":
         os.kill(os.getpid(), sig)
 sys.addaudithook(_stop)
 """

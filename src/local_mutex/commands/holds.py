@@ -161,9 +161,10 @@ def _end_undelivered(
 
 
 def _nothing_held(exc: BaseException) -> BaseException:
-    """A stop while ``hold`` waited: it has no command that "did not run"."""
+    """A stop while ``hold`` waited: it has no command that "did not run" (what a remote
+    added, say a lock push undone, stays)."""
     if isinstance(exc, Interrupted):
-        return Interrupted(exc.signum, waiting_for="the lock")
+        exc.args = (str(exc).replace("; the command did not run", "; nothing was done", 1),)
     return exc
 
 
