@@ -135,12 +135,18 @@ def test_a_tiny_progress_interval_is_raised_to_half_a_second_and_a_huge_one_take
 def test_a_progress_interval_that_is_no_number_above_zero_is_said(
     lock_dir: Path, value: str
 ) -> None:
-    r = run_cli(["-q", "p", "true", str(lock_dir)], env={"LOCAL_MUTEX_PROGRESS_SECONDS": value})
-    assert r.returncode == 0, r.stderr
-    assert r.stderr.decode().splitlines() == [
+    env = {"LOCAL_MUTEX_PROGRESS_SECONDS": value}
+    said = [
         f"local-mutex: $LOCAL_MUTEX_PROGRESS_SECONDS={value!r} is not a number of seconds "
         "above 0; ignored: a still-waiting line every 30s"
     ]
+    r = run_cli(["-q", "p", "true", str(lock_dir)], env=env)
+    assert (r.returncode, r.stderr.decode().splitlines()) == (0, said), r.stderr
+    # Once a process: not once for each item.
+    r = run_cli(
+        ["-q", "each", "--lock-dir", str(lock_dir), "p-{}", "true"], env=env, input=b"a\nb\n"
+    )
+    assert (r.returncode, r.stderr.decode().splitlines()) == (0, said), r.stderr
 
 
 def test_progress_line_repeats_while_waiting(procs: Procs, lock_dir: Path, marks: Path) -> None:

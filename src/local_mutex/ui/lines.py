@@ -25,6 +25,7 @@ ENV_PROGRESS = "LOCAL_MUTEX_PROGRESS_SECONDS"
 DEFAULT_PROGRESS = 30.0  # seconds, and at least 0.5: each line reads /proc/locks
 # Once a stop signal came, how long a line may wait for a stderr that takes nothing.
 STOPPING_WRITE_WAIT = 0.5
+_SAID: set[str] = set()  # the $LOCAL_MUTEX_PROGRESS_SECONDS values already warned of
 
 
 def progress_interval(env: Mapping[str, str], reporter: Reporter | None = None) -> float:
@@ -38,7 +39,8 @@ def progress_interval(env: Mapping[str, str], reporter: Reporter | None = None) 
         value = 0.0
     if value > 0:  # not NaN either
         return min(max(value, 0.5), 1e9)
-    if reporter is not None:
+    if reporter is not None and raw not in _SAID:  # once a process (``each``: not per item)
+        _SAID.add(raw)
         reporter.warning(
             f"${ENV_PROGRESS}={printable(raw)!r} is not a number of seconds above 0; "
             f"ignored: a still-waiting line every {DEFAULT_PROGRESS:g}s"
