@@ -1320,32 +1320,6 @@ def test_cli_slots_name_the_slot_holders_and_count_every_waiter(
     assert codes == [0] * 5
 
 
-def test_a_stopped_head_of_the_slots_queue_keeps_no_free_slot_from_the_rest(
-    pg: PgServer, tmp_path: Path
-) -> None:
-    """The head of the queue holds the gate while it looks for a slot. SIGSTOPped there
-    (Ctrl-Z), it held the gate and the rest queued behind it: a slot that came free went
-    to nobody until the head was continued. The others look once a second themselves."""
-    go, ran = tmp_path / "go", tmp_path / "ran"
-    slot, gate = slot_key(b"pool-stop", 0), gate_key(b"pool-stop")
-    base = ("run", "--remote", pg.url, "--slots", "1", "pool-stop")
-    holder = _spawn(pg, tmp_path, *base, f"while [ ! -e {go} ]; do sleep 0.02; done")
-    wait_for(lambda: _held(pg, slot), 20, "the slot taken")
-    head = _spawn(pg, tmp_path, *base, "true")
-    wait_for(lambda: _held(pg, gate), 20, "the head holding the gate")
-    os.kill(head.pid, signal.SIGSTOP)
-    try:
-        behind = _spawn(pg, tmp_path, *base, f"touch {ran}")
-        wait_for(lambda: _waiting(pg, gate) == 1, 20, "one queued behind the head")
-        go.touch()  # the slot is free; the head is stopped
-        wait_for(ran, 15, "the one behind the stopped head took the free slot")
-        assert behind.wait(20) == 0
-    finally:
-        go.touch()
-        os.kill(head.pid, signal.SIGCONT)
-    assert head.wait(20) == 0 and holder.wait(20) == 0
-
-
 def test_cli_hold_status_list_release(pg: PgServer, tmp_path: Path) -> None:
     held = _cli(pg, "hold", "--remote", pg.url, "--message", "deploying", "gate")
     assert held.returncode == 0, held.stderr

@@ -120,7 +120,8 @@ def add_waiters(waiters: list[Waiter], entries: list[KernelLock], boot: float | 
 
 def add_gate_queue(waiters: list[Waiter], gate: str) -> None:
     """Who waits for a slot, after ``waiters``: the head of the queue (it holds the gate
-    while it looks for a free slot), then the gate's queue, in the kernel's order."""
+    while it looks for a free slot), then the rest as the kernel lists them now (they
+    rejoin that queue each time they look for themselves: no order to count on)."""
     locks = read_proc_locks()
     try:
         st = os.stat(gate, follow_symlinks=False)

@@ -35,7 +35,7 @@ from .keys import describe_key, name_key
 from .nesting import enclosing_entry, held_entry
 from .session import Session
 from .slots import bookend, take_slot
-from .waiting import LOCK_SQL, Interruptible, left, queue_detail, queue_progress, refusal
+from .waiting import Interruptible, left, queue_detail, queue_progress, refusal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -47,6 +47,12 @@ if TYPE_CHECKING:
 
 _GRACE = 1.0  # past --wait: the server's lock_timeout answers first when it can
 _PEEK = 0.1  # how long a check waits for a heartbeat's answer before it looks again
+_LOCK_SQL = {
+    (False, False): "pg_advisory_lock",
+    (True, False): "pg_advisory_lock_shared",
+    (False, True): "pg_try_advisory_lock",
+    (True, True): "pg_try_advisory_lock_shared",
+}
 
 
 class PostgresLock:
@@ -180,12 +186,10 @@ class PostgresLock:
         limit: float | None,
         progress: float | None = None,
         busy: Callable[[], str] | None = None,
-        look: float | None = None,
-    ) -> bool | None:
+    ) -> bool:
         """Take ``key``, queueing in the server: True if it had to wait. ``busy`` (the gate
-        of slots) says why instead of the key's holder, who is only the next waiter.
-        ``look``: queue at most that long, then None (not taken, ``wait`` not yet over)."""
-        sql = self._statement(LOCK_SQL[(shared, True)], key, None, shared)
+        of slots) says why instead of the key's holder, who is only the next waiter."""
+        sql = self._statement(_LOCK_SQL[(shared, True)], key, None, shared)
         if session.fetch(sql, timeout=left(limit))[0]:
             self.held_key = key
             return False
@@ -200,12 +204,11 @@ class PostgresLock:
             reporter.waiting(self.label, holder, detail=detail)
         psycopg = __import__("psycopg")
         try:
-            if wait is not None or look is not None:
+            if wait is not None:
                 # The ceiling is the server's: lock_timeout ends the wait, no polling. Nothing
                 # later in this session waits on a lock, so it need not be reset. A server
                 # that stops answering is given up on a moment later (``limit``).
-                remaining = 1e9 if wait is None else wait - (time.monotonic() - start)
-                remaining = max(min(remaining, look or remaining), 0.001)
+                remaining = max(wait - (time.monotonic() - start), 0.001)
                 timeout = str(max(int(remaining * 1000), 1))
                 session.fetch(
                     "SELECT set_config('lock_timeout', %s, false)", (timeout,), timeout=left(limit)
@@ -214,12 +217,10 @@ class PostgresLock:
                 stop.query(),
                 queue_progress(self, reporter, progress, start, key, session.backend_pid),
             ):
-                sql = self._statement(LOCK_SQL[(shared, False)], key, None, shared)
+                sql = self._statement(_LOCK_SQL[(shared, False)], key, None, shared)
                 session.fetch(sql, timeout=left(limit))
         except psycopg.errors.LockNotAvailable:
             waited = time.monotonic() - start
-            if look is not None and (wait is None or waited < wait):
-                return None
             if busy is None:
                 holder = waiting.holder_and_queue(session, key, limit)[0] or holder
             why = refusal(self.label, session.address, holder, busy, waited)

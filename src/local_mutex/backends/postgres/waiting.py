@@ -23,15 +23,6 @@ _MIN_LEFT = 0.1
 _LOOK_SECONDS = 5.0
 
 
-# (shared, try) -> the function that takes an advisory lock that way.
-LOCK_SQL = {
-    (False, False): "pg_advisory_lock",
-    (True, False): "pg_advisory_lock_shared",
-    (False, True): "pg_try_advisory_lock",
-    (True, True): "pg_try_advisory_lock_shared",
-}
-
-
 def queue_progress(
     lock: PostgresLock,
     reporter: Reporter | None,
