@@ -123,16 +123,24 @@ def _read(path: str) -> "tuple[list[Entry], list[Extension]]":
                 return [], []
             if _stamp(os.stat(os.path.join(_PARENT, rel))) != stamp:
                 return [], []
-        for name, origin, stamp in extensions:
-            # Another interpreter's file (one package dir, two installs of a version), or
-            # this one rebuilt in place: write anew.
-            if name not in _EXTENSIONS or os.path.dirname(origin) not in sys.path:
-                return [], []
-            if _stamp(os.stat(origin)) != stamp:
-                return [], []
     except Exception:  # missing, unreadable, damaged (marshal raises SystemError too),
         return [], []  # or a source gone: the usual imports
-    return list(entries), list(extensions)
+    return list(entries), [e for e in extensions if _usable(e)]
+
+
+def _usable(extension: "Extension") -> bool:
+    """Not another interpreter's file (two installs of a version sharing the package's
+    dir: each would rewrite the cache for itself, every run), nor one rebuilt in place. The
+    import system loads one that is not; the cache stays (a read-only one cannot change)."""
+    try:
+        name, origin, stamp = extension
+        return (
+            name in _EXTENSIONS
+            and os.path.dirname(origin) in sys.path
+            and _stamp(os.stat(origin)) == stamp
+        )
+    except Exception:  # damaged: not a triple of a name, a path and a stamp
+        return False
 
 
 def _stamp(st: os.stat_result) -> "tuple[int, int, int]":

@@ -15,8 +15,10 @@ JOIN_TRIES = 2
 # The least time a join gets in all, whatever ``--wait``: a running holder answers within
 # a tick; a stopped one never does.
 JOIN_LEAST = 1.0
-# A holder that gave no share because it was killed as we asked is gone a moment later.
+# A holder that gave no share because it was killed as we asked is gone a moment later;
+# one that stays silent (stopped) takes the whole wait for its answer to fail, not a blink.
 _DYING = 0.5
+_BLINK = 0.1
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -54,10 +56,29 @@ def our_hold(
     return rec
 
 
-def ended(pid: int) -> bool:
-    """Did the hold's holder end (killed as we asked it) rather than not answer? Given
-    the moment a process killed outright takes to exit."""
-    deadline = time.monotonic() + _DYING
+def join_ours(
+    lock: FlockLock, paths: list[str], env: Mapping[str, str], token: str | None, wait: float | None
+) -> int | None:
+    """The pid of a hold of ours that has one of ``paths`` busy, its lock now shared with
+    us (``lock.join_failed``: it did not share); None when there is none, or it ended as
+    we asked it (killed then: a zombie a moment, it answers nothing, and is no hold)."""
+    for path in paths:
+        rec, dying = None, False
+        for _ in range(JOIN_TRIES):
+            rec = our_hold(lock, path, env, token)
+            if rec is None:
+                break
+            asked = time.monotonic()
+            if join(lock, rec, path, env, token, wait):
+                return int(rec["pid"])
+            dying = time.monotonic() - asked < _BLINK  # refused at once: going, or gone
+        if rec is not None and not _ended(int(rec["pid"]), _DYING if dying else 0.0):
+            return int(rec["pid"])
+    return None
+
+
+def _ended(pid: int, grace: float) -> bool:
+    deadline = time.monotonic() + grace
     while _proc.running(pid):
         if time.monotonic() >= deadline:
             return False

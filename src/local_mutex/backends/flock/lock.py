@@ -121,7 +121,7 @@ class FlockLock:
         and is then gone: None. Where it did not share (``join_failed``), the caller takes
         the lock as anyone else would. ``wait`` bounds the moment we give a hold to take a
         new lock file back after a tmp cleaner (``predecessor``)."""
-        from .joining import JOIN_TRIES, ended, join, our_hold
+        from .joining import join_ours
         from .predecessor import let_our_hold_adopt
 
         if slots is None:
@@ -130,16 +130,7 @@ class FlockLock:
                 self.join_failed = True
                 return stuck
         paths = [self.path] if slots is None else self._slot_paths(slots)
-        for path in paths:
-            for _ in range(JOIN_TRIES):
-                rec = our_hold(self, path, env, token)
-                if rec is None or join(self, rec, path, env, token, wait):
-                    break
-            else:  # never shared: a holder killed as we asked is gone, not "not answering"
-                rec = None if rec is None or ended(int(rec["pid"])) else rec
-            if rec is not None:
-                return int(rec["pid"])
-        return None
+        return join_ours(self, paths, env, token, wait)
 
     def descriptions(self) -> list[int]:
         """Our open descriptions of the held lock (with the files we put back)."""
