@@ -1320,6 +1320,37 @@ def test_cli_slots_name_the_slot_holders_and_count_every_waiter(
     assert codes == [0] * 5
 
 
+def test_no_wait_takes_the_slot_a_stopped_head_of_the_queue_leaves_free(
+    pg: PgServer, tmp_path: Path
+) -> None:
+    """The head of the server's first-come queue holds the gate while it looks for a slot:
+    stopped (Ctrl-Z), it keeps a slot that comes free from those behind it (documented).
+    ``--no-wait`` never queues: it was refused all the same, told "all 1 slots ... are
+    busy" with the slot free. It takes the slot now; a waiter that gives up is told why."""
+    go = tmp_path / "go"
+    slot, gate = slot_key(b"pool-stop", 0), gate_key(b"pool-stop")
+    base = ("run", "--remote", pg.url, "--slots", "1")
+    holder = _spawn(pg, tmp_path, *base, "pool-stop", f"while [ ! -e {go} ]; do sleep 0.02; done")
+    wait_for(lambda: _held(pg, slot), 20, "the slot taken")
+    head = _spawn(pg, tmp_path, *base, "pool-stop", "true")
+    wait_for(lambda: _held(pg, gate), 20, "the head holding the gate")
+    os.kill(head.pid, signal.SIGSTOP)
+    try:
+        go.touch()
+        assert holder.wait(20) == 0  # the slot is free; the head is stopped
+        quick = _cli(pg, *base, "--no-wait", "pool-stop", f"touch {tmp_path}/ran")
+        assert quick.returncode == 0 and (tmp_path / "ran").exists(), quick.stderr
+        late = _cli(pg, *base, "--wait", "0.5", "pool-stop", "true")
+        assert late.returncode == 75, late.stderr
+        assert "1 of 1 slots of pool-stop free, but the waiter at the head of the queue (pid " in (
+            late.stderr
+        ), late.stderr
+        assert f"pid {head.pid} " in late.stderr, late.stderr
+    finally:
+        os.kill(head.pid, signal.SIGCONT)
+    assert head.wait(20) == 0
+
+
 def test_cli_hold_status_list_release(pg: PgServer, tmp_path: Path) -> None:
     held = _cli(pg, "hold", "--remote", pg.url, "--message", "deploying", "gate")
     assert held.returncode == 0, held.stderr

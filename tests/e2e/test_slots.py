@@ -299,6 +299,10 @@ def test_a_stopped_head_of_the_queue_does_not_keep_free_slots_from_the_rest(
         r = run_cli(["--slots", "2", "--wait", "10", "pool", f"touch '{marks}/behind.ran'", d])
         assert r.returncode == 0, r.stderr
         assert (marks / "behind.ran").exists()
+        # Nor from --no-wait, which gave up at once, saying the slots were busy.
+        for how in (["--no-wait"], ["--wait", "0.3"]):
+            r = run_cli(["--slots", "2", *how, "pool", "true", d])
+            assert r.returncode == 0, (how, r.stderr)
     finally:
         os.kill(head.pid, signal.SIGCONT)
     assert head.wait(20) == 0

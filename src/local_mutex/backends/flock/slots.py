@@ -158,11 +158,12 @@ def _behind(
     gate: int, lock_path: str, slots: int, deadline: float | None, allow_other_owner: bool
 ) -> Slot | None:
     """Queue behind the head, asleep in the kernel, until we are the head (None, the gate
-    ours), a slot stayed free while the head did not take it, or time ran out (None)."""
+    ours), a slot stayed free while the head did not take it, or time ran out (None, after
+    a last look: ``--no-wait`` behind a stopped head finds the slot it leaves free)."""
     while True:
         remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         if remaining == 0:
-            return None
+            return _try_slots(lock_path, slots, allow_other_owner)
         if kernel.wait_lock(gate, timeout=_min(remaining, _BEHIND_LOOK)):
             return None
         slot = _try_slots(lock_path, slots, allow_other_owner)

@@ -42,20 +42,22 @@ def take_slot(
     keys = [slot_key(lock.name, i) for i in range(slots)]
 
     def busy() -> str:
-        return busy_text(session, lock.label, keys, limit)
+        return busy_text(session, lock.label, keys, limit, gate)
 
+    if wait is not None and wait <= 0 and _try_slots(lock, session, keys, limit):
+        # --no-wait never queues: a free slot is taken whoever is at the gate (a head that
+        # is stopped would keep it from us, and the refusal would call it busy).
+        bookend(reporter, f"{lock.label} (slot {lock.slot})", None, lock.label)
+        return
     announced = lock._take(session, gate, False, wait, reporter, start, stop, limit, busy=busy)
     delay = _POLL_MIN
     while True:
-        for index, key in enumerate(keys):
-            sql = lock._statement("pg_try_advisory_lock", key, index, False)
-            if session.fetch(sql, timeout=left(limit))[0]:
-                lock.held_key, lock.slot = key, index
-                # The next one in the queue looks.
-                session.fetch(f"SELECT pg_advisory_unlock({gate})", timeout=left(limit))
-                waited = time.monotonic() - start if announced else None
-                bookend(reporter, f"{lock.label} (slot {index})", waited, lock.label)
-                return
+        if _try_slots(lock, session, keys, limit):
+            # The next one in the queue looks.
+            session.fetch(f"SELECT pg_advisory_unlock({gate})", timeout=left(limit))
+            waited = time.monotonic() - start if announced else None
+            bookend(reporter, f"{lock.label} (slot {lock.slot})", waited, lock.label)
+            return
         waited = time.monotonic() - start
         if wait is not None and waited >= wait:
             # The caller closes the session, which lets go of the gate.
@@ -73,6 +75,16 @@ def take_slot(
         delay = min(delay * 2, _POLL_MAX)
 
 
+def _try_slots(lock: PostgresLock, session: Session, keys: list[int], limit: float | None) -> bool:
+    """Take the first free slot (``lock.held_key``, ``lock.slot``), if any."""
+    for index, key in enumerate(keys):
+        sql = lock._statement("pg_try_advisory_lock", key, index, False)
+        if session.fetch(sql, timeout=left(limit))[0]:
+            lock.held_key, lock.slot = key, index
+            return True
+    return False
+
+
 def bookend(
     reporter: Reporter | None, label: str, waited: float | None, free_label: str | None = None
 ) -> None:
@@ -86,19 +98,29 @@ def bookend(
         reporter.acquired(label, waited)
 
 
-def busy_text(session: Session, label: str, keys: Sequence[int], limit: float | None) -> str:
+def busy_text(
+    session: Session, label: str, keys: Sequence[int], limit: float | None, gate: int
+) -> str:
     """``all N slots of NAME are busy (slot 0: pid …; slot 1: …)``, as the local backend
-    says it."""
+    says it; or, once one is free, who holds the queue's head (the server's queue is first
+    come, first served: a head that is stopped keeps the free slot from those behind it)."""
     psycopg = __import__("psycopg")
     try:
-        rows = observe.fetch_rows(session, keys, timeout=left(limit))
+        rows = observe.fetch_rows(session, [*keys, gate], timeout=left(limit))
     except (Unavailable, psycopg.Error):
-        rows = []
+        return f"all {len(keys)} slots of {label} are busy"
     held = []
     for index, key in enumerate(keys):
         holder = observe.first_holder(rows, key)
         if holder is not None:
             held.append(f"slot {index}: {who(holder)}")
+    head = observe.first_holder(rows, gate)
+    if len(held) < len(keys) and head is not None:
+        free = len(keys) - len(held)
+        return (
+            f"{free} of {len(keys)} slots of {label} free, but the waiter at the head of the "
+            f"queue ({who(head)}) has not taken one: stopped, or about to"
+        )
     return f"all {len(keys)} slots of {label} are busy" + (
         " (" + "; ".join(held) + ")" if held else ""
     )
