@@ -55,11 +55,21 @@ _BAD_ADDRESS = (
 LIBPQ_FLOOR = 2.0  # libpq reads a connect_timeout under 2 s as 2 s
 
 
+# What libpq adds to any connection the server closed, after the server's own reason when
+# it gave one ("terminating connection due to administrator command"): a guess that
+# misleads once that reason is there.
+_CLOSED = (
+    "server closed the connection unexpectedly This probably means the server terminated "
+    "abnormally before or while processing the request."
+)
+
+
 def driver_message(text: str) -> str:
     flat = " ".join(str(text).split())
-    for noise in ("connection failed: ",):
+    for noise in ("connection failed: ", "consuming input failed: "):
         flat = flat.replace(noise, "")
-    return flat
+    reason = flat.replace(_CLOSED, "").strip()
+    return reason if reason else flat
 
 
 def connect_params(url: str, env: Mapping[str, str], drop: DropBound) -> dict[str, Any]:
