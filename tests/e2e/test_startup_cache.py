@@ -120,10 +120,7 @@ def test_a_module_from_the_cache_is_the_module_an_import_gives(root: Path, tmp_p
         "print(len(_startup._loaded) > 20)\n"
         "print(m.run_locked.__annotations__['opts'], '__future__' in sys.modules)\n"
     )
-    env = clean_env({"PYTHONPATH": str(moved), "PYTHONDONTWRITEBYTECODE": "1"})
-    r = subprocess.run(
-        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60
-    )
+    r = _probe(moved, probe)
     assert r.returncode == 0, r.stderr
     expected = str(moved / "local_mutex" / "lifecycle.py")
     assert r.stdout.split("\n")[:8] == [
@@ -255,11 +252,16 @@ def test_a_plain_runs_c_extensions_load_from_their_files_named_in_the_cache(
         "    got, found = sys.modules[n], m.PathFinder.find_spec(n)\n"
         "    print(type(got.__loader__).__name__, got.__file__ == found.origin)\n"
     )
-    env = clean_env({"PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"})
-    r = subprocess.run(
-        [sys.executable, "-c", probe, *needed], env=env, capture_output=True, text=True
-    )
+    r = _probe(root, probe, *needed)
     assert r.stdout == "ExtensionFileLoader True\n" * len(needed), r.stderr
+
+
+def _probe(root: Path, code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``code`` in a Python of its own that imports the package from ``root``."""
+    env = clean_env({"PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"})
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def _is_extension_file(name: str) -> bool:
