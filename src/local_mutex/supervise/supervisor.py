@@ -347,8 +347,9 @@ def _run(
             why = f"{sup.spec.argv[0]}: {why} (the program, or the interpreter its #! names)"
         _write(out, f"spawnfail {exc.errno or 0} {why}\n")
         return 0
-    _write(out, f"pid {pid}\n")  # first: should we die now, the keeper knows whom to stop
-    terminal.give_terminal(tty, pid)  # the child took it already; this resumes it too
+    # First: should we die now, the keeper knows whom to stop. (A command in the terminal
+    # took it before it ran: nothing to hand over, and a SIGCONT would undo a Ctrl-Z.)
+    _write(out, f"pid {pid}\n")
     _thread.start_new_thread(_watch_keeper, (sup, life, session))  # born with HANDLED blocked
     # Now requests reach the main thread: the caller's mask, but never blocking what we
     # handle (a caller that blocks SIGALRM or SIGUSR1 would disarm --timeout and our
