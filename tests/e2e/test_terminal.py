@@ -127,6 +127,11 @@ def ctrl_z(pgid):
     if typed:
         return
     typed.append(pgid)
+    deadline = time.monotonic() + 5
+    while os.tcgetpgrp(0) != pgid:  # typed once the command has the terminal
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
     os.killpg(pgid, signal.SIGTSTP)
     deadline = time.monotonic() + 5
     while open(f"/proc/{pgid}/stat").read().rsplit(")", 1)[1].split()[0] != "T":

@@ -56,6 +56,12 @@ def spawn_in_foreground(
     group). posix_spawn cannot hand the terminal over in the child, so fork and exec."""
     pid = os.fork()
     if pid:
+        # Its group from now on, whoever of us runs first (as shells do): a stop signal
+        # relayed before the child got to it would find no group to go to.
+        try:
+            os.setpgid(pid, pid)
+        except OSError:
+            pass  # it has exec'd: its own setpgid came first
         return pid
     try:
         os.setpgid(0, 0)
