@@ -364,6 +364,18 @@ def test_a_reentrant_run_inside_a_hold_of_its_job_runs_inside_it(
     assert rel.returncode == 0, rel.stderr
 
 
+def test_a_plain_release_ends_our_slot_hold(pg: PgServer, env: dict[str, str]) -> None:
+    """As on this machine (``test_slots``): the plain lock is free and the slot hold is the
+    token's, so ``release NAME`` ends it rather than exit 0 with it still held."""
+    r = run_cli(["hold", "--remote", pg.url, "--slots", "2", "pg-pool"], env=env, timeout=30)
+    assert r.returncode == 0, r.stderr
+    ours = {**env, "LOCAL_MUTEX_HOLD_TOKEN": r.stdout.decode().strip()}
+    assert _held(pg, slot_key(b"pg-pool", 0))
+    rel = run_cli(["release", "--remote", pg.url, "pg-pool"], env=ours, timeout=30)
+    assert rel.returncode == 0 and b"released pg-pool" in rel.stderr, rel.stderr
+    wait_for(lambda: not _held(pg, slot_key(b"pg-pool", 0)), 10, "the slot to be free")
+
+
 def test_wait_ceiling_on_the_server_leaves_nothing_behind(
     pg: PgServer, drivers: Any, tmp_path: Path
 ) -> None:

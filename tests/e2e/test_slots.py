@@ -214,6 +214,29 @@ def test_slots_wait_ceiling_and_hold(lock_dir: Path) -> None:
     assert r.returncode == 0 and r.stdout == b"free\n"
 
 
+def test_plain_release_ends_our_own_slot_hold(lock_dir: Path) -> None:
+    """`release NAME` after `hold --slots N NAME`: the plain lock is free, and the slot hold
+    is the caller's (its token): ended, not left running behind an exit 0."""
+    d = ["--lock-dir", str(lock_dir)]
+    theirs = run_cli(["hold", "pool", "--slots", "2", *d])
+    ours = run_cli(["hold", "pool", "--slots", "2", *d])
+    assert theirs.returncode == 0 and ours.returncode == 0, ours.stderr
+    token = ours.stdout.decode().strip()
+    r = run_cli(["release", "pool", "--token", token, *d])
+    assert r.returncode == 0, r.stderr
+    assert b"released pool (hold pid" in r.stderr and b"but its slots are" not in r.stderr
+    # Its slot is free (the other hold keeps one); a wrong token ends nothing and says so.
+    r = run_cli(["--slots", "2", "--no-wait", "pool", "echo got a slot", str(lock_dir)])
+    assert r.returncode == 0 and r.stdout == b"got a slot\n", r.stderr
+    r = run_cli(["release", "pool", "--token", "not-a-token", *d])
+    assert r.returncode == 0 and b"pool is not held, but its slots are" in r.stderr
+    r = run_cli(["--slots", "2", "--no-wait", "pool", "true", str(lock_dir)])
+    assert r.returncode == 0, r.stderr  # still only the one hold
+    theirs_token = theirs.stdout.decode().strip()
+    r = run_cli(["release", "pool", "--token", theirs_token, *d])
+    assert r.returncode == 0 and b"released pool" in r.stderr
+
+
 def test_slots_bad_input(lock_dir: Path) -> None:
     r = run_cli(["--slots", "0", "pool", "true", str(lock_dir)])
     assert r.returncode == 2

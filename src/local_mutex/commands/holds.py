@@ -185,13 +185,20 @@ def release(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
 
     def work(backend: Backend) -> tuple[Any, bool]:
         done = backend.release_hold(name_bytes(name), ending)
-        slots_held = False
-        if not done.was_held and not ending.slots:  # a hold of the slots, released wrong?
-            try:
-                slots_held = any(s.held for s in backend.status(name_bytes(name)).slots)
-            except LocalMutexError:
-                pass
-        return done, slots_held
+        if done.was_held or ending.slots:
+            return done, False
+        try:  # the plain lock is free: a hold of the slots, released without --slots?
+            if not any(s.held for s in backend.status(name_bytes(name)).slots):
+                return done, False
+        except LocalMutexError:
+            return done, False
+        # Ours (this job's, or the token's): ending it is what the caller meant. Not with
+        # --force: which of several holds of the slots would be a guess.
+        slotted = Ending(env, token=ending.token, slots=True, waiting=ending.waiting)
+        try:
+            return backend.release_hold(name_bytes(name), slotted), False
+        except LocalMutexError:  # not ours: say how to name them
+            return done, True
 
     try:
         done, slots_held = using(parsed, env, reporter, work, reading=True)
