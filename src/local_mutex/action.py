@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from .backends import Ending, open_backend, remote_address
+from .backends import POSTGRES_SCHEMES, Ending, open_backend, remote_address
 from .commands.options import is_plain_number
 from .errors import EXIT_IOERR, LocalMutexError, NotAcquired, ValidationError
 from .identity import ENV_GIT_TOKEN
@@ -44,6 +44,9 @@ _INPUT_MODES = {
     "force": ("release",),
     "if-locked": ("run", "hold"),
 }
+
+
+_GIT_PREFIX = "lock__"  # the key-prefix input's default (action.yml)
 
 
 class ActionInputs:
@@ -82,8 +85,16 @@ class ActionInputs:
         # locking on this machine instead would not exclude the CLI's runs of the name.
         self.remote = remote_address(get("REMOTE").strip() or None, env)
         self.key_prefix = get("KEY_PREFIX")
-        if self.remote and (self.slots or self.shared) and not self.remote.startswith("postgres"):
+        git = self.remote is not None and not self.remote.startswith(POSTGRES_SCHEMES)
+        if git and (self.slots or self.shared):
             raise ValidationError("slots and shared cannot be used with a git remote")
+        # As the CLI refuses --key-prefix there. The input has a default: only another value
+        # was given on purpose (an empty one, no prefix, is for git to refuse).
+        if not git and self.key_prefix not in ("", _GIT_PREFIX):
+            raise ValidationError(
+                "key-prefix is for git remotes, not for "
+                + ("a PostgreSQL lock" if self.remote else "this machine's locks")
+            )
         self.if_locked = get("IF_LOCKED").strip().lower() or "fail"
         if self.if_locked not in ("fail", "skip"):
             raise ValidationError(f"if-locked must be 'fail' or 'skip', not {get('IF_LOCKED')!r}")
@@ -273,10 +284,11 @@ def _hold(inputs: ActionInputs, step: _Step, backend: Backend) -> int:
 
 
 def _release(inputs: ActionInputs, step: _Step, backend: Backend) -> int:
-    from .commands.holds import report_release
+    from .commands.holds import end_hold, report_release
 
-    done = backend.release_hold(
-        name_bytes(inputs.name),
+    done, slots_held = end_hold(
+        backend,
+        inputs.name,
         Ending(
             step.env,
             token=inputs.token,
@@ -291,7 +303,13 @@ def _release(inputs: ActionInputs, step: _Step, backend: Backend) -> int:
     if done.was_held:
         step.outputs["held-seconds"] = f"{done.held_seconds or 0.0:.3f}"
         step.outcome = "released"
-    report_release(step.reporter, inputs.name, done)
+    if slots_held:
+        step.reporter.warning(
+            f"{inputs.name} is not held, but its slots are: a hold taken with slots: is "
+            "released by a step with slots: (any number) too"
+        )
+    else:
+        report_release(step.reporter, inputs.name, done)
     return 0
 
 

@@ -113,9 +113,22 @@ def test_check_outputs_and_reentrant_run(tmp_path: Path) -> None:
             mode: release
             name: c
             lock-dir: {locks}
+        - uses: ./lm
+          with:
+            mode: hold
+            name: pool
+            lock-dir: {locks}
+            slots: "2"
+        - id: rel-slots
+          uses: ./lm
+          with:
+            mode: release
+            name: pool
+            lock-dir: {locks}
         - run: |
             echo "free=$FREE busy=$BUSY"
             echo "released=${{{{ steps.rel.outputs.released }}}}"
+            echo "slot hold released=${{{{ steps.rel-slots.outputs.released }}}}"
             case "$HOLDER" in *'"message":"checked"'*) echo "holder-msg=checked";; esac
           env:
             FREE: ${{{{ steps.free.outputs.locked }}}}
@@ -129,6 +142,9 @@ def test_check_outputs_and_reentrant_run(tmp_path: Path) -> None:
     assert "holder-msg=checked" in r.step_lines
     assert "inside my own hold" in r.step_lines
     assert _state("c", locks)["state"] == "free"
+    # A release step without slots: ends the job's hold of the slots (the plain lock is free).
+    assert "slot hold released=true" in r.step_lines
+    assert _state("pool", locks)["slots_in_use"] == 0
 
 
 def test_a_job_that_never_releases_frees_the_lock_when_it_ends(tmp_path: Path) -> None:

@@ -336,3 +336,14 @@ def test_a_release_with_inputs_it_does_not_use_still_releases() -> None:
     leave the hold held; it is noted for a warning instead."""
     i = inputs(mode="release", name="n", message="m", wait_seconds="1")
     assert i.unused == "wait-seconds, message: not used by mode: release"
+
+
+@pytest.mark.parametrize("remote", ["", "postgresql://h/db"])
+def test_key_prefix_is_refused_where_there_is_no_branch(remote: str) -> None:
+    """As the CLI's --key-prefix: ignored, it would leave a user thinking a prefix of theirs
+    kept their locks apart. The default (and an empty value) is no choice of the user's."""
+    message = refused(name="n", run="make", remote=remote, key_prefix="team-a/")
+    assert "key-prefix is for git remotes" in message
+    for value in ("lock__", ""):
+        assert inputs(name="n", run="make", remote=remote, key_prefix=value).key_prefix == value
+    assert inputs(remote="https://h/r.git", key_prefix="team-a/").key_prefix == "team-a/"

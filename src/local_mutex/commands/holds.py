@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-    from ..backends.base import Backend, HoldInfo
+    from ..backends.base import Backend, HoldInfo, Released
     from ..ui.lines import Reporter
     from .argv import Parsed
 
@@ -183,25 +183,10 @@ def release(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
         ),
     )
 
-    def work(backend: Backend) -> tuple[Any, bool]:
-        done = backend.release_hold(name_bytes(name), ending)
-        if done.was_held or ending.slots:
-            return done, False
-        try:  # the plain lock is free: a hold of the slots, released without --slots?
-            if not any(s.held for s in backend.status(name_bytes(name)).slots):
-                return done, False
-        except LocalMutexError:
-            return done, False
-        # Ours (this job's, or the token's): ending it is what the caller meant. Not with
-        # --force: which of several holds of the slots would be a guess.
-        slotted = Ending(env, token=ending.token, slots=True, waiting=ending.waiting)
-        try:
-            return backend.release_hold(name_bytes(name), slotted), False
-        except LocalMutexError:  # not ours: say how to name them
-            return done, True
-
     try:
-        done, slots_held = using(parsed, env, reporter, work, reading=True)
+        done, slots_held = using(
+            parsed, env, reporter, lambda b: end_hold(b, name, ending), reading=True
+        )
     except Failed as exc:
         return exc.code
     if slots_held:
@@ -212,6 +197,26 @@ def release(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
         return 0
     report_release(reporter, name, done)
     return 0
+
+
+def end_hold(backend: Backend, name: str, ending: Ending) -> tuple[Released, bool]:
+    """``release_hold``, and (whether NAME's slots are held by others' holds: the caller
+    should say how to name them). A release of NAME's plain lock, which is free, ends this
+    job's (or the token's) hold of NAME's slots: that is the hold the caller meant."""
+    done = backend.release_hold(name_bytes(name), ending)
+    if done.was_held or ending.slots:
+        return done, False
+    try:
+        if not any(s.held for s in backend.status(name_bytes(name)).slots):
+            return done, False
+    except LocalMutexError:
+        return done, False
+    # Not with --force: which of several holds of the slots it ended would be a guess.
+    slotted = Ending(ending.env, token=ending.token, slots=True, waiting=ending.waiting)
+    try:
+        return backend.release_hold(name_bytes(name), slotted), False
+    except LocalMutexError:  # not ours
+        return done, True
 
 
 def report_release(reporter: Reporter, name: str, done: Any) -> None:
