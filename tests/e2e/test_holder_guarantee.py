@@ -1064,6 +1064,79 @@ def test_newcomers_across_two_deletions_neither_deadlock_nor_overlap(
     assert (marks / "first.ran").exists() and (marks / "second.ran").exists()
 
 
+# Pauses a run's second look for a deleted predecessor (after it checked that its own file
+# is still at the path), until the test has arranged what it finds there.
+PAUSE_SECOND_LOOK = """
+import os, sys
+if os.environ.get("PAUSE_SECOND_LOOK"):
+    import importlib.machinery, time
+    MODULE = "local_mutex.backends.flock.predecessor"
+    marks = os.environ["PAUSE_SECOND_LOOK"]
+
+    class Patch:
+        def find_spec(self, name, path=None, target=None):
+            if name != MODULE:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            load = spec.loader.exec_module
+
+            def exec_module(module):
+                load(module)
+                real, calls = module.find, []
+
+                def find(*args, **kwargs):
+                    calls.append(1)
+                    if len(calls) == 2:
+                        open(os.path.join(marks, "first.paused"), "w").close()
+                        while not os.path.exists(os.path.join(marks, "first.look")):
+                            time.sleep(0.01)
+                    return real(*args, **kwargs)
+
+                module.find = find
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, Patch())
+"""
+
+
+def test_a_waiter_whose_own_file_left_the_path_while_it_looked_starts_over(
+    procs: Procs, lock_dir: Path, marks: Path, tmp_path: Path
+) -> None:
+    """A tmp cleaner faster than anyone's look: the first newcomer saw its file still at the
+    path, and before it asked the kernel, its file was deleted, a second newcomer created
+    a third one and waited for the first's, and that third file was deleted too. The first
+    then took the third file's lock for a predecessor of its own: each waited for the
+    other, for good (or until its --wait). A waiter now looks at the path again while it
+    waits: its own file gone, it lets go and starts over."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(PAUSE_SECOND_LOOK)
+    holder = _holding(procs, "raced", lock_dir, marks)
+    path = lock_file(lock_dir, "raced")
+    with stopped(holder.pid):
+        path.unlink()
+        first = procs.start(
+            ["--wait", "60", "raced", _alone(marks, "first"), str(lock_dir)],
+            env={"PYTHONPATH": str(site), "PAUSE_SECOND_LOOK": str(marks)},
+        )
+        procs.wait_stderr(first, "waiting for that lock to end")
+    _let_end(holder, procs, marks)  # the first looks again: paused after its own file's check
+    wait_for(marks / "first.paused")
+    path.unlink()
+    second = procs.start(["--wait", "60", "raced", _alone(marks, "second"), str(lock_dir)])
+    procs.wait_stderr(second, "waiting for that lock to end")
+    path.unlink()
+    (marks / "first.look").touch()
+    t0 = time.monotonic()
+    assert first.wait(30) == 0, procs.stderr(first)
+    assert second.wait(30) == 0, procs.stderr(second)
+    assert time.monotonic() - t0 < 20, "they waited for each other"
+    assert (marks / "first.ran").exists() and (marks / "second.ran").exists()
+
+
 def test_a_command_holding_two_orphaned_locks_still_keeps_either(
     procs: Procs, lock_dir: Path, marks: Path
 ) -> None:

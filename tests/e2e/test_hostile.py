@@ -383,7 +383,7 @@ def test_lock_files_are_0644_whatever_the_umask(lock_dir: Path, umask: int) -> N
     cli(["run", "plain", "true", str(lock_dir)])
     cli(["run", "--shared", "reader", "true", str(lock_dir)])
     cli(["run", "--slots", "2", "pool", "true", str(lock_dir)])
-    cli(["each", "item-{}", "true", "--lock-dir", str(lock_dir)], stdin=b"a\nb\n")
+    cli(["each", "--lock-dir", str(lock_dir), "item-{}", "true"], stdin=b"a\nb\n")
     try:
         cli(["hold", "kept", "--lock-dir", str(lock_dir)])
     finally:

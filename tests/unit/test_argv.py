@@ -67,7 +67,7 @@ def test_run_lock_dir_positional_agrees_with_option() -> None:
 
 def test_run_lock_dir_positional_disagrees_with_option() -> None:
     assert "disagree" in refused(RUN, ["--lock-dir", "/a", "n", "c", "/b"])
-    assert "disagree" in refused(RUN, ["n", "c", "/b", "--lock-dir=/a"])
+    assert "disagree" in refused(RUN, ["n", "c x", "/b", "--lock-dir=/a"])
 
 
 def test_run_relative_lock_dir_positional() -> None:
@@ -106,15 +106,15 @@ def test_list() -> None:
 @pytest.mark.parametrize(
     "args",
     [
-        ["--wait", "3", "--message", "m", "n", "c"],
-        ["n", "--wait", "3", "c", "--message", "m"],
-        ["n", "c", "--wait=3", "--message=m"],
-        ["--message=m", "n", "--wait=3", "c"],
+        ["--wait", "3", "--message", "m", "n", "c x"],
+        ["n", "--wait", "3", "c x", "--message", "m"],
+        ["n", "c x", "--wait=3", "--message=m"],
+        ["--message=m", "n", "--wait=3", "c x"],
     ],
 )
 def test_options_anywhere_before_dashdash(args: list[str]) -> None:
     p = parse(RUN, args)
-    assert p.positionals == ["n", "c"]
+    assert p.positionals == ["n", "c x"]
     assert p.number("wait") == 3.0 and p.text("message") == "m"
     assert p.given == {"wait", "message"}
 
@@ -136,8 +136,34 @@ def test_flag_with_a_value() -> None:
     assert "takes no value" in refused(RELEASE, ["--slots=3", "n"])
 
 
+@pytest.mark.parametrize(
+    ("verb", "args"),
+    [
+        (RUN, ["n", "ls", "-q"]),
+        (RUN, ["n", "make", "--timeout", "5"]),
+        (RUN, ["n", "ls", "-h"]),
+        (RUN, ["n", "ls", "/srv", "--wait=1"]),
+        (RUN, ["-q", "--", "-n", "ls", "-q"]),
+        (EACH, ["{}", "echo", "--no-wait"]),
+    ],
+)
+def test_an_option_after_a_one_word_command_is_refused(verb: str, args: list[str]) -> None:
+    """Its command's (``ls -q``), or ours? Either reading would run something the caller
+    may not have meant (``ls -h`` would print our help and run nothing, exit 0)."""
+    message = refused(verb, args)
+    command = args[args.index("ls" if "ls" in args else "make" if "make" in args else "echo")]
+    assert f"after the one-word command {command!r} may be its option or local-mutex's" in message
+    assert "the command must be one quoted argument" in message
+
+
+def test_options_after_a_quoted_command_or_before_it_are_ours() -> None:
+    assert parse(RUN, ["n", "ls -la", "-q"]).flag("quiet")
+    assert parse(RUN, ["n", "-q", "ls"]).flag("quiet")
+    assert parse(EACH, ["{}", "echo {}", "--no-wait"]).flag("no_wait")
+
+
 def test_missing_value() -> None:
-    assert "needs a value" in refused(RUN, ["n", "c", "--wait"])
+    assert "needs a value" in refused(RUN, ["n", "c x", "--wait"])
     assert "needs a value" in refused(HOLD, ["n", "--ttl"])
 
 
@@ -418,7 +444,7 @@ def test_ttl_for_hold() -> None:
 def test_wait_and_no_wait_conflict() -> None:
     for verb, args in ((RUN, ["n", "c"]), (EACH, ["t", "c"]), (HOLD, ["n"])):
         assert "exclude each other" in refused(verb, ["--wait", "1", "--no-wait", *args])
-        assert "exclude each other" in refused(verb, [*args, "--no-wait", "--wait=0"])
+        assert "exclude each other" in refused(verb, [args[0], "--no-wait", "--wait=0", *args[1:]])
     assert parse(RUN, ["--no-wait", "n", "c"]).wait() == 0.0
     assert parse(RUN, ["--wait", "7", "n", "c"]).wait() == 7.0
 
@@ -468,7 +494,12 @@ def test_positionals_table_covers_every_verb() -> None:
     [
         (["-h"], True),
         (["--help"], True),
-        (["n", "c", "--help"], True),
+        (["n", "c x", "--help"], True),
+        (["n", "--help", "c"], True),
+        (["n", "c", "--help"], False),  # after a one-word command: ``parse`` asks whose
+        (["run", "n", "c", "-h"], False),
+        (["each", "t", "c", "-h"], False),
+        (["-q", "status", "n", "-h"], True),
         (["status", "-h"], True),
         (["n", "--", "prog", "--help"], False),
         (["--", "-h"], False),

@@ -1,6 +1,6 @@
 """Parsing a command line against the option table (``options.py``), without click.
 
-Forms (options may come anywhere before ``--``)::
+Forms (options may come anywhere before ``--``, but not after a one-word COMMAND: its own?)::
 
     local-mutex [run] [OPTIONS] NAME COMMAND [LOCK_DIR]
     local-mutex [run] [OPTIONS] NAME -- PROGRAM [ARGS...]
@@ -121,13 +121,27 @@ def _option_words(args: Sequence[str]) -> Iterator[tuple[int, str, bool]]:
 
 
 def wants_help(args: Sequence[str]) -> bool:
-    """``-h``/``--help`` as an option, not as the value of one."""
+    """``-h``/``--help`` as an option, not as the value of one, nor after a one-word
+    command (``local-mutex NAME ls -h``: the command's, most likely; ``parse`` says so)."""
     shorts = {f[1] for o in OPTIONS for f in o.flags if len(f) == 2} | {"h"}
-    return any(
-        arg in ("-h", "--help") or (arg[1] != "-" and "h" in arg and set(arg[1:]) <= shorts)
-        for _, arg, is_option in _option_words(args)
-        if is_option
-    )
+    words: list[str] = []  # the positionals so far (a verb first, if any)
+    for _, arg, is_option in _option_words(args):
+        if not is_option:
+            words.append(arg)
+            continue
+        if arg in ("-h", "--help") or (arg[1] != "-" and "h" in arg and set(arg[1:]) <= shorts):
+            return not _after_one_word_command(words)
+    return False
+
+
+def _after_one_word_command(words: Sequence[str]) -> bool:
+    """Whether these positionals (a verb first, if any) end in a run's or each's one-word
+    command: an option after it may be the command's as well as ours."""
+    if words and words[0] in VERBS:
+        if words[0] not in (RUN, EACH):
+            return False
+        words = words[1:]
+    return len(words) >= 2 and not _has_space(words[1])
 
 
 def verb_first(args: Sequence[str]) -> list[str]:
@@ -161,6 +175,13 @@ def parse(verb: str, args: Sequence[str]) -> Parsed:
             if takes_argv and len(parsed.positionals) == 1 and options_over:
                 options_over = False  # options may follow NAME again, and a `--` for argv
             continue
+        if takes_argv and _after_one_word_command(parsed.positionals):
+            command = parsed.positionals[1]
+            problem = (
+                f"{arg!r} after the one-word command {command!r} may be its option or "
+                "local-mutex's (whose options go before NAME)"
+            )
+            raise UsageError(_quote_hint(verb, parsed, problem, arg, *args[i:]))
         flag, eq, inline = arg.partition("=") if arg.startswith("--") else (arg, "", "")
         option = known.get(flag)
         if option is None and not arg.startswith("--") and len(arg) > 2:

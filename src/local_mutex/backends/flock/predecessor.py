@@ -41,6 +41,9 @@ ADOPT_WITHIN = 1.0
 ADOPT_LEAST = 0.3  # within a shorter --wait, or --no-wait
 # Files deleted from the path one after another, each still locked: waited out in turn.
 _MAX_PREDECESSORS = 16
+# While waiting for a predecessor: how often to look whether our own file is still at the
+# path (``_wait_while_at_path``).
+_LOOK_AGAIN = 0.25
 
 
 class Predecessor:
@@ -260,14 +263,33 @@ def wait_out(
                     passed.add(found.lock.key)  # shared beside shared: still held, though
                 continue
             said = _say(lock, found, reporter, said)
-            with kernel.interruptible():
-                if not kernel.wait_lock(fd, shared=lock.shared, timeout=_left(deadline)):
-                    return True, found.holder()
+            got = _wait_while_at_path(lock, fd, deadline)
+            if got is None:
+                return True, None  # our file is gone from the path: start over
+            if not got:
+                return True, found.holder()
         finally:
             os.close(fd)  # never kept: it is a deleted file
     if not passed:  # ours alone now: no mark for the next taker to ask about
         record.clear_record(lock.fd)
     return said or not is_file_at(lock.path, lock.fd), None
+
+
+def _wait_while_at_path(lock: FlockLock, fd: int, deadline: float | None) -> bool | None:
+    """Wait for the predecessor's lock (True), until ``deadline`` (False) -- or until our
+    own file is gone from the path too (None): a tmp cleaner deleting faster than anyone
+    looks can make two waiters each other's predecessors, each keeping its own file locked
+    while it waits for the other's. The one whose file is gone lets go."""
+    while True:
+        left = _left(deadline)
+        ceiling = _LOOK_AGAIN if left is None else min(left, _LOOK_AGAIN)
+        with kernel.interruptible():
+            if kernel.wait_lock(fd, shared=lock.shared, timeout=ceiling):
+                return True
+        if not is_file_at(lock.path, lock.fd):
+            return None
+        if left is not None and left <= _LOOK_AGAIN:
+            return False
 
 
 def _left(deadline: float | None) -> float | None:
