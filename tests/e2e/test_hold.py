@@ -773,13 +773,12 @@ def test_a_reentrant_run_whose_hold_just_died_takes_its_turn(
     assert r.returncode == 0 and (marks / "ran").exists(), r.stderr
 
 
-def test_a_reentrant_run_after_a_deletion_whose_new_file_another_took_waits_its_turn(
+def test_a_reentrant_run_after_a_deletion_whose_new_file_another_took_runs_inside_the_hold(
     procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
 ) -> None:
     """A tmp cleaner took the hold's file and another caller the new one: the hold can never
-    take it back (it ends: documented). A `run --reentrant` then gave the hold a second,
-    and was refused (exit 2, "did not share its lock ... not answering"); it now sees the new
-    file is another's at once, and takes its turn as anyone would."""
+    take it back. It ended, and the other ran beside the hold's job; it goes on now (the
+    other waits for it), and a `run --reentrant` of its job joins it on the deleted file."""
     cleanup.append("taken")
     token = _hold("taken", lock_dir)
     holder_pid = _status("taken", lock_dir)["holders"][0]["pid"]
@@ -787,17 +786,17 @@ def test_a_reentrant_run_after_a_deletion_whose_new_file_another_took_waits_its_
         lock_file(lock_dir, "taken").unlink()
         other = procs.start(["taken", hold_until(marks, "o"), str(lock_dir)])
         procs.wait_stderr(other, f"was deleted while pid {holder_pid} held it")
-        run = procs.start(
-            ["run", "--reentrant", "--lock-dir", str(lock_dir), "taken", f"touch '{marks}/ran'"],
-            env={"LOCAL_MUTEX_HOLD_TOKEN": token},
-        )
-        procs.wait_stderr(run, "waiting for lock taken")  # queued, behind the other
-    wait_for(marks / "o.held")  # the hold found its file taken and ended; the other runs
-    assert not (marks / "ran").exists()
+    r = run_cli(
+        ["run", "--reentrant", "--lock-dir", str(lock_dir), "taken", f"touch '{marks}/ran'"],
+        env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+    )
+    assert r.returncode == 0 and b"running inside it" in r.stderr, r.stderr
+    assert (marks / "ran").exists() and not (marks / "o.held").exists()
+    r = run_cli(["release", "taken", "--lock-dir", str(lock_dir), "--token", token])
+    assert r.returncode == 0, r.stderr
+    wait_for(marks / "o.held")  # only now
     (marks / "o.go").touch()
     assert other.wait(30) == 0, procs.stderr(other)
-    assert run.wait(30) == 0, procs.stderr(run)
-    assert (marks / "ran").exists() and "did not share" not in procs.stderr(run)
 
 
 def test_a_reentrant_run_after_a_deletion_under_a_stopped_hold_keeps_its_ceiling(

@@ -1240,6 +1240,43 @@ def test_a_hold_taken_in_the_tick_after_a_deletion_waits_for_the_deleted_files_l
     _let_end(holder, procs, marks)
 
 
+def test_a_hold_whose_file_a_newcomer_took_first_goes_on_until_released(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """Deleted, and a newcomer took the new file before the holder of a ``hold`` could put
+    one back: the hold ended by itself (nobody told: its stderr is /dev/null), and the
+    newcomer, which waited for the deleted file's lock, ran at once while the job that took
+    the hold went on as if it held the lock. The hold goes on now: a run of its job joins
+    it on the deleted file (a nested call inside that run runs inside too), and the
+    newcomer runs once ``release`` ended it."""
+    d = ["--lock-dir", str(lock_dir)]
+    r = run_cli(["hold", "mig", *d])
+    assert r.returncode == 0, r.stderr
+    token = r.stdout.decode().strip()
+    held = json.loads(run_cli(["status", "mig", "--json", *d]).stdout)
+    holder_pid = held["holders"][0]["pid"]
+    try:
+        with stopped(holder_pid):
+            lock_file(lock_dir, "mig").unlink()
+            newcomer = procs.start(["--wait", "60", "mig", f"touch '{marks}/newcomer.ran'", *d])
+            procs.wait_stderr(newcomer, "waiting for that lock to end")
+        nested = f'"$LOCAL_MUTEX_CLI" --no-wait mig "touch {marks}/nested.ran"'
+        inside = run_cli(
+            ["run", "--reentrant", "mig", f"touch '{marks}/inside.ran' && {nested}", *d],
+            env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+        )
+        assert inside.returncode == 0, inside.stderr
+        assert b"running inside it" in inside.stderr, inside.stderr
+        assert (marks / "inside.ran").exists() and (marks / "nested.ran").exists()
+        assert newcomer.poll() is None and not (marks / "newcomer.ran").exists()
+        r = run_cli(["release", "mig", "--token", token, *d])
+        assert r.returncode == 0 and b"released mig" in r.stderr, r.stderr
+        assert newcomer.wait(30) == 0, procs.stderr(newcomer)
+        assert (marks / "newcomer.ran").exists()
+    finally:
+        run_cli(["release", "mig", "--force", *d])
+
+
 def test_a_shared_newcomer_beside_a_deleted_shared_lock_leaves_the_mark(
     procs: Procs, lock_dir: Path, marks: Path
 ) -> None:

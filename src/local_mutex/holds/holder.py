@@ -170,10 +170,17 @@ def _keep(
         try:
             if tick is not None:
                 held.check()
-                if isinstance(held.lock, FlockLock) and held.lock.lost_to is not None:
-                    # A tmp cleaner deleted our file and another caller took the new one
-                    # before we could put it back: what we hold is a deleted file, which
-                    # keeps nobody out, and ``release`` can no longer find us. End.
+                lock = held.lock
+                if (
+                    isinstance(lock, FlockLock)
+                    and lock.lost_to is not None
+                    and not lock.newcomer_waits
+                ):
+                    # A tmp cleaner deleted our file and another program took the new one
+                    # before we could put it back, and does not wait for ours: the deleted
+                    # file keeps nobody out any more. End. (A local-mutex newcomer waits
+                    # for it, and so does everyone behind it: the hold goes on, ended by
+                    # ``release``, which finds it through /proc/locks, or its TTL.)
                     return
             if sharing is not None and isinstance(held.lock, FlockLock):
                 if sharing in ready:

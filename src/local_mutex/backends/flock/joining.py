@@ -8,7 +8,7 @@ import time
 
 from ... import _proc
 from . import kernel, record
-from .lockdir import names_inode
+from .lockdir import file_id, names_inode
 
 # Asking a hold for its lock again once it did not answer: it may have ended meanwhile.
 JOIN_TRIES = 2
@@ -93,6 +93,7 @@ def join(
     env: Mapping[str, str],
     token: str | None,
     wait: float | None = None,
+    file: tuple[int, int] | None = None,
 ) -> bool:
     """Take a share of the hold's lock; False if it did not give one (where holds
     can share at all: elsewhere a run inside a hold holds nothing, as documented). Each
@@ -113,9 +114,14 @@ def join(
         return False
     conn, fds = got
     # Only what really is the hold's lock on this very file: a description of the
-    # file at the path that holds the lock already (taking it again is then a no-op).
+    # file at the path (or of ``file``, deleted from it: ``predecessor.join_lost_hold``)
+    # that holds the lock already (taking it again is then a no-op).
     shared = rec.get("mode") == "shared"
-    if not any(names_inode(path, fd) and kernel.try_lock(fd, shared=shared) for fd in fds):
+    if not any(
+        (names_inode(path, fd) if file is None else file_id(fd) == file)
+        and kernel.try_lock(fd, shared=shared)
+        for fd in fds
+    ):
         for fd in fds:
             os.close(fd)
         share.leave(conn)

@@ -68,6 +68,7 @@ class FlockLock:
         # the path, they stay held (and guarded) while those runs' commands may hold them.
         self.given: set[tuple[int, int]] = set()
         self.lost_to: int | None = None  # pid that took a replacement file before us
+        self.newcomer_waits = False  # ... and waits for our lock on the deleted file
         self.cannot_create: int | None = None  # why no file could be put back (errno)
         self.guardian: int | None = None  # holds the file put back too (``guardian``)
         # Inside a hold: its descriptions of the lock, and our connection to its holder.
@@ -130,15 +131,23 @@ class FlockLock:
                 self.join_failed = True
                 return stuck
         paths = [self.path] if slots is None else self._slot_paths(slots)
-        return join_ours(self, paths, env, token, wait)
+        pid = join_ours(self, paths, env, token, wait)
+        if pid is None and slots is None:
+            from .predecessor import join_lost_hold
+
+            pid = join_lost_hold(self, env, token, wait)
+        return pid
 
     def descriptions(self) -> list[int]:
         """Our open descriptions of the held lock (with the files we put back)."""
         return [fd for fd in (self.fd, *self.spares) if fd >= 0]
 
     def at_path(self) -> list[int]:
-        """The description of the file now at the path (for a hold to share)."""
-        return [fd for fd in self.descriptions() if names_inode(self.path, fd)]
+        """The description of the file now at the path (for a hold to share); once a
+        newcomer took the file at the path first and waits for ours (``putback``), those
+        of the file deleted from it: the lock everyone waits for is that one."""
+        here = [fd for fd in self.descriptions() if names_inode(self.path, fd)]
+        return here if here or not self.newcomer_waits else self.descriptions()
 
     def hand_over(self) -> None:
         """Close our descriptions without unlocking them: runs inside our hold share them,

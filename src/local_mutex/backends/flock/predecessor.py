@@ -10,11 +10,12 @@ record in it had a holder that died or gave up. Whoever takes such a file asks t
   found through that run's own descriptors, which is cheaper and asked of every nested call
   whose enclosing runs hold other files than the one at the path;
 - our job's hold's (``run --reentrant``): its holder takes the new file within a tick; we let
-  it, never locking the file meanwhile, and then join the hold as usual;
+  it, never locking the file meanwhile, and then join the hold as usual (where a newcomer
+  took the new file first, on the deleted file: ``join_lost_hold``);
 - anyone else's: we keep the new file locked, so that nobody newer slips in, and wait in the
   kernel for the deleted file's lock, opened through ``/proc/PID/fd``, within our wait
   ceiling. The file carries a record meanwhile, so that whoever takes it after we gave up
-  asks again. (The holder finds the new file taken and says so; a hold ends.)
+  asks again. (The holder finds the new file taken and says so; a hold goes on.)
 """
 
 from __future__ import annotations
@@ -226,6 +227,27 @@ def let_our_hold_adopt(
         if time.monotonic() >= deadline:
             return found.pid
         time.sleep(0.01)
+
+
+def join_lost_hold(
+    lock: FlockLock, env: Mapping[str, str], token: str | None, wait: float | None
+) -> int | None:
+    """Our job's hold that keeps its lock on a file deleted from the path, a newcomer that
+    took the file at the path waiting for it (``putback``): join it there, as at the path.
+    Its pid (``lock.join_failed``: it did not share), or None if there is none."""
+    from ...identity import owned
+    from .joining import join
+
+    if not _worth_a_look(lock):
+        return None
+    found = find(lock.path, lock.fd)
+    rec = None if found is None else found.record()
+    if found is None or rec is None or not rec.get("hold") or rec.get("pid") != found.pid:
+        return None
+    if not owned(rec, env, token):
+        return None
+    join(lock, rec, lock.path, env, token, wait, file=found.file)
+    return found.pid
 
 
 def _locked(key: tuple[int, int, int]) -> bool:

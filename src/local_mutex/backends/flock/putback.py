@@ -74,10 +74,11 @@ def put_back(lock: FlockLock) -> str | None:
     other = lock.busy_holder() or {}
     pid = other.get("pid")
     lock.lost_to = pid if isinstance(pid, int) else -1
+    lock.newcomer_waits = _waited_for(lock)
     who = f"pid {pid}" if isinstance(pid, int) else "another process"
     then = (
         "and waits for this lock to end"
-        if _waited_for(lock)
+        if lock.newcomer_waits
         else "and does not wait for this lock: whatever holds it may run beside this command"
     )
     return (
