@@ -94,6 +94,10 @@ def test_argv_form_status_and_missing_program(lock_dir: Path) -> None:
     assert r.returncode == 2 and b"missing the program after --" in r.stderr
     r = run_cli(["--lock-dir", str(lock_dir), "st", "echo hi", "--", "echo"])
     assert r.returncode == 2 and b"not both" in r.stderr
+    # A program that is no program (a directory) is named with the reason.
+    r = run_cli(["--lock-dir", str(lock_dir), "st", "--", str(lock_dir)])
+    assert r.returncode == 125
+    assert f"cannot start the command: {lock_dir}: Permission denied".encode() in r.stderr
 
 
 def test_each_argv_form_keeps_the_item_out_of_the_arguments(lock_dir: Path) -> None:

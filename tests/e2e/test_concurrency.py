@@ -76,6 +76,21 @@ def test_blocked_waiter_sleeps_in_the_kernel(procs: Procs, lock_dir: Path, marks
     assert holder.wait(20) == 0 and waiter.wait(20) == 0
 
 
+def test_quiet_waiters_print_no_progress(procs: Procs, lock_dir: Path, marks: Path) -> None:
+    """``-q`` prints only errors and warnings: a long wait's ``still waiting`` lines are
+    neither (the loud waiter beside it shows they were due)."""
+    holder = procs.start(["cpu", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    every = {"LOCAL_MUTEX_PROGRESS_SECONDS": "0.5"}
+    quiet = procs.start(["-q", "cpu", "true", str(lock_dir)], env=every)
+    loud = procs.start(["cpu", "true", str(lock_dir)], env=every)
+    procs.wait_stderr(loud, "still waiting for lock cpu")
+    procs.wait_stderr(loud, "still waiting for lock cpu after 1.")
+    (marks / "h.go").touch()
+    assert holder.wait(20) == 0 and quiet.wait(20) == 0 and loud.wait(20) == 0
+    assert procs.stderr(quiet) == ""
+
+
 def test_blocked_waiter_sleeps_without_proc(procs: Procs, lock_dir: Path, marks: Path) -> None:
     """The same on the path a system without /proc takes (LOCAL_MUTEX_NO_PROC=1, as on
     macOS), measured portably: the waiter's whole CPU time, from wait4 once it is done."""

@@ -44,7 +44,7 @@ def _err(r: subprocess.CompletedProcess[bytes]) -> str:
 
 
 def _status(name: str, lock_dir: Path) -> tuple[int, dict[str, Any]]:
-    r = run_cli(["status", name, "--lock-dir", str(lock_dir), "--json"], timeout=30)
+    r = run_cli(["status", "--lock-dir", str(lock_dir), "--json", "--", name], timeout=30)
     _err(r)
     data: dict[str, Any] = json.loads(r.stdout)
     return r.returncode, data
@@ -193,14 +193,17 @@ def test_release_in_the_wrong_lock_dir_says_where_it_looked(lock_dir: Path, tmp_
 # -- the hold token --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("actions", [False, True], ids=["terminal", "github-actions"])
-def test_hold_prints_its_token_on_stdout_only(tmp_path: Path, actions: bool) -> None:
+@pytest.mark.parametrize(
+    ("actions", "name"),
+    [(False, "it's held"), (True, "it's held"), (False, "-x")],
+    ids=["terminal", "github-actions", "a-name-like-an-option"],
+)
+def test_hold_prints_its_token_on_stdout_only(tmp_path: Path, actions: bool, name: str) -> None:
     d = tmp_path / "lock dir"
     d.mkdir()
     summary = tmp_path / "summary.md"
     env = {"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary)} if actions else {}
-    name = "it's held"
-    r = run_cli(["hold", name, "--lock-dir", str(d)], env=env, timeout=30)
+    r = run_cli(["hold", "--lock-dir", str(d), "--", name], env=env, timeout=30)
     try:
         err = _err(r)
         assert r.returncode == 0, err
@@ -211,12 +214,15 @@ def test_hold_prints_its_token_on_stdout_only(tmp_path: Path, actions: bool) -> 
         (hint,) = [line for line in err.splitlines() if "release with: " in line]
         assert hint.startswith("::notice::") == actions, hint
         assert f"--lock-dir {shlex.quote(str(d))} " in hint
-        assert hint.endswith("--token <the token printed above>"), hint
         # The hint, with the token filled in, is a working release command.
         argv = shlex.split(
             hint.split("release with: ", 1)[1].replace("<the token printed above>", token)
         )
-        assert argv[:3] == ["local-mutex", "release", name]
+        if name.startswith("-"):
+            assert argv[-2:] == ["--", name], hint
+        else:
+            assert hint.endswith("--token <the token printed above>"), hint
+            assert argv[:3] == ["local-mutex", "release", name]
         rel = subprocess.run(
             [*CLI, *argv[1:]], env=clean_env(env), capture_output=True, timeout=30, input=b""
         )
@@ -224,7 +230,7 @@ def test_hold_prints_its_token_on_stdout_only(tmp_path: Path, actions: bool) -> 
         assert token not in _err(rel) and rel.stdout == b""
         assert _status(name, d)[0] == 0
     finally:
-        run_cli(["release", name, "--lock-dir", str(d), "--force"])
+        run_cli(["release", "--lock-dir", str(d), "--force", "--", name])
 
 
 # -- a holder record that cannot be written --------------------------------------------------

@@ -4,6 +4,7 @@ the option table against the click tree that renders ``--help``."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import click
 import pytest
@@ -160,6 +161,39 @@ def test_options_after_a_quoted_command_or_before_it_are_ours() -> None:
     assert parse(RUN, ["n", "ls -la", "-q"]).flag("quiet")
     assert parse(RUN, ["n", "-q", "ls"]).flag("quiet")
     assert parse(EACH, ["{}", "echo {}", "--no-wait"]).flag("no_wait")
+
+
+def test_an_option_where_a_value_belongs_is_a_missing_value() -> None:
+    """``--lock-dir --wait 5 N CMD`` read 5 as NAME and blamed the command for a lock dir."""
+    assert "--lock-dir needs a value (DIR)" in refused(RUN, ["--lock-dir", "--wait", "5", "n", "c"])
+    assert "--remote needs a value" in refused(RUN, ["--remote", "--no-wait", "n", "c"])
+    assert "--wait needs a value" in refused(HOLD, ["--wait", "--ttl=5", "n"])
+    assert parse(RUN, ["--message", "--wait", "n", "c"]).text("message") == "--wait"
+
+
+def test_an_empty_lock_dir_option_is_refused() -> None:
+    for verb, args in ((RUN, ["n", "c"]), (STATUS, ["n"]), (LIST, [])):
+        assert "--lock-dir is empty" in refused(verb, ["--lock-dir", "", *args])
+        assert "--lock-dir is empty" in refused(verb, ["--lock-dir=", *args])
+
+
+def test_lock_dir_written_two_ways_agrees(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    p = parse(RUN, ["--lock-dir", str(tmp_path / "link"), "n", "c x", str(tmp_path / "real")])
+    assert p.text("lock_dir") == str(tmp_path / "real")
+
+
+def test_no_quoting_hint_for_words_after_a_quoted_command() -> None:
+    message = refused(RUN, ["n", "echo x", "/dir", "extra"])
+    assert "4 arguments where NAME COMMAND [LOCK_DIR] go" in message and "quoted" not in message
+    message = refused(EACH, ["{}", "echo hi", "/tmp"])
+    assert "each takes TEMPLATE COMMAND (a lock dir: --lock-dir)" in message
+
+
+def test_slots_takes_no_count_with_status_and_release() -> None:
+    for verb in (STATUS, RELEASE):
+        assert f"--slots takes no count with {verb}" in refused(verb, ["--slots", "2", "n"])
 
 
 def test_missing_value() -> None:

@@ -23,7 +23,9 @@ from .options import (
     MAX_SLOTS,
     OPTIONS,
     POSITIONALS,
+    RELEASE,
     RUN,
+    STATUS,
     VERBS,
     Option,
     UsageError,
@@ -196,7 +198,7 @@ def parse(verb: str, args: Sequence[str]) -> Parsed:
             parsed.typed.append(arg)
         else:
             if not eq:
-                if i >= len(args):
+                if i >= len(args) or _is_our_option(args[i], known, option):
                     raise UsageError(f"{flag} needs a value ({option.metavar or 'VALUE'})")
                 inline = args[i]
                 i += 1
@@ -205,6 +207,12 @@ def parse(verb: str, args: Sequence[str]) -> Parsed:
         parsed.given.add(option.dest)
     _check_shape(verb, parsed)
     return parsed
+
+
+def _is_our_option(word: str, known: dict[str, Option], option: Option) -> bool:
+    """Is the word after an option that takes a value one of ours (``--lock-dir --wait 5``:
+    the value was left out)? A message may be any text, ``--wait`` included."""
+    return option.dest != "message" and word.partition("=")[0] in known
 
 
 def _short_cluster(
@@ -253,6 +261,16 @@ def _quote_hint(verb: str, parsed: Parsed, problem: str, *more: str) -> str:
     )
 
 
+def _same_dir(a: str, b: str) -> bool:
+    """The same directory, however written (a symlink to it, a trailing slash)."""
+    if os.path.normpath(a) == os.path.normpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one is missing: the lock dir's own check says so
+        return False
+
+
 def _has_space(text: str) -> bool:
     return any(c.isspace() for c in text)
 
@@ -262,6 +280,10 @@ def _check_shape(verb: str, parsed: Parsed) -> None:
     wanted = POSITIONALS[verb]
     if parsed.flag("no_wait") and "wait" in parsed.given:
         raise UsageError("--wait and --no-wait exclude each other")
+    if "lock_dir" in parsed.given and not parsed.text("lock_dir"):
+        # An unset variable (--lock-dir "$DIR"): locking in the default dir instead would
+        # not exclude the callers that use DIR.
+        raise UsageError("--lock-dir is empty; give a directory, or leave the option out")
     if verb in (RUN, EACH):
         head = wanted[0]
         if count == 0:
@@ -277,7 +299,10 @@ def _check_shape(verb: str, parsed: Parsed) -> None:
         if count == 1:
             raise UsageError(f"missing COMMAND after {head} (or -- and a program)")
         if verb == EACH and count > 2:
-            raise UsageError(_quote_hint(verb, parsed, f"{count - 1} words after the template"))
+            problem = f"{count - 1} words after the template"
+            if _has_space(parsed.positionals[1]):  # quoted: the rest is no part of it
+                raise UsageError(f"{problem}; each takes TEMPLATE COMMAND (a lock dir: --lock-dir)")
+            raise UsageError(_quote_hint(verb, parsed, problem))
         if verb == RUN and count == 3:
             lock_dir = parsed.positionals[2]
             if not os.path.isabs(lock_dir):
@@ -287,14 +312,18 @@ def _check_shape(verb: str, parsed: Parsed) -> None:
                 unquoted = bool(lock_dir.strip()) and not _has_space(parsed.positionals[1])
                 raise UsageError(_quote_hint(verb, parsed, problem) if unquoted else problem)
             given = parsed.text("lock_dir")
-            if given and os.path.normpath(given) != os.path.normpath(lock_dir):
+            if given and not _same_dir(given, lock_dir):
                 raise UsageError("LOCK_DIR and --lock-dir disagree; give one of them")
             parsed.values["lock_dir"] = lock_dir
         if verb == RUN and count > 3:
-            raise UsageError(
-                _quote_hint(verb, parsed, f"{count} arguments where NAME COMMAND [LOCK_DIR] go")
-            )
+            problem = f"{count} arguments where NAME COMMAND [LOCK_DIR] go"
+            # A command with spaces was quoted: the words after it are no part of it.
+            quoted = _has_space(parsed.positionals[1])
+            raise UsageError(problem if quoted else _quote_hint(verb, parsed, problem))
         return
+    slots_count = count > len(wanted) and parsed.positionals[0].isdigit()
+    if verb in (STATUS, RELEASE) and parsed.flag("slotted") and slots_count:
+        raise UsageError(f"--slots takes no count with {verb}: local-mutex {verb} --slots NAME")
     if count != len(wanted):
         need = " ".join(wanted) or "no arguments"
         raise UsageError(

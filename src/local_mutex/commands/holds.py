@@ -76,15 +76,18 @@ def backend_spec(backend: Backend, values: Mapping[str, Any]) -> dict[str, Any]:
 def release_hint(name: str, parsed: Parsed, address: str) -> str:
     """The command that ends this hold, minus its token (stdout only) and any password
     (``address`` is the backend's printable address, passwords masked)."""
-    words = ["local-mutex", "release", shell_quote(name)]
+    options = []
     for dest in ("lock_dir", "remote", "key_prefix"):
         value = parsed.text(dest)
         if value is not None and dest in parsed.given:
             shown = address if dest == "remote" else value
-            words += ["--" + dest.replace("_", "-"), shell_quote(shown)]
+            options += ["--" + dest.replace("_", "-"), shell_quote(shown)]
     if parsed.count("slots"):
-        words.append("--slots")
-    return " ".join(words) + " --token <the token printed above>"
+        options.append("--slots")
+    options.append("--token <the token printed above>")
+    if name.startswith("-"):  # it reads as an option: after a `--`, as on the way in
+        return " ".join(["local-mutex", "release", *options, "--", shell_quote(name)])
+    return " ".join(["local-mutex", "release", shell_quote(name), *options])
 
 
 def hold(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:

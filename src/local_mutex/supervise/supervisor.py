@@ -343,8 +343,11 @@ def _run(
         pid = sup.start(keep_fds, mask, tty)
     except OSError as exc:
         why = exc.strerror or str(exc)
-        if exc.errno == errno.ENOENT and sup.spec.argv[0] not in why:  # name what is missing
-            why = f"{sup.spec.argv[0]}: {why} (the program, or the interpreter its #! names)"
+        program = sup.spec.argv[0]
+        if exc.errno == errno.ENOENT and program not in why:  # name what is missing
+            why = f"{program}: {why} (the program, or the interpreter its #! names)"
+        elif program not in why:  # a directory, no x permission: say which program
+            why = f"{program}: {why}"
         _write(out, f"spawnfail {exc.errno or 0} {why}\n")
         return 0
     # First: should we die now, the keeper knows whom to stop. (A command in the terminal

@@ -217,6 +217,8 @@ class Reporter:
     def still_waiting(
         self, name: str, waited: float, holder: Mapping[str, Any] | None, position: str | None
     ) -> None:
+        if self.quiet:  # progress, not an error or a warning
+            return
         text = f"still waiting for lock {name} after {duration(waited)}"
         extras = [position] if position else []
         if holder is not None:
