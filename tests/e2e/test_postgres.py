@@ -653,6 +653,16 @@ def test_not_a_postgres_url(env: dict[str, str]) -> None:
         PostgresBackend("mysql://x/y", env=env)
     with pytest.raises(BadAddress, match="bad PostgreSQL URL"):
         _take("postgresql://[broken/x", env)
+    # Numbers libpq reads only as it connects (a server not reached: 69), or ignores.
+    for url, what in (
+        ("postgresql://127.0.0.1:99999/db", "port '99999' is not a port number"),
+        ("postgresql://127.0.0.1:5432,127.0.0.1:x/db", "port 'x' is not a port number"),
+        ("postgresql://127.0.0.1/db?connect_timeout=abc", "connect_timeout 'abc' is not"),
+    ):
+        with pytest.raises(BadAddress, match=what):
+            _take(url, env)
+    with pytest.raises(BadAddress, match="port 'abc'"):
+        _take("postgresql://127.0.0.1/db", {**env, "PGPORT": "abc"})
 
 
 def test_a_standby_is_refused(pg: PgServer, env: dict[str, str], tmp_path: Path) -> None:

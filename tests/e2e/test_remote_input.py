@@ -211,11 +211,17 @@ def test_a_password_in_a_git_url_is_never_shown(verb: list[str]) -> None:
     assert "the --remote URL holds a password" in r.stderr.decode()
 
 
-def test_a_token_with_an_unparsable_url_is_a_clear_error(tmp_path: Path) -> None:
-    env = {"LOCAL_MUTEX_GIT_TOKEN": "t0ken", "TMPDIR": str(tmp_path)}
-    r = run_cli(["--remote", "http://[::1/locks.git", "n", "true"], env=env)
-    assert r.returncode == 2, r.stderr
-    assert "is not a valid URL" in _one_error_line(r.stderr)
+@pytest.mark.parametrize("token", ["t0ken", ""], ids=["with-a-token", "without"])
+@pytest.mark.parametrize(
+    "url", ["http://[::1/locks.git", "https://127.0.0.1:abc/l.git", "git://127.0.0.1:99999/l"]
+)
+def test_an_unparsable_url_is_a_clear_error(tmp_path: Path, url: str, token: str) -> None:
+    """Not a remote that is down (69, or 3 for status): no URL git could reach (2)."""
+    env = {"LOCAL_MUTEX_GIT_TOKEN": token, "TMPDIR": str(tmp_path)}
+    for verb in (["n", "true"], ["status", "n"]):
+        r = run_cli(["--remote", url, *verb], env=env)
+        assert r.returncode == 2, r.stderr
+        assert "is not a valid URL" in _one_error_line(r.stderr)
     assert list(tmp_path.iterdir()) == []  # no scratch repository left behind
 
 

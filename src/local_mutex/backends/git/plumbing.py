@@ -183,6 +183,12 @@ class Git:
             "GIT_TERMINAL_PROMPT": "0",  # never wait on a password prompt
             "GIT_ASKPASS": "true" if not base.get("GIT_ASKPASS") else base["GIT_ASKPASS"],
         }
+        try:  # ``https://[::1/x``, a port that is no number: no URL git could reach
+            if "://" in self.url:
+                urlsplit(self.url).port  # noqa: B018 (parsing it is the check)
+        except ValueError as exc:
+            self.close()
+            raise BadAddress(f"--remote {self.shown!r} is not a valid URL ({exc})") from None
         if token:
             self._add_token(token)
         self.run("init", "--bare", "--quiet", self.dir)
@@ -191,11 +197,7 @@ class Git:
 
     def _add_token(self, token: str) -> None:
         # Environment-only config (git >= 2.31): the header is invisible to `ps`.
-        try:
-            parts = urlsplit(self.url)
-        except ValueError as exc:  # ``http://[::1/x``: no URL git could reach either
-            self.close()
-            raise BadAddress(f"--remote {self.shown!r} is not a valid URL ({exc})") from None
+        parts = urlsplit(self.url)  # a valid one (``__init__``)
         scope = f"{parts.scheme}://{parts.netloc}/" if parts.scheme in ("http", "https") else ""
         key = f"http.{scope}.extraheader" if scope else "http.extraheader"
         basic = base64.b64encode(f"x-access-token:{token}".encode()).decode()

@@ -84,6 +84,7 @@ def connect_params(url: str, env: Mapping[str, str], drop: DropBound) -> dict[st
     for var, param in ENV_PARAMS:
         if param not in given and env.get(var):
             params[param] = env[var]
+    _check_numbers({**given, **params}, url)
     if "password" not in given and "password" not in params and _forwarded_to(url, env):
         params["password"] = env[ENV_PASSWORD]
     if "connect_timeout" not in given and "connect_timeout" not in params:
@@ -91,6 +92,21 @@ def connect_params(url: str, env: Mapping[str, str], drop: DropBound) -> dict[st
     for key, value in drop.client_params().items():
         params.setdefault(key, value)
     return params
+
+
+def _check_numbers(params: Mapping[str, Any], url: str) -> None:
+    """A port or connect_timeout that is no number: libpq says so only as it connects (an
+    unreachable server, exit 69), or ignores it; it is a bad address (exit 2)."""
+    bad = None
+    for part in str(params.get("port") or "").split(","):  # one per host, empty: the default
+        port = part.strip()
+        if port and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+            bad = f"port {port!r} is not a port number (1 to 65535)"
+    timeout = str(params.get("connect_timeout") or "").strip()
+    if timeout and not (timeout.isascii() and timeout.lstrip("-").isdigit()):
+        bad = f"connect_timeout {timeout!r} is not a whole number of seconds"
+    if bad is not None:
+        raise BadAddress(f"bad PostgreSQL address {mask(url)}: {bad}")
 
 
 def _forwarded_to(url: str, env: Mapping[str, str]) -> bool:
