@@ -149,6 +149,10 @@ def test_remote_down_or_refusing_is_a_clear_error(tmp_path: Path) -> None:
         r = run_cli(["hold", "x", "--remote", url])
         assert r.returncode == 69 and b"push" in r.stderr
         assert _status("x", url)["detail"]["state"] == "absent"  # type: ignore[index]  # nothing half-taken
+        # The daemon refused the service before anything was sent: nothing may stay held.
+        r = run_cli(["run", "--remote", url, "x", "touch ran"], cwd=tmp_path)
+        assert r.returncode == 69 and b"service not enabled" in r.stderr, r.stderr
+        assert b"may stay held" not in r.stderr and not (tmp_path / "ran").exists()
 
 
 def test_bad_remote_names_are_refused_not_mangled(remote: str) -> None:

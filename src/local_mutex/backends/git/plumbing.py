@@ -41,6 +41,19 @@ _LOST_RACE = (
 # What the server says after "cannot lock ref '<ref>':" when the ref can never be written
 # as asked, however often we try: a branch in the way of a folder of branches (or the other
 # way round), a name too long for its file system, a repository it cannot write to.
+# A push that failed with one of these never reached a server that would take it (no
+# connection, a service or repository refused before any update was sent): nothing landed.
+_NEVER_SENT = (
+    "unable to connect to",
+    "Connection refused",
+    "Could not resolve host",
+    "fatal: remote error: ",  # git daemon: service not enabled, repository not exported
+    "Repository not found",
+    "does not appear to be a git repository",
+    "The requested URL returned error: 4",
+    "Authentication failed",
+    "could not read Username",
+)
 _NOT_A_RACE = (
     "exists; cannot create",
     "cannot process '",
@@ -357,4 +370,6 @@ class Git:
             detail = f"{detail}: {self.refusal}"
         # The server's own answer (status lines) is a refusal; without one (a connection
         # lost, an answer that never came) the push may still have landed.
-        raise (PushRefused if status else Unavailable)(f"push to {self.shown} failed: {detail}")
+        never_sent = any(sign in err for sign in _NEVER_SENT)
+        refused = PushRefused if status or never_sent else Unavailable
+        raise refused(f"push to {self.shown} failed: {detail}")
