@@ -1002,6 +1002,13 @@ def test_a_newcomer_in_the_tick_after_a_deletion_waits_for_the_deleted_files_loc
         assert r.returncode == 75, r.stderr
         assert b"was deleted while pid" in r.stderr, r.stderr
         assert not (marks / "early.ran").exists()
+        # The file at the path is free now, with the newcomer's mark in it: status and list
+        # said "free" (exit 0) while everyone who takes it waits for the deleted file's lock.
+        st = json.loads(run_cli(["status", "gone", "--json", "--lock-dir", str(lock_dir)]).stdout)
+        assert st["state"] == "held" and st["holders"][0]["pid"] == holder.pid, st
+        assert _status_code("gone", lock_dir) == 1
+        listed = json.loads(run_cli(["list", "--json", "--lock-dir", str(lock_dir)]).stdout)
+        assert [e["state"] for e in listed] == ["held"], listed
         late_cmd = f"test -e '{marks}/a.done' && touch '{marks}/late.ran'"
         late = procs.start(["--wait", "60", "gone", late_cmd, str(lock_dir)])
         procs.wait_stderr(late, "waiting for that lock to end")

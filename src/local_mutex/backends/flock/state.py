@@ -215,7 +215,12 @@ def _status_of(path: str, name: str | None, allow_other_owner: bool) -> LockStat
     if locks is None:
         return _probe(path, name)
     key = key_of(st)
-    return _from_kernel(path, name, key, [e for e in locks if e.key == key], _proc.boot_time())
+    mine = [e for e in locks if e.key == key]
+    if st.st_size and not any(e.depth == 0 for e in mine):
+        deleted = _held_deleted(path, name, locks, key)
+        if deleted is not None:
+            return deleted
+    return _from_kernel(path, name, key, mine, _proc.boot_time())
 
 
 def _missing(path: str, name: str | None) -> LockStatus:
@@ -224,9 +229,21 @@ def _missing(path: str, name: str | None) -> LockStatus:
     locks = read_proc_locks()
     if locks is None:
         return LockStatus(path, name, "free", "probe")
-    found = held_elsewhere(as_proc_names_it(path), locks, record.recorded_path)
+    return _held_deleted(path, name, locks, None) or LockStatus(path, name, "free", "proc")
+
+
+def _held_deleted(
+    path: str, name: str | None, locks: list[KernelLock], here: tuple[int, int, int] | None
+) -> LockStatus | None:
+    """The lock still held on a file deleted from the path (or renamed away), if any. Asked
+    where no file is at the path, and where the file there is free with something in it:
+    a newcomer's mark (it gave up waiting for that lock), or a record whose writers are gone
+    while their command holds the deleted file. Everyone who takes the file asks the same
+    (``predecessor``), so the lock is held all the same."""
+    others = [e for e in locks if e.key != here]
+    found = held_elsewhere(as_proc_names_it(path), others, record.recorded_path)
     if found is None:
-        return LockStatus(path, name, "free", "proc")
+        return None
     lock, content = found
     entries = [e for e in locks if e.key == lock.key]
     rec = record.read_record(content, through_proc=True)
@@ -259,7 +276,12 @@ def list_locks(
             continue
         key = key_of(st)
         mine = [e for e in locks if e.key == key]
-        if mine:
+        deleted = None
+        if st.st_size and not any(e.depth == 0 for e in mine):
+            deleted = _held_deleted(path, None, locks, key)
+        if deleted is not None:
+            out.append(deleted)
+        elif mine:
             out.append(_from_kernel(path, None, key, mine, boot))
         elif include_free:
             out.append(LockStatus(path, None, "free", "proc"))
