@@ -255,6 +255,29 @@ def test_ignored_sigint_stays_ignored_for_the_command(lock_dir: Path) -> None:
     assert r.stdout == b"alive\n"
 
 
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads SigIgn from /proc")
+def test_which_ignored_signals_the_command_keeps_ignoring(lock_dir: Path) -> None:
+    """As the README says: all the caller ignored, but SIGPIPE and SIGXFSZ (the interpreter
+    took them over) and SIGALRM and SIGUSR1 (local-mutex's own): those at their defaults."""
+    kept = [signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR2]
+    reset = [signal.SIGPIPE, signal.SIGXFSZ, signal.SIGALRM, signal.SIGUSR1]
+    traps = " ".join(str(int(s)) for s in kept + reset)
+    script = (
+        f"trap '' {traps}; exec \"$PY\" -m local_mutex -q n "
+        f"'grep SigIgn: /proc/$$/status' '{lock_dir}'"
+    )
+    r = subprocess.run(
+        ["sh", "-c", script],
+        env={**os.environ, "PY": sys.executable},
+        capture_output=True,
+        timeout=20,
+    )
+    assert r.returncode == 0, r.stderr
+    ignored = int(r.stdout.split()[1], 16)
+    assert [s.name for s in kept if not ignored & (1 << (s - 1))] == []
+    assert [s.name for s in reset if ignored & (1 << (s - 1))] == []
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_stopped_command_is_continued_to_act_on_the_signal(
     procs: Procs, lock_dir: Path, marks: Path, sig: signal.Signals
