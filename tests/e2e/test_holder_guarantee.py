@@ -108,6 +108,8 @@ def test_a_sigkilled_supervisor_does_not_free_the_lock_while_its_command_runs(
     os.kill(_supervisor_pid(a, victim), signal.SIGKILL)
     assert b.wait(30) == 0, procs.stderr(b)
     wit.assert_saw_nobody("B")
+    if victim == "keeper":  # its supervisor says why the command ended, as nobody else can
+        procs.wait_stderr(a, "which took the lock, died; stopped the command (exit")
     lines = log.read_text().splitlines()
     assert "B" in lines
     if "A-done" in lines:

@@ -27,7 +27,8 @@ from . import reaper, supervisor
 from .hooks import guardian_of, session_of, tell_deadline, why_lost
 from .relay import Relay, SignalsHeld
 from .spec import Spec
-from .supervisor import FORWARDED, HANGUP, STOP_NOW
+from .supervisor import FORWARDED, STOP_NOW
+from .watch import HANGUP
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

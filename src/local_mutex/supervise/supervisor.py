@@ -22,13 +22,13 @@ import _thread
 import errno
 import fcntl
 import os
-import select
 import time
 
 from .._fastsignal import STOP_SIGNALS, signal
 from ..nesting import ENV_HELD, handed_down
 from . import reaper, terminal
 from .spec import Spec, find_program
+from .watch import watch_keeper
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -44,12 +44,6 @@ STOP_NOW = signal.SIGUSR1
 # the keeper-watch thread: a process-directed signal delivered to that thread would leave
 # the main thread asleep in waitpid() with the handler never run.
 HANDLED = (*FORWARDED, STOP_NOW, signal.SIGALRM)
-# A socket whose peer closed it (POLLRDHUP: Linux; elsewhere POLLHUP, once both ways shut).
-HANGUP = getattr(select, "POLLRDHUP", 0) | select.POLLHUP
-# A session's stop deadline passed by this much when we woke: we were frozen ourselves
-# (see _watch_keeper), and the keeper is given THAW_GRACE seconds to send a newer one.
-FROZEN_IF_LATE = 1.0
-THAW_GRACE = 2.0
 # After the first forwarded signal: TERM at +4 s, KILL at +7 s; the runner kills at +10 s.
 ESCALATE_TERM_AFTER = 4.0
 ESCALATE_KILL_AFTER = 7.0
@@ -207,60 +201,8 @@ def _install(sup: _Supervisor) -> None:
 
 
 def _watch_keeper(sup: _Supervisor, life: int, session: int | None) -> None:
-    """Thread: watch the keeper. It holds the pipe's other end, so EOF means it died; and
-    for a leased lock it writes ``deadline T`` after each renewal: if T passes with no newer
-    one (a keeper that is frozen, not dead), the command is stopped all the same, before
-    the lease runs out. ``fds NAME``: take the descriptions it hands down (``handdown``).
-    ``session``: the lock's server socket; its hangup (the server ended the session: the
-    lock is someone else's now) stops the command at once, frozen keeper or not."""
-    poller = select.poll()  # not select(): descriptors may be past FD_SETSIZE
-    poller.register(life, select.POLLIN)
-    if session is not None:
-        poller.register(session, HANGUP)  # never POLLIN: the keeper reads that socket
-    deadline: float | None = None
-    thawed = False
-    buffer = b""
-    while True:
-        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        try:
-            ready = dict(poller.poll(None if timeout is None else int(timeout * 1000) + 1))
-            if session in ready:
-                sup.session_closed = True
-                break
-            if not ready:
-                # Woken long past the deadline: we were frozen too (Ctrl-Z stops the whole
-                # run, a suspended machine), the keeper most likely with us. A server session
-                # outlives a freeze (the kernel answers its keepalives; a lease runs out):
-                # once thawed the keeper confirms it, or finds it lost, within a moment.
-                late = time.monotonic() - (deadline or 0.0)
-                if session is not None and late > FROZEN_IF_LATE and not thawed:
-                    deadline, thawed = time.monotonic() + THAW_GRACE, True
-                    continue
-                sup.lease_ran_out = True
-                break
-            data = os.read(life, 4096)
-        except InterruptedError:
-            continue
-        except OSError:
-            break
-        if not data:
-            break
-        buffer += data
-        *lines, buffer = buffer.split(b"\n")
-        for line in lines:
-            if line.startswith(b"deadline "):
-                newer = float(line.split()[1])
-                # Only a later deadline says the keeper confirmed the lock since the thaw.
-                thawed = thawed and deadline is not None and newer <= deadline
-                deadline = newer
-            elif line.startswith(b"fds "):  # a lock file the keeper put back: ours too
-                from .handdown import take
-
-                fds = take(line[4:].decode(), sup.keeper)
-                if fds:  # the file now at the path: those handed down before are stale
-                    for stale in sup.kept:
-                        os.close(stale)
-                    sup.kept = fds
+    """Thread: ``watch.watch_keeper``, then stop the command (in the main thread)."""
+    watch_keeper(sup, life, session)
     os.kill(os.getpid(), STOP_NOW)
 
 
@@ -306,7 +248,7 @@ def main(
     session: int | None = None,
 ) -> None:
     """The supervisor's whole life, in the forked child, which starts with HANDLED blocked
-    (``mask`` is the caller's own); ``session``: see ``_watch_keeper``. Never returns."""
+    (``mask`` is the caller's own); ``session``: see ``watch.watch_keeper``. Never returns."""
     code = 70
     try:
         # The caller's wakeup fd (an event loop's, before 3.12 resets it in forked children)
@@ -383,8 +325,21 @@ def _run(
     signals = ",".join(str(s) for s in sup.signals) or "-"
     if sup.spec.farewell is not None and not gave_up:
         _say_farewell(*sup.spec.farewell)
+    if sup.keeper_gone:  # nobody else is left to say why the command ended
+        _say_keeper_gone(sup.keeper, code)
     _write(out, f"done {code} {flags} {signals} {sup.started!r}\n")
     return 0
+
+
+def _say_keeper_gone(keeper: int, code: int) -> None:
+    """The keeper (the process that took the lock) was killed: say so on stderr, where
+    its own bookend would have gone (best effort: nobody may read it)."""
+    prefix = "::warning::" if os.environ.get("GITHUB_ACTIONS") == "true" else ""
+    line = f"{prefix}local-mutex: pid {keeper}, which took the lock, died; stopped the command"
+    try:
+        os.write(2, f"{line} (exit {code})\n".encode())
+    except OSError:
+        pass
 
 
 def _say_farewell(fd: int, text: bytes) -> None:
