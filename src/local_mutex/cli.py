@@ -200,16 +200,16 @@ def _flush(status: int) -> int:
 def _stand_in_for_closed_streams() -> None:
     """A caller that closed our stdin, stdout or stderr (``cmd >&-``) left that descriptor
     free: the first file we open would take it, and the command would inherit our lock
-    file as its stdout or stderr. /dev/null stands in for each (Python saw it closed and
-    left ``sys.stdout`` and the like as None); we open them lowest first, so each gets the
-    very number that was missing."""
+    file as its stdout or stderr. /dev/null stands in for each in our process (Python saw
+    it closed and left ``sys.stdout`` and the like as None); we open them lowest first, so
+    each gets the very number that was missing. The command gets it closed, as the caller
+    had it (``Options.closed``)."""
     for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
         if getattr(sys, name) is None:
             got = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
             if got != fd:  # not the lowest free number after all: leave things as they were
                 os.close(got)
                 continue
-            os.set_inheritable(fd, True)  # the command's too, as the caller's streams are
             setattr(sys, name, open(fd, mode, encoding="utf-8"))  # noqa: SIM115 (kept open)
             from .ui.output import closed_by_caller
 

@@ -206,6 +206,7 @@ def _spec(command: Command, env: Mapping[str, str], opts: Options) -> Spec:
         timeout=opts.timeout,
         kill_after=opts.kill_after,
         stdin_devnull=opts.stdin_devnull,
+        closed=opts.closed,
     )
 
 

@@ -89,6 +89,7 @@ class Options:
     """How to take the lock and run: the options every verb and the action share."""
 
     __slots__ = (
+        "closed",
         "kill_after",
         "message",
         "reentrant",
@@ -112,6 +113,7 @@ class Options:
         stdin_devnull: bool = False,
         message: str | None = None,
         token: str | None = None,
+        closed: tuple[int, ...] = (),
     ) -> None:
         if slots is not None and (slots < 1 or shared):
             raise NestingError("--slots needs a count of at least 1 and cannot be --shared")
@@ -121,3 +123,5 @@ class Options:
         self.wait, self.timeout, self.kill_after = wait, timeout, kill_after
         self.shared, self.slots, self.reentrant = shared, slots, reentrant
         self.stdin_devnull, self.message, self.token = stdin_devnull, message, token
+        # Standard streams the caller had closed (``cmd >&-``): closed for the command too.
+        self.closed = closed

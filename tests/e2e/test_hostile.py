@@ -13,6 +13,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -460,23 +461,34 @@ def test_an_unwritable_lock_dir_is_not_writable_for_every_verb_that_writes(
 
 @has_proc
 @pytest.mark.parametrize("closed", ["<&-", ">&-", "2>&-", "<&- >&- 2>&-"])
-def test_a_closed_standard_stream_becomes_dev_null_for_the_command(
+def test_a_closed_standard_stream_stays_closed_for_the_command(
     lock_dir: Path, marks: Path, closed: str
 ) -> None:
-    """`local-mutex NAME CMD >&-`: the command runs with /dev/null where a stream was
-    closed -- never with our lock file in its place, where its output would land."""
+    """`local-mutex NAME CMD >&-`: the command runs with the stream closed, as its caller
+    had it (a write fails, EBADF, as without local-mutex) -- never with our lock file in
+    its place, where its output would land, nor with the /dev/null standing in for it in
+    local-mutex itself, where it would vanish unnoticed."""
     report = marks / "fds"
-    command = (
-        f'for fd in 0 1 2; do echo "$fd $(readlink /proc/$$/fd/$fd)" >> {report}; done; '
-        "echo to-stdout; echo to-stderr >&2"
+    # Which of 0, 1, 2 are open, asked before opening anything (a shell's redirection or
+    # pipe would take the lowest free number itself).
+    probe = (
+        "import os, sys\n"
+        "fds = [fd for fd in (0, 1, 2) if os.path.exists(f'/proc/self/fd/{fd}')]\n"
+        "open(sys.argv[1], 'w').write(' '.join(f'{fd} ' + os.readlink(f'/proc/self/fd/{fd}')"
+        " for fd in fds))"
     )
+    command = f"{shlex.quote(sys.executable)} -c {shlex.quote(probe)} {report}; "
+    command += "echo to-stdout; echo to-stderr >&2; true"
     script = f"{shlex.join([*CLI, 'closed', command, str(lock_dir)])} {closed}"
     out = subprocess.run(["sh", "-c", script], env=clean_env(), capture_output=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    targets = dict(line.split(" ", 1) for line in report.read_text().splitlines())
+    words = report.read_text().split()
+    targets = dict(zip(words[::2], words[1::2]))
     for fd, redirect in (("0", "<&-"), ("1", ">&-"), ("2", "2>&-")):
         if redirect in closed.split():
-            assert targets[fd] == os.devnull
+            assert fd not in targets, targets
+        else:
+            assert fd in targets, targets
     record = lock_file(lock_dir, "closed").read_bytes()
     assert b"to-std" not in record
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from ..errors import LocalMutexError
 from ..lifecycle import run_locked
@@ -24,7 +25,12 @@ def command_of(parsed: Parsed) -> Command:
 
 
 def options_of(parsed: Parsed, **extra: object) -> Options:
+    # The streams our caller closed, which /dev/null stands in for in our process
+    # (``cli``): the module that notes them is loaded only when one was.
+    output = sys.modules.get(f"{__package__.rpartition('.')[0]}.ui.output")
+    closed = tuple(sorted(output.closed_by_caller)) if output is not None else ()
     return Options(
+        closed=closed,
         wait=parsed.wait(),
         timeout=parsed.number("timeout"),
         kill_after=parsed.number("kill_after") or 0.0,

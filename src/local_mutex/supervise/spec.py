@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 class Spec:
     """What to run and how: a shell command, or a program with its arguments."""
 
-    __slots__ = ("argv", "env", "farewell", "kill_after", "stdin_devnull", "timeout")
+    __slots__ = ("argv", "closed", "env", "farewell", "kill_after", "stdin_devnull", "timeout")
 
     def __init__(
         self,
@@ -23,9 +23,11 @@ class Spec:
         timeout: float | None = None,
         kill_after: float = 5.0,
         stdin_devnull: bool = False,
+        closed: Sequence[int] = (),
     ) -> None:
         self.argv, self.env, self.timeout = list(argv), env, timeout
         self.kill_after, self.stdin_devnull = kill_after, stdin_devnull
+        self.closed = tuple(closed)  # standard streams the command gets closed
         # A socket and what to say on it once everything of the command is over (a run
         # inside a hold tells its holder; the keeper does too, if it lives).
         self.farewell: tuple[int, bytes] | None = None

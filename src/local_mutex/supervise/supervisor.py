@@ -170,10 +170,11 @@ class _Supervisor:
         if ENV_HELD in env:
             env = {**env, ENV_HELD: handed_down(env[ENV_HELD], self.keeper, os.getpid())}
         if tty is not None:
-            pid = terminal.spawn_in_foreground(
-                tty, program, spec.argv, env, mask, _RESET_FOR_CHILD, spec.stdin_devnull
-            )
+            pid = terminal.spawn_in_foreground(tty, program, spec, env, mask, _RESET_FOR_CHILD)
         else:
+            # Closed as the caller had them, not the /dev/null standing in for them here.
+            shut = {a[1] for a in actions if a[0] == os.POSIX_SPAWN_CLOSE}
+            actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in spec.closed if fd not in shut]
             if spec.stdin_devnull:
                 actions.append((os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0))
             pid = os.posix_spawn(

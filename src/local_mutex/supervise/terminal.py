@@ -9,7 +9,9 @@ from .._fastsignal import signal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Iterable, Mapping
+
+    from .spec import Spec
 
 
 def foreground_tty() -> int | None:
@@ -44,11 +46,10 @@ def give_terminal(tty: int | None, pgid: int, *, resume: bool = True) -> None:
 def spawn_in_foreground(
     tty: int,
     program: str,
-    argv: Sequence[str],
+    spec: Spec,
     env: Mapping[str, str],
     mask: Iterable[int],
     reset: Iterable[int],
-    stdin_devnull: bool,
 ) -> int:
     """Start the command in its own process group that owns the terminal *before* it
     runs: a Ctrl-Z typed the moment it prints its first line must stop it, and one that
@@ -70,9 +71,11 @@ def spawn_in_foreground(
         for sig in (signal.SIGTTOU, *reset):
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        if stdin_devnull:
+        for fd in spec.closed:  # as the caller had them (``Spec.closed``)
+            os.close(fd)
+        if spec.stdin_devnull:
             os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        os.execve(program, list(argv), env)
+        os.execve(program, spec.argv, env)
     except BaseException:
         os._exit(127)
 

@@ -16,9 +16,10 @@ if TYPE_CHECKING:
     from .lines import Reporter
 
 # The standard streams (by descriptor) the caller had closed (``cmd >&-``): the CLI stands
-# /dev/null in for them (for the command's sake), where an answer would be lost unseen; so
-# an answer to a closed stdout is an error (74), and ``hold`` refuses to take a hold whose
-# token nobody could read.
+# /dev/null in for them (so that no file of ours takes their number; the command gets them
+# closed, ``Options.closed``), where an answer would be lost unseen; so an answer to a
+# closed stdout is an error (74), and ``hold`` refuses to take a hold whose token nobody
+# could read.
 closed_by_caller: set[int] = set()
 STDOUT = 1
 
