@@ -274,7 +274,7 @@ def test_a_branch_whose_tip_is_no_commit_is_named_as_such(tmp_path: Path) -> Non
         "commit; refusing to take, rewrite or delete it"
     )
     for verb in (["status", "b"], ["run", "--no-wait", "b", "true"], ["release", "b", "--force"]):
-        r = run_cli([*verb, "--remote", url])
+        r = run_cli([verb[0], "--remote", url, *verb[1:]])
         assert (r.returncode, r.stderr.decode()) == (2, f"local-mutex: {says}\n"), verb
     r = run_cli(["history", "b", "--remote", url])
     assert (r.returncode, r.stdout, r.stderr.decode()) == (2, b"", f"local-mutex: {says}\n")
