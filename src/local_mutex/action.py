@@ -85,6 +85,8 @@ class ActionInputs:
         # locking on this machine instead would not exclude the CLI's runs of the name.
         self.remote = remote_address(get("REMOTE").strip() or None, env)
         self.key_prefix = get("KEY_PREFIX")
+        if get("REMOTE").strip() and self.lock_dir:  # as the CLI's --remote with --lock-dir
+            raise ValidationError("lock-dir is for this machine's locks; a remote lock has none")
         git = self.remote is not None and not self.remote.startswith(POSTGRES_SCHEMES)
         if git and (self.slots or self.shared):
             raise ValidationError("slots and shared cannot be used with a git remote")

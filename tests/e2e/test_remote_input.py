@@ -382,3 +382,23 @@ def test_an_unlock_that_landed_but_lost_its_answer_is_a_release(
     r = run_cli(["release", "--remote", remote.url, "--token", token.stdout.decode().strip(), "y"])
     assert r.returncode == 0 and not armed.exists(), r.stderr
     assert lock_state(remote.url, "y") == "free"
+
+
+def test_a_lock_dir_with_a_remote_is_refused_unless_the_remote_is_the_jobs(
+    tmp_path: Path, lock_dir: Path
+) -> None:
+    """A lock dir a remote lock never uses: asked for both on the command line, refused; a
+    job-wide $LOCAL_MUTEX_REMOTE moves the job's calls off the machine, LOCK_DIRs and all."""
+    url = f"file://{tmp_path}/none.git"
+    for args in (
+        ["--remote", url, "--lock-dir", str(lock_dir), "g", "touch ran"],
+        ["--remote", url, "g", "touch ran", str(lock_dir)],
+        ["status", "--remote", url, "--lock-dir", str(lock_dir), "g"],
+    ):
+        r = run_cli(args, cwd=tmp_path)
+        assert r.returncode == 2, r.stderr
+        assert b"--lock-dir cannot be used with git remotes" in r.stderr
+    assert not (tmp_path / "ran").exists()
+    r = run_cli(["g", "touch ran", str(lock_dir)], cwd=tmp_path, env={"LOCAL_MUTEX_REMOTE": url})
+    assert b"cannot be used" not in r.stderr  # the remote's own answer (none there): 69
+    assert r.returncode == 69, r.stderr

@@ -347,3 +347,11 @@ def test_key_prefix_is_refused_where_there_is_no_branch(remote: str) -> None:
     for value in ("lock__", ""):
         assert inputs(name="n", run="make", remote=remote, key_prefix=value).key_prefix == value
     assert inputs(remote="https://h/r.git", key_prefix="team-a/").key_prefix == "team-a/"
+
+
+def test_lock_dir_with_a_remote_input_is_refused() -> None:
+    assert "a remote lock has none" in refused(name="n", run="m", remote="self", lock_dir="/d")
+    job_wide = ActionInputs(
+        {INPUT_PREFIX + "NAME": "n", INPUT_PREFIX + "LOCK_DIR": "/d", "LOCAL_MUTEX_REMOTE": "self"}
+    )
+    assert job_wide.remote == "self" and job_wide.lock_dir == "/d"

@@ -47,6 +47,10 @@ def backend_for(
         reading=reading,
     )
     used = [d for d in getattr(backend, "refuses", ()) if d in parsed.given]
+    if remote is not None and "remote" in parsed.given and "lock_dir" in parsed.given:
+        # Both asked for: a lock dir a remote lock never uses. (One from the environment,
+        # $LOCAL_MUTEX_REMOTE, moves a job's locks off the machine, LOCK_DIRs and all.)
+        used.append("lock_dir")
     if used:
         backend.close()
         flags = ", ".join("--" + _flag(d) for d in used)

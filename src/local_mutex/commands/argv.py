@@ -315,6 +315,7 @@ def _check_shape(verb: str, parsed: Parsed) -> None:
             if given and not _same_dir(given, lock_dir):
                 raise UsageError("LOCK_DIR and --lock-dir disagree; give one of them")
             parsed.values["lock_dir"] = lock_dir
+            parsed.given.add("lock_dir")
         if verb == RUN and count > 3:
             problem = f"{count} arguments where NAME COMMAND [LOCK_DIR] go"
             # A command with spaces was quoted: the words after it are no part of it.
