@@ -372,3 +372,37 @@ def test_check_names_a_holder_only_of_what_locked_is_about(
     finally:
         (marks / "h.go").touch()
         holder.wait(30)
+
+
+def _run_script(action_yml: Path) -> str:
+    """The step's ``run: |`` block, as the runner hands it to ``sh``."""
+    lines = action_yml.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "run: |") + 1
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    body = []
+    for line in lines[start:]:
+        if line.strip() and len(line) - len(line.lstrip()) < indent:
+            break
+        body.append(line[indent:])
+    return "\n".join(body) + "\n"
+
+
+@pytest.mark.parametrize("which", ["action.yml", "setup/action.yml"])
+def test_a_missing_interpreter_is_a_clear_error(tmp_path: Path, which: str) -> None:
+    """``python: python3.12`` on a runner without it: sh said ``exec: python3.12: not
+    found`` (exit 127), no ``::error::``."""
+    script = _run_script(BOOTSTRAP.parents[1] / which)
+    for python in ("no-such-python3.99", str(tmp_path / "absent")):
+        env = clean_env({"LOCAL_MUTEX_INPUT_PYTHON": python, "GITHUB_ACTION_PATH": "/nowhere"})
+        r = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True)
+        assert r.returncode == 2, r.stderr
+        assert r.stdout.startswith(f"::error::local-mutex: no Python interpreter '{python}'")
+    env = clean_env({"LOCAL_MUTEX_INPUT_PYTHON": sys.executable, "GITHUB_ACTION_PATH": "/x"})
+    r = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True)
+    assert "No such file" in r.stderr  # found, and exec'd: it is the bootstrap that is missing
+    shellcheck = Path(sys.executable).parent / "shellcheck"
+    if shellcheck.exists():  # a dev tool: CI runs it (.ci/run installs it)
+        r = subprocess.run(
+            [str(shellcheck), "-s", "sh", "-"], input=script, capture_output=True, text=True
+        )
+        assert r.returncode == 0, r.stdout
