@@ -343,7 +343,10 @@ def test_status_answers_for_the_plain_lock_and_with_slots_for_the_slots(
     wait_for(marks / "a.held")
     plain = run_cli(["status", *where, "demo"], env=env)
     slotted = run_cli(["status", *where, "--slots", "demo"], env=env)
-    assert plain.returncode == 0 and b"demo: free; slots held: 1 of 1 slot file" in plain.stdout
+    assert (
+        plain.returncode == 0
+        and b"demo: plain lock free; slots held: 1 of 1 slot file" in plain.stdout
+    )
     assert b"(a --slots N caller waits if N <= 1)" in plain.stdout
     assert slotted.returncode == 1, slotted.stdout
     assert run_cli(["--no-wait", *where, "demo", "true"]).returncode == 0

@@ -77,7 +77,7 @@ def describe_status(st: dict[str, Any], asked: str | None) -> str:
         # Slot files come as callers use them: their count is no caller's N.
         files = f"{len(slots)} slot file{'s' if len(slots) != 1 else ''}"
         in_use = st.get("slots_in_use", 0)
-        line = f"{label}: free; slots held: {in_use} of {files}"
+        line = f"{label}: plain lock free; slots held: {in_use} of {files}"
         if in_use == len(slots):  # status --slots then says 1, whatever N callers give
             line += f" (a --slots N caller waits if N <= {len(slots)})"
         lines.append(line)
