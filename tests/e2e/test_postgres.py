@@ -663,6 +663,10 @@ def test_not_a_postgres_url(env: dict[str, str]) -> None:
             _take(url, env)
     with pytest.raises(BadAddress, match="port 'abc'"):
         _take("postgresql://127.0.0.1/db", {**env, "PGPORT": "abc"})
+    # libpq quotes a bad %-escape; in the password, masked, it would read as "***".
+    with pytest.raises(BadAddress, match=r"token in the password \(not shown\)") as bad:
+        _take("postgresql://u:se%zzcret@127.0.0.1/db", env)
+    assert "se%zz" not in str(bad.value) and "cret" not in str(bad.value)
 
 
 def test_a_standby_is_refused(pg: PgServer, env: dict[str, str], tmp_path: Path) -> None:

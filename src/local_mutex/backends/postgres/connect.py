@@ -79,6 +79,8 @@ def connect_params(url: str, env: Mapping[str, str], drop: DropBound) -> dict[st
         given = conninfo_to_dict(url)
     except Exception as exc:  # psycopg.ProgrammingError: a malformed URL
         why = hide_secrets(driver_message(str(exc)), url)
+        # libpq quotes the bad part, which may be the password, now masked: say where it is.
+        why = why.replace(': "***"', " in the password (not shown)")
         raise BadAddress(f"bad PostgreSQL URL {mask(url)}: {why}") from None
     params: dict[str, Any] = {}
     for var, param in ENV_PARAMS:
