@@ -123,6 +123,8 @@ def test_release_by_non_holder_force_and_history(remote: str) -> None:
     assert run_cli(["release", "h", "--remote", remote], env=job_a).returncode == 0
     assert run_cli(["release", "h", "--remote", remote]).returncode == 0  # free: no-op
     run_cli(["hold", "h", "--remote", remote])
+    shown = run_cli(["status", "h", "--remote", remote]).stdout.decode()
+    assert f"\n  branch: {remote} refs/heads/lock__h\n" in shown, shown  # no "lock file"
     assert run_cli(["release", "h", "--remote", remote, "--token", token]).returncode == 77
     assert run_cli(["release", "h", "--remote", remote, "--force"]).returncode == 0
     run_cli(["hold", "h", "--remote", remote])

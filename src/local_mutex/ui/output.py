@@ -93,7 +93,9 @@ def describe_status(st: dict[str, Any], asked: str | None) -> str:
             lines.append(f"{label}: held{mode}")
     else:
         lines.append(f"{label}: cannot tell")
-    lines.append(f"  lock file: {printable(st['lock_file'])}")
+    # ``lock_file`` (its JSON name) is a file here, a branch on git, a key on a server.
+    where = {"git": "branch", "server": "lock"}.get(st["method"], "lock file")
+    lines.append(f"  {where}: {printable(st['lock_file'])}")
     if st["method"] == "probe":
         lines.append(
             "  (probed without /proc/locks: a holder shows only as its record names it; "
