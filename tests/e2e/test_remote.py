@@ -125,6 +125,7 @@ def test_release_by_non_holder_force_and_history(remote: str) -> None:
     run_cli(["hold", "h", "--remote", remote])
     shown = run_cli(["status", "h", "--remote", remote]).stdout.decode()
     assert f"\n  branch: {remote} refs/heads/lock__h\n" in shown, shown  # no "lock file"
+    assert "('local-mutex hold'" in shown  # its pid is the `hold` that took it, long gone
     assert run_cli(["release", "h", "--remote", remote, "--token", token]).returncode == 77
     assert run_cli(["release", "h", "--remote", remote, "--force"]).returncode == 0
     run_cli(["hold", "h", "--remote", remote])

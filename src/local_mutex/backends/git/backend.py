@@ -156,7 +156,8 @@ def _bare_status(state: RemoteState, where: str, name: str) -> LockStatus:
     holder = Holder(
         pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
         "exclusive",
-        text("command"),
+        # A hold has no process of its own on a remote: its pid is the `hold` that took it.
+        text("command") or ("local-mutex hold" if body.get("hold") is True else None),
         cwd=text("cwd"),
         host=text("host"),
         user=state.actor or None,
