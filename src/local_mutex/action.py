@@ -90,6 +90,8 @@ class ActionInputs:
         git = self.remote is not None and not self.remote.startswith(POSTGRES_SCHEMES)
         if git and (self.slots or self.shared):
             raise ValidationError("slots and shared cannot be used with a git remote")
+        if self.slots and self.shared:  # in the inputs' words, not the CLI's
+            raise ValidationError("slots and shared exclude each other: a slot is exclusive")
         # As the CLI refuses --key-prefix there. The input has a default: only another value
         # was given on purpose (an empty one, no prefix, is for git to refuse).
         if not git and self.key_prefix not in ("", _GIT_PREFIX):

@@ -227,8 +227,8 @@ def test_slots_and_shared_refused_with_a_git_remote(remote: str) -> None:
 
 
 def test_slots_and_shared_with_postgres() -> None:
-    i = inputs(remote="postgresql://u@h/db", slots="2", shared="true")
-    assert i.slots == 2 and i.shared
+    assert inputs(remote="postgresql://u@h/db", slots="2").slots == 2
+    assert inputs(remote="postgresql://u@h/db", shared="true").shared
 
 
 # --- if-locked, annotations ------------------------------------------------------------
@@ -355,3 +355,8 @@ def test_lock_dir_with_a_remote_input_is_refused() -> None:
         {INPUT_PREFIX + "NAME": "n", INPUT_PREFIX + "LOCK_DIR": "/d", "LOCAL_MUTEX_REMOTE": "self"}
     )
     assert job_wide.remote == "self" and job_wide.lock_dir == "/d"
+
+
+def test_slots_and_shared_are_refused_in_the_inputs_words() -> None:
+    message = refused(name="n", run="m", slots="2", shared="true")
+    assert "slots and shared exclude each other" in message and "--" not in message
