@@ -56,7 +56,7 @@ def main(argv: "Sequence[str] | None" = None) -> int:
 
         _startup.load()  # very likely a plain run: its modules in one read
     from .backends import remote_address
-    from .commands.argv import parse, verb_first, wants_help
+    from .commands.argv import asks_version, parse, verb_first, wants_help
     from .commands.options import VERBS, UsageError
 
     if args and args[0].startswith("-"):
@@ -109,7 +109,7 @@ def main(argv: "Sequence[str] | None" = None) -> int:
             why = exc.strerror or type(exc).__name__
             _reporter().error(f"could not print the help or completions ({why})")
             return EXIT_IOERR
-    if "--version" in args and all(a.startswith("-") for a in args):  # `-q --version` too
+    if "--version" in args and asks_version(args):  # eager, as click's: `run N --version` too
         from ._version import __version__
         from .ui.output import answer
 

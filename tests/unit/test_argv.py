@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from local_mutex.commands.argv import Parsed, parse, verb_first, wants_help
+from local_mutex.commands.argv import Parsed, asks_version, parse, verb_first, wants_help
 from local_mutex.commands.clicktree import tree
 from local_mutex.commands.options import (
     EACH,
@@ -719,3 +719,20 @@ def test_verb_after_leading_options_moves_first() -> None:
     # --slots: a count for run/hold/each, a flag for release/status
     assert verb_first(["--slots", "release", "n"]) == ["release", "--slots", "n"]
     assert verb_first(["--slots", "2", "hold", "n"]) == ["hold", "--slots", "2", "n"]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--version"], True),
+        (["--version", "extra"], True),
+        (["run", "--version"], True),
+        (["status", "n", "--version"], True),
+        (["--message", "--version", "n", "c x"], False),  # a value
+        (["n", "--", "prog", "--version"], False),  # the program's
+    ],
+)
+def test_asks_version(args: list[str], expected: bool) -> None:
+    """Eager, as click's ``--version`` (and our ``--help``): said wherever it stands as an
+    option; ``--version extra`` said "no such option: '--version'"."""
+    assert asks_version(args) is expected

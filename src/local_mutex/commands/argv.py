@@ -136,6 +136,12 @@ def wants_help(args: Sequence[str]) -> bool:
     return False
 
 
+def asks_version(args: Sequence[str]) -> bool:
+    """``--version`` as an option (not an option's value, nor after ``--``): eager, as
+    ``--help`` is, whatever else the line holds."""
+    return any(arg == "--version" for _, arg, is_option in _option_words(args) if is_option)
+
+
 def _after_one_word_command(words: Sequence[str]) -> bool:
     """Whether these positionals (a verb first, if any) end in a run's or each's one-word
     command: an option after it may be the command's as well as ours."""
