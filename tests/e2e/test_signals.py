@@ -242,15 +242,20 @@ def test_a_waiter_signalled_before_running_does_not_run(
     assert not (marks / "ran").exists()
 
 
-def test_ignored_sigint_stays_ignored_for_the_command(lock_dir: Path) -> None:
-    # As after `nohup` or `cmd &` in a script: the caller ignores SIGINT; so must the command.
-    script = f"trap '' INT; exec \"$PY\" -m local_mutex n 'kill -INT $$; echo alive' '{lock_dir}'"
-    r = subprocess.run(
+def _ignoring(traps: str, lock_dir: Path, command: str) -> subprocess.CompletedProcess[bytes]:
+    """A run of ``command`` from a caller that ignores ``traps`` (``trap '' ...``)."""
+    script = f"trap '' {traps}; exec \"$PY\" -m local_mutex -q n '{command}' '{lock_dir}'"
+    return subprocess.run(
         ["sh", "-c", script],
         env={**os.environ, "PY": sys.executable},
         capture_output=True,
         timeout=20,
     )
+
+
+def test_ignored_sigint_stays_ignored_for_the_command(lock_dir: Path) -> None:
+    # As after `nohup` or `cmd &` in a script: the caller ignores SIGINT; so must the command.
+    r = _ignoring("INT", lock_dir, "kill -INT $$; echo alive")
     assert r.returncode == 0, r.stderr
     assert r.stdout == b"alive\n"
 
@@ -262,16 +267,7 @@ def test_which_ignored_signals_the_command_keeps_ignoring(lock_dir: Path) -> Non
     kept = [signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR2]
     reset = [signal.SIGPIPE, signal.SIGXFSZ, signal.SIGALRM, signal.SIGUSR1]
     traps = " ".join(str(int(s)) for s in kept + reset)
-    script = (
-        f"trap '' {traps}; exec \"$PY\" -m local_mutex -q n "
-        f"'grep SigIgn: /proc/$$/status' '{lock_dir}'"
-    )
-    r = subprocess.run(
-        ["sh", "-c", script],
-        env={**os.environ, "PY": sys.executable},
-        capture_output=True,
-        timeout=20,
-    )
+    r = _ignoring(traps, lock_dir, "grep SigIgn: /proc/$$/status")
     assert r.returncode == 0, r.stderr
     ignored = int(r.stdout.split()[1], 16)
     assert [s.name for s in kept if not ignored & (1 << (s - 1))] == []
