@@ -149,7 +149,9 @@ def _after_one_word_command(words: Sequence[str]) -> bool:
         if words[0] not in (RUN, EACH):
             return False
         words = words[1:]
-    return len(words) >= 2 and not _has_space(words[1])
+    # NAME COMMAND LOCK_DIR (the seed's form) is whole: what follows is local-mutex's.
+    whole = len(words) == 3 and os.path.isabs(words[2])
+    return len(words) >= 2 and not _has_space(words[1]) and not whole
 
 
 def verb_first(args: Sequence[str]) -> list[str]:
