@@ -1073,11 +1073,12 @@ def test_newcomers_across_two_deletions_neither_deadlock_nor_overlap(
     assert (marks / "first.ran").exists() and (marks / "second.ran").exists()
 
 
-# Pauses a run's second look for a deleted predecessor (after it checked that its own file
-# is still at the path), until the test has arranged what it finds there.
+# Pauses a run's Nth look for a deleted predecessor (the second: after it checked that its
+# own file is still at the path), until the test has arranged what it finds there.
 PAUSE_SECOND_LOOK = """
 import os, sys
 if os.environ.get("PAUSE_SECOND_LOOK"):
+    LOOK = int(os.environ.get("PAUSE_LOOK", "2"))
     import importlib.machinery, time
     MODULE = "local_mutex.backends.flock.predecessor"
     marks = os.environ["PAUSE_SECOND_LOOK"]
@@ -1096,7 +1097,7 @@ if os.environ.get("PAUSE_SECOND_LOOK"):
 
                 def find(*args, **kwargs):
                     calls.append(1)
-                    if len(calls) == 2:
+                    if len(calls) == LOOK:
                         open(os.path.join(marks, "first.paused"), "w").close()
                         while not os.path.exists(os.path.join(marks, "first.look")):
                             time.sleep(0.01)
@@ -1255,20 +1256,36 @@ def test_a_hold_whose_file_a_newcomer_took_first_goes_on_until_released(
     """Deleted, and a newcomer took the new file before the holder of a ``hold`` could put
     one back: the hold ended by itself (nobody told: its stderr is /dev/null), and the
     newcomer, which waited for the deleted file's lock, ran at once while the job that took
-    the hold went on as if it held the lock. The hold goes on now: a run of its job joins
-    it on the deleted file (a nested call inside that run runs inside too), and the
-    newcomer runs once ``release`` ended it."""
+    the hold went on as if it held the lock. The hold goes on now, and the newcomer gives
+    it the new file (a hold lasts: its runs, ``release``, ``status`` and flock(1) find it
+    at the path again); a run of its job runs inside it (a nested call inside that run
+    too), and the newcomer runs once ``release`` ended it."""
     d = ["--lock-dir", str(lock_dir)]
     r = run_cli(["hold", "mig", *d])
     assert r.returncode == 0, r.stderr
     token = r.stdout.decode().strip()
     held = json.loads(run_cli(["status", "mig", "--json", *d]).stdout)
     holder_pid = held["holders"][0]["pid"]
+    path = lock_file(lock_dir, "mig")
     try:
         with stopped(holder_pid):
-            lock_file(lock_dir, "mig").unlink()
+            path.unlink()
             newcomer = procs.start(["--wait", "60", "mig", f"touch '{marks}/newcomer.ran'", *d])
             procs.wait_stderr(newcomer, "waiting for that lock to end")
+
+        def the_hold_at_the_path() -> bool:  # /proc/locks: the file there is the hold's
+            ino = path.stat().st_ino
+            return any(
+                f":{ino} " in line
+                and line.split()[1] == "FLOCK"
+                and line.split()[4] == str(holder_pid)
+                for line in Path("/proc/locks").read_text().splitlines()
+            )
+
+        wait_for(the_hold_at_the_path, 10, "the newcomer to give the hold the new file")
+        st = json.loads(run_cli(["status", "mig", "--json", *d]).stdout)
+        assert [h["pid"] for h in st["holders"]] == [holder_pid], st
+        assert not lock_is_free(path)  # flock(1) finds it held, as before the deletion
         nested = f'"$LOCAL_MUTEX_CLI" --no-wait mig "touch {marks}/nested.ran"'
         inside = run_cli(
             ["run", "--reentrant", "mig", f"touch '{marks}/inside.ran' && {nested}", *d],
@@ -1284,6 +1301,41 @@ def test_a_hold_whose_file_a_newcomer_took_first_goes_on_until_released(
         assert (marks / "newcomer.ran").exists()
     finally:
         run_cli(["release", "mig", "--force", *d])
+
+
+def test_a_hold_whose_new_file_a_slow_newcomer_holds_goes_on(
+    procs: Procs, lock_dir: Path, marks: Path, tmp_path: Path
+) -> None:
+    """The newcomer took the new file but had not yet asked the kernel (a busy machine):
+    the holder, finding nobody waiting for its lock within 0.3 s, took it for another
+    program's and ended the hold; the newcomer then ran beside the hold's job. (The pause
+    gives that old end a second to happen; nothing here waits for it otherwise.)"""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(PAUSE_SECOND_LOOK)
+    d = ["--lock-dir", str(lock_dir)]
+    r = run_cli(["hold", "slow", *d])
+    assert r.returncode == 0, r.stderr
+    token = r.stdout.decode().strip()
+    holder_pid = json.loads(run_cli(["status", "slow", "--json", *d]).stdout)["holders"][0]["pid"]
+    try:
+        with stopped(holder_pid):
+            lock_file(lock_dir, "slow").unlink()
+            newcomer = procs.start(
+                ["--wait", "60", "slow", f"touch '{marks}/newcomer.ran'", *d],
+                env={"PYTHONPATH": str(site), "PAUSE_SECOND_LOOK": str(marks), "PAUSE_LOOK": "1"},
+            )
+            wait_for(marks / "first.paused")  # it holds the new file, and has not looked
+        time.sleep(1.0)  # the holder's ticks: it ended by now, before
+        assert pw.alive(holder_pid), "the hold ended by itself"
+        (marks / "first.look").touch()
+        procs.wait_stderr(newcomer, "waiting for that lock to end")
+        assert newcomer.poll() is None and not (marks / "newcomer.ran").exists()
+        r = run_cli(["release", "slow", "--token", token, *d])
+        assert r.returncode == 0 and b"released slow" in r.stderr, r.stderr
+        assert newcomer.wait(30) == 0, procs.stderr(newcomer)
+    finally:
+        run_cli(["release", "slow", "--force", *d])
 
 
 def test_a_shared_newcomer_beside_a_deleted_shared_lock_leaves_the_mark(

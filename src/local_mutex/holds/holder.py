@@ -169,19 +169,10 @@ def _keep(
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         try:
             if tick is not None:
+                # A file deleted under us and the new one taken first (a tmp cleaner): the
+                # hold goes on all the same, as a run's command does, and takes the new
+                # file once it is free (a local-mutex newcomer gives it back: ``putback``).
                 held.check()
-                lock = held.lock
-                if (
-                    isinstance(lock, FlockLock)
-                    and lock.lost_to is not None
-                    and not lock.newcomer_waits
-                ):
-                    # A tmp cleaner deleted our file and another program took the new one
-                    # before we could put it back, and does not wait for ours: the deleted
-                    # file keeps nobody out any more. End. (A local-mutex newcomer waits
-                    # for it, and so does everyone behind it: the hold goes on, ended by
-                    # ``release``, which finds it through /proc/locks, or its TTL.)
-                    return
             if sharing is not None and isinstance(held.lock, FlockLock):
                 if sharing in ready:
                     sharing.serve(held.lock.at_path())

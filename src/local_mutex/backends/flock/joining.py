@@ -74,7 +74,9 @@ def join_ours(
             dying = time.monotonic() - asked < _BLINK  # refused at once: going, or gone
         if rec is not None and not _ended(int(rec["pid"]), _DYING if dying else 0.0):
             return int(rec["pid"])
-    return None
+    # The plain lock's file, taken by a newcomer that waits for our hold on the file deleted
+    # from the path (a tmp cleaner): the hold's lock is there.
+    return join_lost_hold(lock, env, token, wait) if paths == [lock.path] else None
 
 
 def _ended(pid: int, grace: float) -> bool:
@@ -114,7 +116,7 @@ def join(
         return False
     conn, fds = got
     # Only what really is the hold's lock on this very file: a description of the
-    # file at the path (or of ``file``, deleted from it: ``predecessor.join_lost_hold``)
+    # file at the path (or of ``file``, deleted from it: ``join_lost_hold``)
     # that holds the lock already (taking it again is then a no-op).
     shared = rec.get("mode") == "shared"
     if not any(
@@ -128,3 +130,24 @@ def join(
         return False
     lock.joined, lock.join_failed = (conn, fds), False
     return True
+
+
+def join_lost_hold(
+    lock: FlockLock, env: Mapping[str, str], token: str | None, wait: float | None
+) -> int | None:
+    """Our job's hold that keeps its lock on a file deleted from the path, a newcomer that
+    took the file at the path waiting for it (``putback``): join it there, as at the path.
+    Its pid (``lock.join_failed``: it did not share), or None if there is none."""
+    from ...identity import owned
+    from .predecessor import find, worth_a_look
+
+    if not worth_a_look(lock):
+        return None
+    found = find(lock.path, lock.fd)
+    rec = None if found is None else found.record()
+    if found is None or rec is None or not rec.get("hold") or rec.get("pid") != found.pid:
+        return None
+    if not owned(rec, env, token):
+        return None
+    join(lock, rec, lock.path, env, token, wait, file=found.file)
+    return found.pid

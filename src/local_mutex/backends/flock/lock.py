@@ -131,12 +131,7 @@ class FlockLock:
                 self.join_failed = True
                 return stuck
         paths = [self.path] if slots is None else self._slot_paths(slots)
-        pid = join_ours(self, paths, env, token, wait)
-        if pid is None and slots is None:
-            from .predecessor import join_lost_hold
-
-            pid = join_lost_hold(self, env, token, wait)
-        return pid
+        return join_ours(self, paths, env, token, wait)
 
     def descriptions(self) -> list[int]:
         """Our open descriptions of the held lock (with the files we put back)."""
@@ -191,8 +186,10 @@ class FlockLock:
                 if (self.fresh or os.fstat(self.fd).st_size) and self._wait_out_predecessor(
                     wait, start, reporter
                 ):
-                    announced = True
-                    self.held = names_inode(self.path, self.fd)
+                    announced = True  # and the file may have been given back (``predecessor``)
+                    self.held = names_inode(self.path, self.fd) and kernel.try_lock(
+                        self.fd, shared=self.shared
+                    )
             if self.held:
                 waited = time.monotonic() - start if announced else 0.0
                 if reporter is not None and announced:

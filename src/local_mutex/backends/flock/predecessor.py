@@ -11,11 +11,12 @@ record in it had a holder that died or gave up. Whoever takes such a file asks t
   whose enclosing runs hold other files than the one at the path;
 - our job's hold's (``run --reentrant``): its holder takes the new file within a tick; we let
   it, never locking the file meanwhile, and then join the hold as usual (where a newcomer
-  took the new file first, on the deleted file: ``join_lost_hold``);
+  took the new file first, on the deleted file: ``joining.join_lost_hold``);
 - anyone else's: we keep the new file locked, so that nobody newer slips in, and wait in the
   kernel for the deleted file's lock, opened through ``/proc/PID/fd``, within our wait
   ceiling. The file carries a record meanwhile, so that whoever takes it after we gave up
-  asks again. (The holder finds the new file taken and says so; a hold goes on.)
+  asks again. (The holder finds the new file taken and says so.) A hold's lock, it gives the
+  new file to the hold (``_give_back``): a hold lasts, and must be found at the path.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ _MAX_PREDECESSORS = 16
 # While waiting for a predecessor: how often to look whether our own file is still at the
 # path (``_wait_while_at_path``).
 _LOOK_AGAIN = 0.25
+# A hold's holder takes a file back at its next look (every 0.1 s); one that did not within
+# this (stopped) is asked again after the other.
+_GIVE_BACK_WITHIN = 0.3
+_GIVE_BACK_EVERY = 2.0
 
 
 class Predecessor:
@@ -125,7 +130,7 @@ def _find(
     return Predecessor(lock, through, (st.st_dev, st.st_ino))
 
 
-def _worth_a_look(lock: FlockLock) -> bool:
+def worth_a_look(lock: FlockLock) -> bool:
     """Created by us, or with a mark in it (a new file's, a waiting newcomer's): not the
     hold's record a run inside a hold finds in the file its hold holds."""
     if lock.fresh:
@@ -205,7 +210,7 @@ def let_our_hold_adopt(
     not within that moment (or ``wait``): stopped, it cannot share its lock with us either."""
     from ...identity import owned
 
-    if not _worth_a_look(lock):
+    if not worth_a_look(lock):
         return None
     found = find(lock.path, lock.fd)
     rec = None if found is None else found.record()
@@ -227,27 +232,6 @@ def let_our_hold_adopt(
         if time.monotonic() >= deadline:
             return found.pid
         time.sleep(0.01)
-
-
-def join_lost_hold(
-    lock: FlockLock, env: Mapping[str, str], token: str | None, wait: float | None
-) -> int | None:
-    """Our job's hold that keeps its lock on a file deleted from the path, a newcomer that
-    took the file at the path waiting for it (``putback``): join it there, as at the path.
-    Its pid (``lock.join_failed``: it did not share), or None if there is none."""
-    from ...identity import owned
-    from .joining import join
-
-    if not _worth_a_look(lock):
-        return None
-    found = find(lock.path, lock.fd)
-    rec = None if found is None else found.record()
-    if found is None or rec is None or not rec.get("hold") or rec.get("pid") != found.pid:
-        return None
-    if not owned(rec, env, token):
-        return None
-    join(lock, rec, lock.path, env, token, wait, file=found.file)
-    return found.pid
 
 
 def _locked(key: tuple[int, int, int]) -> bool:
@@ -285,9 +269,9 @@ def wait_out(
                     passed.add(found.lock.key)  # shared beside shared: still held, though
                 continue
             said = _say(lock, found, reporter, said)
-            got = _wait_while_at_path(lock, fd, deadline)
+            got = _wait_while_at_path(lock, fd, deadline, _is_a_hold(found))
             if got is None:
-                return True, None  # our file is gone from the path: start over
+                return True, None  # our file is gone from the path, or given back: start over
             if not got:
                 return True, found.holder()
         finally:
@@ -297,12 +281,20 @@ def wait_out(
     return said or not is_file_at(lock.path, lock.fd), None
 
 
-def _wait_while_at_path(lock: FlockLock, fd: int, deadline: float | None) -> bool | None:
+def _wait_while_at_path(
+    lock: FlockLock, fd: int, deadline: float | None, hold: bool
+) -> bool | None:
     """Wait for the predecessor's lock (True), until ``deadline`` (False) -- or until our
     own file is gone from the path too (None): a tmp cleaner deleting faster than anyone
     looks can make two waiters each other's predecessors, each keeping its own file locked
-    while it waits for the other's. The one whose file is gone lets go."""
+    while it waits for the other's. The one whose file is gone lets go. A ``hold``'s lock:
+    we give it the file at the path (None once it took it; asked again now and then)."""
+    ask = time.monotonic()
     while True:
+        if hold and time.monotonic() >= ask:
+            if _give_back(lock):
+                return None
+            ask = time.monotonic() + _GIVE_BACK_EVERY
         left = _left(deadline)
         ceiling = _LOOK_AGAIN if left is None else min(left, _LOOK_AGAIN)
         with kernel.interruptible():
@@ -312,6 +304,28 @@ def _wait_while_at_path(lock: FlockLock, fd: int, deadline: float | None) -> boo
             return None
         if left is not None and left <= _LOOK_AGAIN:
             return False
+
+
+def _is_a_hold(found: Predecessor) -> bool:
+    """Is the lock on the deleted file a live hold's (its holder takes files back)?"""
+    rec = found.record()
+    return rec is not None and rec.get("hold") is True and rec.get("pid") == found.pid
+
+
+def _give_back(lock: FlockLock) -> bool:
+    """Let a hold take the file at the path back, rather than keep it from the hold for
+    the rest of its life (runs of its job would not find it there to join, ``release``
+    would look for it through /proc, flock(1) would find the path free). Our mark stays
+    in the file: whoever takes it meanwhile asks the kernel too. True once another has it
+    locked; else (a stopped holder) it is ours again: False."""
+    here = key_of(os.fstat(lock.fd))
+    kernel.unlock(lock.fd)
+    deadline = time.monotonic() + _GIVE_BACK_WITHIN
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+        if _locked(here):
+            return True
+    return not kernel.try_lock(lock.fd, shared=lock.shared)
 
 
 def _left(deadline: float | None) -> float | None:

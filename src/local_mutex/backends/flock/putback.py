@@ -25,9 +25,9 @@ _WAITER_WITHIN = 0.3
 
 def put_back(lock: FlockLock) -> str | None:
     """Nothing if the path still names a file we hold; else a warning saying what we did:
-    put a locked file back, or found that a newcomer took the new file first."""
-    if lock.lost_to is not None:
-        return None
+    put a locked file back, or found that a newcomer took the new file first. Once it
+    did, it is asked again every tick, and said only once: a newcomer that finds a hold's
+    lock on the deleted file gives the new one back (``predecessor``)."""
     if lock.guardian is not None:
         warning = _guardian_gone(lock, lock.guardian)
         if warning is not None:
@@ -58,6 +58,7 @@ def put_back(lock: FlockLock) -> str | None:
         os.close(fd)  # never write into a file that may be someone else's (which
         return None  # a newcomer refuses as well): look again next tick
     if any(taken) or _take(lock, fd):
+        lock.lost_to, lock.newcomer_waits = None, False
         # Files put back before, gone from the path again, are let go -- but those a hold
         # gave runs inside it stay held and guarded: those runs' commands may hold them.
         kept = [s for s in lock.spares if file_id(s) in lock.given]
@@ -71,6 +72,8 @@ def put_back(lock: FlockLock) -> str | None:
             f"put a locked file back at the path{_unguarded(lock)}"
         )
     os.close(fd)  # the file now at the path is locked: somebody took it first
+    if lock.lost_to is not None:
+        return None  # said already
     other = lock.busy_holder() or {}
     pid = other.get("pid")
     lock.lost_to = pid if isinstance(pid, int) else -1
