@@ -1338,6 +1338,31 @@ def test_a_hold_whose_new_file_a_slow_newcomer_holds_goes_on(
         run_cli(["release", "slow", "--force", *d])
 
 
+def test_release_finds_the_hold_among_files_deleted_twice(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """Two deletions: the hold's file and then the newcomer's are gone from the path, both
+    still locked. ``release`` took the first it found for the hold's: "held by pid N, which
+    is not a hold" (77), or no lock file at all (2), with the hold still there."""
+    d = ["--lock-dir", str(lock_dir)]
+    token = run_cli(["hold", "twice", *d]).stdout.decode().strip()
+    holder_pid = json.loads(run_cli(["status", "twice", "--json", *d]).stdout)["holders"][0]["pid"]
+    path = lock_file(lock_dir, "twice")
+    try:
+        with stopped(holder_pid):
+            path.unlink()
+            newcomer = procs.start(["--wait", "60", "twice", f"touch '{marks}/n.ran'", *d])
+            procs.wait_stderr(newcomer, "waiting for that lock to end")
+            with stopped(newcomer.pid):  # its file deleted too, and it cannot look again
+                path.unlink()
+                r = run_cli(["release", "twice", "--token", token, *d])
+                assert r.returncode == 0 and b"released twice" in r.stderr, r.stderr
+        assert pw.wait_gone([holder_pid], 20) == []
+        assert newcomer.wait(30) == 0, procs.stderr(newcomer)
+    finally:
+        run_cli(["release", "twice", "--force", *d])
+
+
 def test_a_shared_newcomer_beside_a_deleted_shared_lock_leaves_the_mark(
     procs: Procs, lock_dir: Path, marks: Path
 ) -> None:

@@ -139,13 +139,14 @@ def join_lost_hold(
     took the file at the path waiting for it (``putback``): join it there, as at the path.
     Its pid (``lock.join_failed``: it did not share), or None if there is none."""
     from ...identity import owned
-    from .predecessor import find, worth_a_look
+    from .predecessor import find_hold, worth_a_look
+    from .proclocks import key_of
 
     if not worth_a_look(lock):
         return None
-    found = find(lock.path, lock.fd)
+    found = find_hold(lock.path, key_of(os.fstat(lock.fd)))
     rec = None if found is None else found.record()
-    if found is None or rec is None or not rec.get("hold") or rec.get("pid") != found.pid:
+    if found is None or rec is None or rec.get("pid") != found.pid:
         return None
     if not owned(rec, env, token):
         return None

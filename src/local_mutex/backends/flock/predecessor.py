@@ -89,13 +89,28 @@ def lost_hold(path: str) -> tuple[int, dict[str, Any]] | None:
         here = key_of(os.stat(path, follow_symlinks=False))
     except OSError:
         here = None
-    found = _find(path, here, ())
+    found = find_hold(path, here)
     rec = None if found is None else found.record()
-    if found is None or rec is None or not rec.get("hold") or not isinstance(rec["pid"], int):
+    if found is None or rec is None or not isinstance(rec["pid"], int):
         return None
     # The pid a record names is only a claim: it must hold that very lock (a pid reused
     # since, or a record planted to have another process signalled, does not).
     return (rec["pid"], rec) if _proc.holds_lock(rec["pid"], {found.file}) else None
+
+
+def find_hold(path: str, here: tuple[int, int, int] | None) -> Predecessor | None:
+    """Of the locks held on files deleted from ``path`` (a fast tmp cleaner leaves several:
+    the newcomers' files too), a hold's."""
+    skip: set[tuple[int, int, int]] = set()
+    for _ in range(_MAX_PREDECESSORS):
+        found = _find(path, here, skip)
+        if found is None:
+            return None
+        rec = found.record()
+        if rec is not None and rec.get("hold") is True:
+            return found
+        skip.add(found.lock.key)
+    return None
 
 
 def _find(
