@@ -186,10 +186,8 @@ class FlockLock:
                 if (self.fresh or os.fstat(self.fd).st_size) and self._wait_out_predecessor(
                     wait, start, reporter
                 ):
-                    announced = True  # and the file may have been given back (``predecessor``)
-                    self.held = names_inode(self.path, self.fd) and kernel.try_lock(
-                        self.fd, shared=self.shared
-                    )
+                    announced = True
+                    self.held = names_inode(self.path, self.fd)
             if self.held:
                 waited = time.monotonic() - start if announced else 0.0
                 if reporter is not None and announced:

@@ -15,8 +15,8 @@ record in it had a holder that died or gave up. Whoever takes such a file asks t
 - anyone else's: we keep the new file locked, so that nobody newer slips in, and wait in the
   kernel for the deleted file's lock, opened through ``/proc/PID/fd``, within our wait
   ceiling. The file carries a record meanwhile, so that whoever takes it after we gave up
-  asks again. (The holder finds the new file taken and says so.) A hold's lock, it gives the
-  new file to the hold (``_give_back``): a hold lasts, and must be found at the path.
+  asks again. (The holder finds the new file taken and says so; a hold goes on, and takes
+  the file at the path back once it is free.)
 """
 
 from __future__ import annotations
@@ -46,10 +46,6 @@ _MAX_PREDECESSORS = 16
 # While waiting for a predecessor: how often to look whether our own file is still at the
 # path (``_wait_while_at_path``).
 _LOOK_AGAIN = 0.25
-# A hold's holder takes a file back at its next look (every 0.1 s); one that did not within
-# this (stopped) is asked again after the other.
-_GIVE_BACK_WITHIN = 0.3
-_GIVE_BACK_EVERY = 2.0
 
 
 class Predecessor:
@@ -284,9 +280,9 @@ def wait_out(
                     passed.add(found.lock.key)  # shared beside shared: still held, though
                 continue
             said = _say(lock, found, reporter, said)
-            got = _wait_while_at_path(lock, fd, deadline, _is_a_hold(found))
+            got = _wait_while_at_path(lock, fd, deadline)
             if got is None:
-                return True, None  # our file is gone from the path, or given back: start over
+                return True, None  # our file is gone from the path: start over
             if not got:
                 return True, found.holder()
         finally:
@@ -296,20 +292,12 @@ def wait_out(
     return said or not is_file_at(lock.path, lock.fd), None
 
 
-def _wait_while_at_path(
-    lock: FlockLock, fd: int, deadline: float | None, hold: bool
-) -> bool | None:
+def _wait_while_at_path(lock: FlockLock, fd: int, deadline: float | None) -> bool | None:
     """Wait for the predecessor's lock (True), until ``deadline`` (False) -- or until our
     own file is gone from the path too (None): a tmp cleaner deleting faster than anyone
     looks can make two waiters each other's predecessors, each keeping its own file locked
-    while it waits for the other's. The one whose file is gone lets go. A ``hold``'s lock:
-    we give it the file at the path (None once it took it; asked again now and then)."""
-    ask = time.monotonic()
+    while it waits for the other's. The one whose file is gone lets go."""
     while True:
-        if hold and time.monotonic() >= ask:
-            if _give_back(lock):
-                return None
-            ask = time.monotonic() + _GIVE_BACK_EVERY
         left = _left(deadline)
         ceiling = _LOOK_AGAIN if left is None else min(left, _LOOK_AGAIN)
         with kernel.interruptible():
@@ -319,28 +307,6 @@ def _wait_while_at_path(
             return None
         if left is not None and left <= _LOOK_AGAIN:
             return False
-
-
-def _is_a_hold(found: Predecessor) -> bool:
-    """Is the lock on the deleted file a live hold's (its holder takes files back)?"""
-    rec = found.record()
-    return rec is not None and rec.get("hold") is True and rec.get("pid") == found.pid
-
-
-def _give_back(lock: FlockLock) -> bool:
-    """Let a hold take the file at the path back, rather than keep it from the hold for
-    the rest of its life (runs of its job would not find it there to join, ``release``
-    would look for it through /proc, flock(1) would find the path free). Our mark stays
-    in the file: whoever takes it meanwhile asks the kernel too. True once another has it
-    locked; else (a stopped holder) it is ours again: False."""
-    here = key_of(os.fstat(lock.fd))
-    kernel.unlock(lock.fd)
-    deadline = time.monotonic() + _GIVE_BACK_WITHIN
-    while time.monotonic() < deadline:
-        time.sleep(0.01)
-        if _locked(here):
-            return True
-    return not kernel.try_lock(lock.fd, shared=lock.shared)
 
 
 def _left(deadline: float | None) -> float | None:
