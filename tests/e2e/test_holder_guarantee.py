@@ -1349,6 +1349,38 @@ def test_release_finds_the_hold_among_files_deleted_twice(
         run_cli(["release", "twice", "--force", *d])
 
 
+def test_newcomers_of_every_kind_wait_for_a_hold_whose_file_was_deleted(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """Shared and exclusive newcomers after a deletion under a hold: none runs while the
+    hold lives (a newcomer that lent the new file to the hold for a moment let others in)."""
+    d = ["--lock-dir", str(lock_dir)]
+    token = run_cli(["hold", "many", *d]).stdout.decode().strip()
+    holder_pid = json.loads(run_cli(["status", "many", "--json", *d]).stdout)["holders"][0]["pid"]
+    try:
+        with stopped(holder_pid):
+            lock_file(lock_dir, "many").unlink()
+            kinds = [["--shared"], ["--shared"], [], [], ["--wait", "60"]]
+            runs = [
+                procs.start([*kind, "many", f"touch '{marks}/ran.{i}'", *d])
+                for i, kind in enumerate(kinds)
+            ]
+            for run in runs:
+                procs.wait_stderr(run, "waiting for")
+            time.sleep(2.5)  # what the newcomers may do while the holder cannot act
+            assert sorted(p.name for p in marks.glob("ran.*")) == []
+        the_hold = run_cli(
+            ["run", "--reentrant", "--no-wait", "many", f"touch '{marks}/inside'", *d],
+            env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+        )
+        assert the_hold.returncode == 0, the_hold.stderr  # it lives, and its job runs in it
+        assert sorted(p.name for p in marks.glob("ran.*")) == []
+        assert run_cli(["release", "many", "--token", token, *d]).returncode == 0
+        assert [run.wait(30) for run in runs] == [0] * len(kinds)
+    finally:
+        run_cli(["release", "many", "--force", *d])
+
+
 def test_a_shared_newcomer_beside_a_deleted_shared_lock_leaves_the_mark(
     procs: Procs, lock_dir: Path, marks: Path
 ) -> None:
