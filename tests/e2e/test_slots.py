@@ -237,6 +237,22 @@ def test_plain_release_ends_our_own_slot_hold(lock_dir: Path) -> None:
     assert r.returncode == 0 and b"released pool" in r.stderr
 
 
+def test_a_slot_hold_is_released_when_a_tmp_cleaner_took_the_plain_lock_file(
+    lock_dir: Path,
+) -> None:
+    """``release NAME`` said "no lock file for NAME" (exit 2) and left the slot hold running
+    for good (no TTL) once the name's plain lock file was deleted."""
+    d = ["--lock-dir", str(lock_dir)]
+    r = run_cli(["hold", "pool", "--slots", "2", *d])
+    assert r.returncode == 0, r.stderr
+    token = r.stdout.decode().strip()
+    lock_file(lock_dir, "pool").unlink()
+    r = run_cli(["release", "pool", "--token", token, *d])
+    assert r.returncode == 0 and b"released pool" in r.stderr, r.stderr
+    r = run_cli(["release", "pool", "--token", token, *d])  # the slot files are still there
+    assert r.returncode == 0 and b"pool is not held" in r.stderr, r.stderr
+
+
 def test_slots_bad_input(lock_dir: Path) -> None:
     r = run_cli(["--slots", "0", "pool", "true", str(lock_dir)])
     assert r.returncode == 2

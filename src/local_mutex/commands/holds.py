@@ -6,7 +6,14 @@ import os
 
 from .._fastsignal import deferred_stops, quiet_stops
 from ..backends import Ending
-from ..errors import EXIT_IOERR, EXIT_USAGE, Interrupted, LocalMutexError, NestingError
+from ..errors import (
+    EXIT_IOERR,
+    EXIT_USAGE,
+    Interrupted,
+    InvalidLockDir,
+    LocalMutexError,
+    NestingError,
+)
 from ..names import name_bytes, shell_quote
 from ..nesting import ENV_REMOTE
 from ..ui.output import STDOUT, closed_by_caller, out
@@ -206,7 +213,16 @@ def end_hold(backend: Backend, name: str, ending: Ending) -> tuple[Released, boo
     """``release_hold``, and (whether NAME's slots are held by others' holds: the caller
     should say how to name them). A release of NAME's plain lock, which is free, ends this
     job's (or the token's) hold of NAME's slots: that is the hold the caller meant."""
-    done = backend.release_hold(name_bytes(name), ending)
+    slotted = Ending(ending.env, token=ending.token, slots=True, waiting=ending.waiting)
+    try:
+        done = backend.release_hold(name_bytes(name), ending)
+    except InvalidLockDir as missing:  # no plain lock file (a tmp cleaner): slots may be held
+        if ending.slots:
+            raise
+        try:
+            return backend.release_hold(name_bytes(name), slotted), False
+        except InvalidLockDir:  # no slot files either: the plain lock's answer stands
+            raise missing from None
     if done.was_held or ending.slots:
         return done, False
     try:
@@ -215,7 +231,6 @@ def end_hold(backend: Backend, name: str, ending: Ending) -> tuple[Released, boo
     except LocalMutexError:
         return done, False
     # Not with --force: which of several holds of the slots it ended would be a guess.
-    slotted = Ending(ending.env, token=ending.token, slots=True, waiting=ending.waiting)
     try:
         return backend.release_hold(name_bytes(name), slotted), False
     except LocalMutexError:  # not ours
