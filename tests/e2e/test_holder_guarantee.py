@@ -1250,6 +1250,15 @@ def test_a_hold_taken_in_the_tick_after_a_deletion_waits_for_the_deleted_files_l
     _let_end(holder, procs, marks)
 
 
+def _a_hold(name: str, lock_dir: Path) -> tuple[str, int]:
+    """A ``hold`` of NAME: its token, and its holder's pid."""
+    d = ["--lock-dir", str(lock_dir)]
+    r = run_cli(["hold", name, *d])
+    assert r.returncode == 0, r.stderr
+    status = json.loads(run_cli(["status", name, "--json", *d]).stdout)
+    return r.stdout.decode().strip(), int(status["holders"][0]["pid"])
+
+
 def test_a_hold_whose_file_a_newcomer_took_first_goes_on_until_released(
     procs: Procs, lock_dir: Path, marks: Path
 ) -> None:
@@ -1260,11 +1269,7 @@ def test_a_hold_whose_file_a_newcomer_took_first_goes_on_until_released(
     it on the deleted file (a nested call inside that run runs inside too), and the
     newcomer runs once ``release`` ended it."""
     d = ["--lock-dir", str(lock_dir)]
-    r = run_cli(["hold", "mig", *d])
-    assert r.returncode == 0, r.stderr
-    token = r.stdout.decode().strip()
-    held = json.loads(run_cli(["status", "mig", "--json", *d]).stdout)
-    holder_pid = held["holders"][0]["pid"]
+    token, holder_pid = _a_hold("mig", lock_dir)
     path = lock_file(lock_dir, "mig")
     try:
         with stopped(holder_pid):
@@ -1300,10 +1305,7 @@ def test_a_hold_whose_new_file_a_slow_newcomer_holds_goes_on(
     site.mkdir()
     (site / "sitecustomize.py").write_text(PAUSE_SECOND_LOOK)
     d = ["--lock-dir", str(lock_dir)]
-    r = run_cli(["hold", "slow", *d])
-    assert r.returncode == 0, r.stderr
-    token = r.stdout.decode().strip()
-    holder_pid = json.loads(run_cli(["status", "slow", "--json", *d]).stdout)["holders"][0]["pid"]
+    token, holder_pid = _a_hold("slow", lock_dir)
     try:
         with stopped(holder_pid):
             lock_file(lock_dir, "slow").unlink()
@@ -1331,8 +1333,7 @@ def test_release_finds_the_hold_among_files_deleted_twice(
     still locked. ``release`` took the first it found for the hold's: "held by pid N, which
     is not a hold" (77), or no lock file at all (2), with the hold still there."""
     d = ["--lock-dir", str(lock_dir)]
-    token = run_cli(["hold", "twice", *d]).stdout.decode().strip()
-    holder_pid = json.loads(run_cli(["status", "twice", "--json", *d]).stdout)["holders"][0]["pid"]
+    token, holder_pid = _a_hold("twice", lock_dir)
     path = lock_file(lock_dir, "twice")
     try:
         with stopped(holder_pid):
@@ -1355,8 +1356,7 @@ def test_newcomers_of_every_kind_wait_for_a_hold_whose_file_was_deleted(
     """Shared and exclusive newcomers after a deletion under a hold: none runs while the
     hold lives (a newcomer that lent the new file to the hold for a moment let others in)."""
     d = ["--lock-dir", str(lock_dir)]
-    token = run_cli(["hold", "many", *d]).stdout.decode().strip()
-    holder_pid = json.loads(run_cli(["status", "many", "--json", *d]).stdout)["holders"][0]["pid"]
+    token, holder_pid = _a_hold("many", lock_dir)
     try:
         with stopped(holder_pid):
             lock_file(lock_dir, "many").unlink()
