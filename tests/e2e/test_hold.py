@@ -988,6 +988,12 @@ def test_a_hold_whose_new_lock_file_another_took_first_takes_it_back(
     try:
         status = _status(name, lock_dir)
         assert [h["pid"] for h in status["holders"]] == [os.getpid()], status
+        # Meanwhile a run of its job runs inside it, on the file deleted from the path.
+        r = run_cli(
+            ["run", "--reentrant", "--wait", "5", "--lock-dir", str(lock_dir), name, "true"],
+            env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+        )
+        assert r.returncode == 0 and b"running inside it" in r.stderr, r.stderr
     finally:
         os.close(fd)
 

@@ -171,7 +171,7 @@ def _keep(
             if tick is not None:
                 # A file deleted under us and the new one taken first (a tmp cleaner): the
                 # hold goes on all the same, as a run's command does, and takes the new
-                # file once it is free (a local-mutex newcomer gives it back: ``putback``).
+                # file once whoever took it lets go (``putback``).
                 held.check()
             if sharing is not None and isinstance(held.lock, FlockLock):
                 if sharing in ready:

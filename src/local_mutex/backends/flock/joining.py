@@ -135,15 +135,15 @@ def join(
 def join_lost_hold(
     lock: FlockLock, env: Mapping[str, str], token: str | None, wait: float | None
 ) -> int | None:
-    """Our job's hold that keeps its lock on a file deleted from the path, a newcomer that
-    took the file at the path waiting for it (``putback``): join it there, as at the path.
-    Its pid (``lock.join_failed``: it did not share), or None if there is none."""
+    """Our job's hold that keeps its lock on a file deleted from the path, the file at the
+    path taken by another (``putback``): join it there, as at the path. Its pid
+    (``lock.join_failed``: it did not share), or None if there is none. Asked of every
+    ``run --reentrant`` that found no hold at the path, a file without a mark too (another
+    program may have taken it): /proc/locks, once."""
     from ...identity import owned
-    from .predecessor import find_hold, worth_a_look
+    from .predecessor import find_hold
     from .proclocks import key_of
 
-    if not worth_a_look(lock):
-        return None
     found = find_hold(lock.path, key_of(os.fstat(lock.fd)))
     rec = None if found is None else found.record()
     if found is None or rec is None or rec.get("pid") != found.pid:

@@ -68,7 +68,6 @@ class FlockLock:
         # the path, they stay held (and guarded) while those runs' commands may hold them.
         self.given: set[tuple[int, int]] = set()
         self.lost_to: int | None = None  # pid that took a replacement file before us
-        self.newcomer_waits = False  # ... and waits for our lock on the deleted file
         self.cannot_create: int | None = None  # why no file could be put back (errno)
         self.guardian: int | None = None  # holds the file put back too (``guardian``)
         # Inside a hold: its descriptions of the lock, and our connection to its holder.
@@ -138,11 +137,11 @@ class FlockLock:
         return [fd for fd in (self.fd, *self.spares) if fd >= 0]
 
     def at_path(self) -> list[int]:
-        """The description of the file now at the path (for a hold to share); once a
-        newcomer took the file at the path first and waits for ours (``putback``), those
-        of the file deleted from it: the lock everyone waits for is that one."""
+        """The description of the file now at the path (for a hold to share); once another
+        took the file at the path first (``putback``), those of the file deleted from it:
+        the hold's lock is there."""
         here = [fd for fd in self.descriptions() if names_inode(self.path, fd)]
-        return here if here or not self.newcomer_waits else self.descriptions()
+        return here if here or self.lost_to is None else self.descriptions()
 
     def hand_over(self) -> None:
         """Close our descriptions without unlocking them: runs inside our hold share them,

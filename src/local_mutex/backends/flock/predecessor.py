@@ -141,7 +141,7 @@ def _find(
     return Predecessor(lock, through, (st.st_dev, st.st_ino))
 
 
-def worth_a_look(lock: FlockLock) -> bool:
+def _worth_a_look(lock: FlockLock) -> bool:
     """Created by us, or with a mark in it (a new file's, a waiting newcomer's): not the
     hold's record a run inside a hold finds in the file its hold holds."""
     if lock.fresh:
@@ -221,7 +221,7 @@ def let_our_hold_adopt(
     not within that moment (or ``wait``): stopped, it cannot share its lock with us either."""
     from ...identity import owned
 
-    if not worth_a_look(lock):
+    if not _worth_a_look(lock):
         return None
     found = find(lock.path, lock.fd)
     rec = None if found is None else found.record()

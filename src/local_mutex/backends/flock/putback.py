@@ -26,8 +26,8 @@ _WAITER_WITHIN = 0.3
 def put_back(lock: FlockLock) -> str | None:
     """Nothing if the path still names a file we hold; else a warning saying what we did:
     put a locked file back, or found that a newcomer took the new file first. Once it
-    did, it is asked again every tick, and said only once: a newcomer that finds a hold's
-    lock on the deleted file gives the new one back (``predecessor``)."""
+    did, the path is tried again every tick (said only once): the file is ours again as
+    soon as whoever took it lets go."""
     if lock.guardian is not None:
         warning = _guardian_gone(lock, lock.guardian)
         if warning is not None:
@@ -58,7 +58,7 @@ def put_back(lock: FlockLock) -> str | None:
         os.close(fd)  # never write into a file that may be someone else's (which
         return None  # a newcomer refuses as well): look again next tick
     if any(taken) or _take(lock, fd):
-        lock.lost_to, lock.newcomer_waits = None, False
+        lock.lost_to = None
         # Files put back before, gone from the path again, are let go -- but those a hold
         # gave runs inside it stay held and guarded: those runs' commands may hold them.
         kept = [s for s in lock.spares if file_id(s) in lock.given]
@@ -77,11 +77,10 @@ def put_back(lock: FlockLock) -> str | None:
     other = lock.busy_holder() or {}
     pid = other.get("pid")
     lock.lost_to = pid if isinstance(pid, int) else -1
-    lock.newcomer_waits = _waited_for(lock)
     who = f"pid {pid}" if isinstance(pid, int) else "another process"
     then = (
         "and waits for this lock to end"
-        if lock.newcomer_waits
+        if _waited_for(lock)
         else "and does not wait for this lock: whatever holds it may run beside this command"
     )
     return (
