@@ -312,9 +312,10 @@ def test_a_run_inside_a_hold_whose_holder_dies_is_stopped(job: Callable[..., Job
     and whoever takes the lock next starts only once that command is gone."""
     j = job("inside-orphan")
     log = j.tmp / "log"
+    # The trap ignores a second TERM (the group's, and the top process's own, may both come).
     cmd = (
-        f"trap 'echo \"a stopped\" >> {log}; exit 1' TERM; echo 'a start' >> {log}; "
-        f"touch {j.tmp}/a.started; while :; do sleep 0.02; done"
+        f'trap \'trap "" TERM; echo "a stopped" >> {log}; exit 1\' TERM; '
+        f"echo 'a start' >> {log}; touch {j.tmp}/a.started; while :; do sleep 0.02; done"
     )
     first = j.spawn("a", "run", "--reentrant", j.name, cmd)
     wait_for(j.tmp / "a.started", what="a to start inside the hold")
