@@ -214,13 +214,21 @@ def _status_of(path: str, name: str | None, allow_other_owner: bool) -> LockStat
     locks = read_proc_locks()
     if locks is None:
         return _probe(path, name)
+    return _of_file(path, name, st, locks, _proc.boot_time())
+
+
+def _of_file(
+    path: str, name: str | None, st: os.stat_result, locks: list[KernelLock], boot: float | None
+) -> LockStatus:
+    """The file at the path, as the kernel lists it -- or, free with something in it, the
+    lock still held on a file deleted from the path (``_held_deleted``)."""
     key = key_of(st)
     mine = [e for e in locks if e.key == key]
     if st.st_size and not any(e.depth == 0 for e in mine):
         deleted = _held_deleted(path, name, locks, key)
         if deleted is not None:
             return deleted
-    return _from_kernel(path, name, key, mine, _proc.boot_time())
+    return _from_kernel(path, name, key, mine, boot)
 
 
 def _missing(path: str, name: str | None) -> LockStatus:
@@ -274,17 +282,9 @@ def list_locks(
             if include_free or probed.held:
                 out.append(probed)
             continue
-        key = key_of(st)
-        mine = [e for e in locks if e.key == key]
-        deleted = None
-        if st.st_size and not any(e.depth == 0 for e in mine):
-            deleted = _held_deleted(path, None, locks, key)
-        if deleted is not None:
-            out.append(deleted)
-        elif mine:
-            out.append(_from_kernel(path, None, key, mine, boot))
-        elif include_free:
-            out.append(LockStatus(path, None, "free", "proc"))
+        found = _of_file(path, None, st, locks, boot)
+        if include_free or found.held:
+            out.append(found)
     for found in out:
         found.slot = slot_index(found.lock_file)
     return ordered([s for s in out if include_free or s.held])
