@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -156,3 +157,39 @@ def test_a_reader_waits_for_a_writer(procs: Procs, lock_dir: Path, marks: Path) 
     assert r.returncode == 75
     (marks / "h.go").touch()
     assert writer.wait(20) == 0
+
+
+# Counts each SIGTERM it is given (blocked, taken one by one with sigtimedwait, so two that
+# come a moment apart are two), for argv[2] seconds after the first, then writes the count.
+COUNT_TERMS = """
+import signal, sys, time
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+count, until = 0, None
+while until is None or time.monotonic() < until:
+    left = 60.0 if until is None else until - time.monotonic()
+    if signal.sigtimedwait({signal.SIGTERM}, max(left, 0.0)) is not None:
+        count += 1
+        until = until or time.monotonic() + float(sys.argv[2])
+with open(sys.argv[1], "w") as f:
+    f.write(str(count))
+"""
+
+
+def test_the_command_is_sent_each_stop_signal_once(lock_dir: Path, marks: Path) -> None:
+    """The run ceiling's SIGTERM went to the command's group and then again to its top
+    process (a child of the supervisor), and again to each member of the group the
+    supervisor adopted once the top process ended: a program that takes a second TERM as
+    "stop now, skip the cleanup" (as many do for a second Ctrl-C) lost its cleanup."""
+    counts = []
+    for n in range(3):  # the second TERM may come before the first was taken: look thrice
+        top, background = marks / f"top{n}", marks / f"background{n}"
+        count = f"{sys.executable} -c '{COUNT_TERMS}'"
+        r = run_cli(
+            [
+                "--timeout", "0.5", "--kill-after", "5", "t",
+                f"{count} {background} 1.5 & exec {count} {top} 0.5", str(lock_dir),
+            ]
+        )  # fmt: skip
+        assert r.returncode == 124, r.stderr
+        counts.append((top.read_text(), background.read_text()))
+    assert counts == [("1", "1")] * 3

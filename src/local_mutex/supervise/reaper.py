@@ -158,6 +158,9 @@ class Stopper:
         # left behind, adopted): not this command's, neither stopped nor waited for.
         self.spare = spare
         self.last: int | None = None  # the last signal sent to everyone
+        # Whether the group was sent ``last``: its members have it (a process gets a second
+        # TERM when it is both a group member and our child: "stop now" to many programs).
+        self.group_got_last = False
         self.kill_at: float | None = None
         self.told: dict[int, int] = {}  # child pid -> the last signal it got from us
 
@@ -165,9 +168,11 @@ class Stopper:
         self.last = sig
         if sig == signal.SIGKILL and self.kill_at is None:
             self.kill_at = time.monotonic()
+        self.group_got_last = False
         if self.pgid is not None:
             try:
                 os.killpg(self.pgid, sig)
+                self.group_got_last = True
                 if sig != signal.SIGKILL:
                     os.killpg(self.pgid, signal.SIGCONT)  # a stopped group acts on it now
             except (ProcessLookupError, PermissionError):
@@ -177,8 +182,11 @@ class Stopper:
             self.tell_children()
 
     def tell_children(self) -> None:
-        """Give the last signal to each child that has not had it (an orphan adopted since
-        is stopped too; a child busy cleaning up after SIGTERM is not signalled again)."""
+        """Give the last signal to each child that has not had it: one outside the group
+        (an orphan that left it, adopted since) is stopped too; a child busy cleaning up
+        after SIGTERM is not signalled again, nor is a member of the group that was sent it
+        (the top process, orphans of the group; what they start while cleaning up is
+        stopped at the escalation)."""
         if self.last is None:
             return
         for child in _proc.children(os.getpid()):
@@ -186,7 +194,8 @@ class Stopper:
                 continue
             self.told[child] = self.last
             try:
-                os.kill(child, self.last)
+                if not (self.group_got_last and os.getpgid(child) == self.pgid):
+                    os.kill(child, self.last)
             except (ProcessLookupError, PermissionError):
                 pass
 
