@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Procs, hold_until, lock_file, run_cli, wait_for
-from local_mutex.backends.flock.slots import gate_path
+from helpers import Procs, hold_until, lock_file, lock_is_free, run_cli, stopped, wait_for
+from local_mutex.backends.flock.slots import gate_path, slot_path
 
 needs_proc = pytest.mark.skipif(
     not os.path.isdir("/proc/self"), reason="reads the waiters' CPU time from /proc"
@@ -385,3 +385,83 @@ def test_each_with_slots_reports_only_the_summary_when_nothing_waited(lock_dir: 
     lines = r.stderr.decode().splitlines()
     assert [line for line in lines if "released" in line] == [], lines
     assert any("3 items ran" in line for line in lines), lines
+
+
+# -- a tmp cleaner deleting a held slot's file --------------------------------------------------
+
+
+def test_a_newcomer_in_the_tick_after_a_slot_files_deletion_leaves_that_slot(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """Deleted, and a newcomer came before the holder put a file back (every 0.1 s; here
+    its keeper is stopped): it created a new slot file, took it, and ran beside the
+    holder's command -- two in one slot. It now asks the kernel, as for the plain lock,
+    finds the lock still held on the deleted file, and leaves that slot (the holder puts
+    its file back once it runs)."""
+    d = str(lock_dir)
+    holder = procs.start(["--slots", "1", "pool", hold_until(marks), d])
+    wait_for(marks / "h.held")
+    path = Path(slot_path(str(lock_file(lock_dir, "pool")), 0))
+    with stopped(holder.pid):
+        path.unlink()
+        r = run_cli(["--no-wait", "--slots", "1", "pool", f"touch '{marks}/early'", d])
+        assert r.returncode == 75, r.stderr
+        assert f"slot 0: pid {holder.pid} ".encode() in r.stderr, r.stderr
+        assert not (marks / "early").exists()
+        late = procs.start(
+            ["--slots", "1", "pool", f"test -e '{marks}/h.go' && touch '{marks}/late'", d]
+        )
+        time.sleep(0.3)  # its looks (every 5-100 ms) leave the slot each time
+        assert late.poll() is None, procs.stderr(late)
+    procs.wait_stderr(holder, "put a locked file back at the path")
+    assert not lock_is_free(path)
+    (marks / "h.go").touch()
+    assert holder.wait(20) == 0, procs.stderr(holder)
+    assert late.wait(20) == 0, procs.stderr(late)
+    assert (marks / "late").exists()
+
+
+def test_a_nested_slots_call_in_the_tick_after_a_deletion_runs_inside(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """The command's own `--slots` call, made after its slot's file was deleted and before
+    its keeper put one back, runs inside its enclosing run (found through that run's own
+    descriptors), not in a slot of its own -- nor waits for its own slot."""
+    path = slot_path(str(lock_file(lock_dir, "pool")), 0)
+    cmd = (
+        f"touch '{marks}/started'; while [ ! -e '{marks}/go' ]; do sleep 0.02; done; "
+        f"rm -f '{path}'; \"$LOCAL_MUTEX_CLI\" --no-wait --slots 1 pool "
+        f"\"touch '{marks}/inner'\" && touch '{marks}/after'"
+    )
+    holder = procs.start(["--slots", "1", "pool", cmd, str(lock_dir)])
+    wait_for(marks / "started")
+    with stopped(holder.pid):  # the keeper: no put-back before the nested call
+        (marks / "go").touch()
+        wait_for(marks / "after")
+    assert holder.wait(20) == 0, procs.stderr(holder)
+    assert "running inside it" in procs.stderr(holder)
+    assert (marks / "inner").exists()
+
+
+def test_a_reentrant_run_in_the_tick_after_a_slot_files_deletion_runs(lock_dir: Path) -> None:
+    """`run --reentrant --slots` of a `hold --slots`'s job, after a tmp cleaner deleted the
+    hold's slot file and before the holder put one back: it runs (its job's hold has the
+    slot); a run of anyone else does not."""
+    d = str(lock_dir)
+    token = run_cli(["hold", "pool", "--slots", "1", "--lock-dir", d]).stdout.decode().strip()
+    path = Path(slot_path(str(lock_file(lock_dir, "pool")), 0))
+    holder = json.loads(run_cli(["status", "pool", "--json", "--lock-dir", d]).stdout)
+    try:
+        with stopped(holder["slots"][0]["holders"][0]["pid"]):
+            path.unlink()
+            other = run_cli(["--no-wait", "--slots", "1", "--lock-dir", d, "pool", "true"])
+            assert other.returncode == 75, other.stderr
+            r = run_cli(
+                ["run", "--reentrant", "--no-wait", "--slots", "1", "--lock-dir", d, "pool",
+                 "true"],
+                env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+            )  # fmt: skip
+            assert r.returncode == 0, r.stderr
+    finally:
+        r = run_cli(["release", "pool", "--slots", "--lock-dir", d, "--token", token])
+        assert r.returncode == 0, r.stderr

@@ -73,6 +73,8 @@ class FlockLock:
         # Inside a hold: its descriptions of the lock, and our connection to its holder.
         self.joined: tuple[socket.socket, list[int]] | None = None
         self.join_failed = False  # a hold's holder that could not share its lock with us
+        self.reentrant = False  # a run that may join its job's hold (with its token)
+        self.token: str | None = None
 
     # -- who we are ----------------------------------------------------------------------
 
@@ -90,22 +92,9 @@ class FlockLock:
 
                 found = enclosing(self, env)
             return found
-        for path in self._slot_paths(slots):
-            try:
-                st = os.stat(path, follow_symlinks=False)
-            except OSError:
-                continue
-            file = st.st_dev, st.st_ino
-            found = nesting.enclosing_hold(env, f"{st.st_dev}:{st.st_ino}", file)
-            if found is not None:
-                return found
-        return None
+        from .slots import enclosing_slot  # a lock apart from the plain one
 
-    def _slot_paths(self, slots: int) -> list[str]:
-        """The name's first ``slots`` slot files (``--slots``: a lock apart from the plain one)."""
-        from .slots import MAX_SLOTS, slot_path
-
-        return [slot_path(self.path, i) for i in range(min(slots, MAX_SLOTS))]
+        return enclosing_slot(self, env, slots)
 
     def held_by_our_hold(
         self,
@@ -123,13 +112,15 @@ class FlockLock:
         new lock file back after a tmp cleaner (``predecessor``)."""
         from .joining import join_ours
         from .predecessor import let_our_hold_adopt
+        from .slots import slot_paths
 
+        self.reentrant, self.token = True, token
         if slots is None:
             stuck = let_our_hold_adopt(self, env, token, wait)
             if stuck is not None:
                 self.join_failed = True
                 return stuck
-        paths = [self.path] if slots is None else self._slot_paths(slots)
+        paths = [self.path] if slots is None else slot_paths(self.path, slots)
         return join_ours(self, paths, env, token, wait)
 
     def descriptions(self) -> list[int]:
@@ -166,7 +157,9 @@ class FlockLock:
         shared, slots, wait = take.shared, take.slots, take.wait
         reporter, progress = take.reporter, take.progress
         if slots is not None:
-            return self._take_slot(slots, wait, reporter)
+            from .slots import acquire_slot
+
+            return acquire_slot(self, slots, wait, reporter)
         self.shared = shared
         start = time.monotonic()
         announced = False
@@ -243,24 +236,6 @@ class FlockLock:
             self.held = False
             spent = time.monotonic() - start
             raise NotAcquired(_not_acquired_text(self.label, spent, holder), holder, spent)
-        return waited
-
-    def _take_slot(self, slots: int, wait: float | None, reporter: Reporter | None) -> float:
-        from .slots import take_slot
-
-        slot, waited = take_slot(
-            self.label,
-            self.path,
-            slots,
-            wait=wait,
-            allow_other_owner=self.allow_other_owner,
-            reporter=reporter,
-        )
-        plain, self.fd = self.fd, slot.fd  # ours to let go (``close``) from here on
-        os.close(plain)
-        self.path, self.slot = slot.path, slot.index
-        self.lock_file = slot.path
-        self.held = True
         return waited
 
     def _look(self) -> tuple[dict[str, Any] | None, str | None]:

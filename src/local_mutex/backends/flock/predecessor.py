@@ -155,9 +155,15 @@ def enclosing(lock: FlockLock, env: Mapping[str, str]) -> tuple[int, str] | None
     a hold left its lock to the run we are in): that run's lock encloses us. Found through
     the enclosing runs' own descriptors (``/proc/PID/fd``): one of them, of the file
     LOCAL_MUTEX_HELD names, still names our path, deleted (or its record does, renamed)."""
+    path = as_proc_names_it(lock.path)
+    return held_by_ancestor([path], env) or _held_through_us(lock, path)
+
+
+def held_by_ancestor(paths: Collection[str], env: Mapping[str, str]) -> tuple[int, str] | None:
+    """An enclosing run (pid, mode) that holds a file deleted from one of ``paths`` (as
+    ``/proc`` names them), or moved away from it."""
     from ..._proc import PROC, is_ancestor, open_files
 
-    path = as_proc_names_it(lock.path)
     for pid, key, mode in nesting.held_entries(env):
         if not is_ancestor(pid):
             continue
@@ -169,13 +175,13 @@ def enclosing(lock: FlockLock, env: Mapping[str, str]) -> tuple[int, str] | None
                 target = os.readlink(through)
             except OSError:
                 continue
-            if target == path + " (deleted)":
+            if target.endswith(" (deleted)") and target[: -len(" (deleted)")] in paths:
                 return pid, mode
             # Moved away (its link names where it is now, perhaps under its old name), or
             # another name's lock file: its record says which lock file it is.
-            if record.recorded_path(through) == path:
+            if record.recorded_path(through) in paths:
                 return pid, mode
-    return _held_through_us(lock, path)
+    return None
 
 
 def _held_through_us(lock: FlockLock, path: str) -> tuple[int, str] | None:

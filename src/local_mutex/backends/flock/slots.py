@@ -14,15 +14,23 @@ from __future__ import annotations
 import os
 import time
 
+from ... import nesting
 from ...errors import NotAcquired
 from ...names import LOCK_SUFFIX
 from ...ui.lines import describe_holder, duration
 from . import kernel, record
-from .lockdir import names_inode, open_lock_file
+from .lockdir import as_proc_names_it, names_inode, open_lock_file, open_or_create
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
     from ...ui.lines import Reporter
+    from .lock import FlockLock
+    from .predecessor import Predecessor
+
+    # Is the lock still held on a file deleted from this slot's path one we run inside?
+    Ours = Callable[[str, Predecessor], bool] | None
 
 MAX_SLOTS = 1024
 _POLL_MIN, _POLL_MAX = 0.005, 0.1
@@ -41,6 +49,11 @@ def gate_path(lock_path: str) -> str:
 
 def slot_path(lock_path: str, index: int) -> str:
     return _base(lock_path) + f".slot{index}" + LOCK_SUFFIX
+
+
+def slot_paths(lock_path: str, slots: int) -> list[str]:
+    """The name's first ``slots`` slot files."""
+    return [slot_path(lock_path, i) for i in range(min(slots, MAX_SLOTS))]
 
 
 def existing_slots(lock_path: str) -> list[str]:
@@ -62,35 +75,113 @@ class Slot:
         self.dev, self.ino = st.st_dev, st.st_ino
 
 
-def _try_slots(lock_path: str, slots: int, allow_other_owner: bool) -> Slot | None:
+def enclosing_slot(lock: FlockLock, env: Mapping[str, str], slots: int) -> tuple[int, str] | None:
+    """An enclosing run (pid, mode) that holds one of the name's first ``slots`` slots: the
+    file at its path, or one deleted from it (a tmp cleaner, before the put-back)."""
+    paths = slot_paths(lock.path, slots)
+    for path in paths:
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            continue
+        found = nesting.enclosing_hold(env, f"{st.st_dev}:{st.st_ino}", (st.st_dev, st.st_ino))
+        if found is not None:
+            return found
+    if not env.get(nesting.ENV_HELD):
+        return None
+    from .predecessor import held_by_ancestor
+
+    return held_by_ancestor({as_proc_names_it(p) for p in paths}, env)
+
+
+def acquire_slot(
+    lock: FlockLock, slots: int, wait: float | None, reporter: Reporter | None
+) -> float:
+    """``lock.acquire`` of a slot: the lock's file becomes the slot's; the seconds waited."""
+    slot, waited = take_slot(
+        lock.label,
+        lock.path,
+        slots,
+        wait=wait,
+        allow_other_owner=lock.allow_other_owner,
+        reporter=reporter,
+        ours=lambda path, found: _runs_beside(lock, path, found),
+    )
+    plain, lock.fd = lock.fd, slot.fd  # ours to let go (``close``) from here on
+    os.close(plain)
+    lock.path, lock.slot = slot.path, slot.index
+    lock.lock_file = slot.path
+    lock.held = True
+    return waited
+
+
+def _runs_beside(lock: FlockLock, path: str, found: Predecessor) -> bool:
+    """A slot held on a file deleted from ``path`` by an enclosing run, or by our job's
+    hold (``--reentrant``): we take the new file (the hold takes it back after us)."""
+    from ...identity import owned
+    from .predecessor import held_by_ancestor
+
+    if lock.reentrant and owned(found.record(), lock.env, lock.token):
+        return True
+    return held_by_ancestor({as_proc_names_it(path)}, lock.env) is not None
+
+
+def _try_slots(lock_path: str, slots: int, allow_other_owner: bool, ours: Ours) -> Slot | None:
     for index in range(slots):
         path = slot_path(lock_path, index)
-        fd = open_lock_file(path, allow_other_owner=allow_other_owner)
+        fd, created = open_or_create(path, allow_other_owner=allow_other_owner)
         if kernel.try_lock(fd):
             if names_inode(path, fd):
-                return Slot(fd, path, index)
-            fresh = _retake(path, allow_other_owner, fd)
-            if fresh is not None:
-                return Slot(fresh, path, index)
-            continue
+                if not _deleted_while_held(path, fd, created, ours):
+                    return Slot(fd, path, index)
+            else:
+                fresh = _retake(path, allow_other_owner, fd, ours)
+                if fresh is not None:
+                    return Slot(fresh, path, index)
+                continue
         os.close(fd)
     return None
 
 
-def _retake(path: str, allow_other_owner: bool, stale: int) -> int | None:
+def _retake(path: str, allow_other_owner: bool, stale: int, ours: Ours) -> int | None:
     """The slot file was replaced while we took it: try the file now at the path once."""
     os.close(stale)
-    fd = open_lock_file(path, allow_other_owner=allow_other_owner)
-    if kernel.try_lock(fd) and names_inode(path, fd):
+    fd, created = open_or_create(path, allow_other_owner=allow_other_owner)
+    if (
+        kernel.try_lock(fd)
+        and names_inode(path, fd)
+        and not _deleted_while_held(path, fd, created, ours)
+    ):
         return fd
     os.close(fd)
     return None
 
 
+def _deleted_while_held(path: str, fd: int, created: bool, ours: Ours) -> bool:
+    """Is the slot busy after all? A tmp cleaner deleted its file while a run held it,
+    before that run's holder put one back (within a tick): the kernel still holds the lock
+    on the deleted file. Asked, as for the plain lock (``predecessor``), of a new file (its
+    mark) or one a holder left its record in; a released slot's file is empty. Let go, the
+    new file is the holder's to take back. ``ours``: a lock we run inside after all (an
+    enclosing run's, our job's hold's for ``--reentrant``)."""
+    if not created and not os.fstat(fd).st_size:
+        return False
+    from .predecessor import find
+
+    found = find(path, fd)
+    return found is not None and not (ours is not None and ours(path, found))
+
+
 def _busy_text(label: str, lock_path: str, slots: int) -> str:
     holders = []
     for index in range(slots):
-        rec = record.read_record(slot_path(lock_path, index))
+        path = slot_path(lock_path, index)
+        rec = record.read_record(path)
+        if rec is not None and rec.get("pid") is None:  # a new file's mark: ask the kernel
+            from .state import status_of_path
+
+            held = status_of_path(path, None).holders
+            rec = held[0].as_dict() if held else None
         if rec is not None:
             holders.append(f"slot {index}: {describe_holder(rec)}")
     return f"all {slots} slots of {label} are busy" + (
@@ -106,6 +197,7 @@ def take_slot(
     wait: float | None,
     allow_other_owner: bool,
     reporter: Reporter | None,
+    ours: Ours = None,
 ) -> tuple[Slot, float]:
     """Take a free slot (waiting in the gate's queue), returning it and the seconds waited."""
     start = time.monotonic()
@@ -117,13 +209,13 @@ def take_slot(
         with kernel.interruptible():
             if not kernel.try_lock(gate):
                 announced = _announce(reporter, label, lock_path, slots)
-                slot = _behind(gate, lock_path, slots, deadline, allow_other_owner)
+                slot = _behind(gate, lock_path, slots, deadline, allow_other_owner, ours)
                 if slot is None and not kernel.try_lock(gate):
                     raise _not_acquired(label, lock_path, slots, start)
             # Head of the queue: look for a free slot until one frees or time runs out.
             delay = _POLL_MIN
             while True:
-                slot = slot or _try_slots(lock_path, slots, allow_other_owner)
+                slot = slot or _try_slots(lock_path, slots, allow_other_owner, ours)
                 if slot is not None:
                     break
                 if not announced:
@@ -155,7 +247,12 @@ def take_slot(
 
 
 def _behind(
-    gate: int, lock_path: str, slots: int, deadline: float | None, allow_other_owner: bool
+    gate: int,
+    lock_path: str,
+    slots: int,
+    deadline: float | None,
+    allow_other_owner: bool,
+    ours: Ours,
 ) -> Slot | None:
     """Queue behind the head, asleep in the kernel, until we are the head (None, the gate
     ours), a slot stayed free while the head did not take it, or time ran out (None, after
@@ -163,10 +260,10 @@ def _behind(
     while True:
         remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         if remaining == 0:
-            return _try_slots(lock_path, slots, allow_other_owner)
+            return _try_slots(lock_path, slots, allow_other_owner, ours)
         if kernel.wait_lock(gate, timeout=_min(remaining, _BEHIND_LOOK)):
             return None
-        slot = _try_slots(lock_path, slots, allow_other_owner)
+        slot = _try_slots(lock_path, slots, allow_other_owner, ours)
         if slot is not None:
             return slot
 
