@@ -389,7 +389,7 @@ def test_a_run_inside_a_hold_keeps_the_lock_when_the_hold_ends_under_it(
     release or the TTL let the next holder in while the run's command still ran. The
     run shares the hold's lock now, and the lock is free once it ends."""
     cleanup.append("inside")
-    token = _hold("inside", lock_dir, *(["--ttl", "1"] if how == "ttl" else []))
+    token = _hold("inside", lock_dir, *(["--ttl", "3"] if how == "ttl" else []))  # busy: >1 s
     holder_pid = _status("inside", lock_dir)["holders"][0]["pid"]
     run = procs.start(
         ["run", "--reentrant", "--lock-dir", str(lock_dir), "inside", hold_until(marks, "in")],
@@ -1355,7 +1355,7 @@ def test_a_run_inside_an_ended_hold_keeps_the_lock_when_keeper_and_supervisor_di
     description, so a newcomer ran beside it. The command shares it now, as a plain run's
     does: the lock is held until the command ends."""
     cleanup.append("bare")
-    token = _hold("bare", lock_dir, *(["--ttl", "1"] if how == "ttl" else []))
+    token = _hold("bare", lock_dir, *(["--ttl", "3"] if how == "ttl" else []))  # busy: >1 s
     holder_pid = _status("bare", lock_dir)["holders"][0]["pid"]
     run = procs.start(
         ["run", "--reentrant", "--lock-dir", str(lock_dir), "bare", hold_until(marks, "in")],
