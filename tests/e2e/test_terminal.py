@@ -190,3 +190,34 @@ def test_ctrl_z_stops_the_whole_run_and_fg_resumes_it(
         if proc.poll() is None:
             proc.kill()
         os.close(master)
+
+
+# A Ctrl-C typed the moment the command got the terminal, before it exec'd: the forked
+# child was still a copy of the supervisor, whose handlers took it (and armed the
+# supervisor's escalation timer there: SIGALRM killed the command 4 s later) or lost it.
+CTRL_C_BEFORE_EXEC = """
+import os, signal
+real = os.tcsetpgrp
+def tcsetpgrp(fd, pgid):
+    real(fd, pgid)
+    if pgid == os.getpid():  # the command's child, taking the terminal: typed right now
+        os.kill(pgid, signal.SIGINT)
+os.tcsetpgrp = tcsetpgrp
+"""
+
+
+def test_ctrl_c_typed_before_the_command_execs_stops_it(lock_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text(CTRL_C_BEFORE_EXEC)
+    src = Path(__file__).resolve().parents[2] / "src"
+    started = time.monotonic()
+    proc, master = _start_in_terminal(
+        ["--lock-dir", str(lock_dir), "tty-lock", "--", "sleep", "30"],
+        {"PYTHONPATH": f"{tmp_path}:{src}"},
+    )
+    try:
+        assert proc.wait(20) == 130
+        assert time.monotonic() - started < 15
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)

@@ -68,8 +68,12 @@ def spawn_in_foreground(
         os.setpgid(0, 0)
         signal.signal(signal.SIGTTOU, signal.SIG_IGN)
         os.tcsetpgrp(tty, os.getpid())
-        for sig in (signal.SIGTTOU, *reset):
-            signal.signal(sig, signal.SIG_DFL)
+        # A Ctrl-C typed from here on is the command's: the supervisor's handlers, copied
+        # by the fork, must not take it (blocked until the mask below; ignored stay so).
+        defaults = {signal.SIGTTOU, *reset}
+        for sig in signal.valid_signals():
+            if sig in defaults or callable(signal.getsignal(sig)):
+                signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for fd in spec.closed:  # as the caller had them (``Spec.closed``)
             os.close(fd)
