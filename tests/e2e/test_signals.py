@@ -158,6 +158,32 @@ def test_a_stop_signal_ends_a_run_whose_command_filled_the_unread_stderr(
         run.communicate()
 
 
+def test_a_supervisor_whose_keeper_died_lets_go_though_nobody_reads_its_stderr(
+    lock_dir: Path, marks: Path
+) -> None:
+    """The keeper SIGKILLed, the command (it had filled the unread stderr) stopped: the
+    supervisor's line saying so blocked on the full pipe, and it held the lock until
+    someone read the pipe -- for good, under a parent that never does."""
+    script = marks / "fill.py"
+    script.write_text(
+        FILL_STDERR + f"open({str(marks / 'full')!r}, 'w').close()\nimport time\ntime.sleep(60)\n"
+    )
+    run = subprocess.Popen(
+        [*CLI, "full", f"exec {sys.executable} {script}", str(lock_dir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,  # never read
+        env=clean_env(),
+    )
+    try:
+        wait_for(marks / "full")
+        run.kill()
+        run.wait(10)
+        wait_for(lambda: lock_is_free(lock_file(lock_dir, "full")), 20, "the lock let go")
+    finally:
+        run.kill()
+        run.communicate()
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]

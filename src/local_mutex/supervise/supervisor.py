@@ -26,6 +26,7 @@ import time
 
 from .._fastsignal import STOP_SIGNALS, signal
 from ..nesting import ENV_HELD, handed_down
+from ..ui.lines import STOPPING_WRITE_WAIT
 from . import reaper, terminal
 from .spec import Spec, find_program
 from .watch import watch_keeper
@@ -335,10 +336,16 @@ def _run(
 def _say_keeper_gone(keeper: int, code: int) -> None:
     """The keeper (the process that took the lock) was killed: say so on stderr, where
     its own bookend would have gone (best effort: nobody may read it)."""
+    import select
+
     prefix = "::warning::" if os.environ.get("GITHUB_ACTIONS") == "true" else ""
     line = f"{prefix}local-mutex: pid {keeper}, which took the lock, died; stopped the command"
     try:
-        os.write(2, f"{line} (exit {code})\n".encode())
+        # Never blocking on a stderr nobody reads: the lock is ours until we exit.
+        poller = select.poll()
+        poller.register(2, select.POLLOUT)
+        if poller.poll(int(STOPPING_WRITE_WAIT * 1000)):
+            os.write(2, f"{line} (exit {code})\n".encode())
     except OSError:
         pass
 
