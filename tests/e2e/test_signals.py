@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -182,6 +184,60 @@ def test_a_supervisor_whose_keeper_died_lets_go_though_nobody_reads_its_stderr(
     finally:
         run.kill()
         run.communicate()
+
+
+# Run as PID 1 of a PID namespace of its own, where the next pid can be chosen: the
+# supervisor is SIGKILLed and reaped, its pid goes to an unrelated process, and the keeper
+# (stopping the command itself) is sent a stop signal to relay.
+SUPERVISOR_PID_REUSED = """
+import json, os, signal, subprocess, sys, time
+cli, lock_dir, marks = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+err = open(f"{marks}/keeper.err", "wb")
+cmd = f"touch {marks}/started; trap '' TERM; exec sleep 60"
+keeper = subprocess.Popen([*cli, "--kill-after", "30", "ru", cmd, lock_dir], stderr=err)
+def wait(what):
+    deadline = time.monotonic() + 20
+    while not what():
+        assert time.monotonic() < deadline, open(f"{marks}/keeper.err").read()
+        time.sleep(0.02)
+wait(lambda: os.path.exists(f"{marks}/started"))
+with open(f"/proc/{keeper.pid}/task/{keeper.pid}/children") as f:
+    supervisor = int(f.read().split()[0])
+os.kill(supervisor, signal.SIGKILL)
+wait(lambda: b"stopping the command before" in open(f"{marks}/keeper.err", "rb").read())
+with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+    f.write(str(supervisor - 1))
+victim = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\\n"
+    "signal.signal(signal.SIGTERM, lambda *a: open(sys.argv[1], 'w').close())\\n"
+    "open(sys.argv[2], 'w').close(); time.sleep(5)", f"{marks}/hit", f"{marks}/ready"])
+if victim.pid != supervisor:
+    print("pid not reused")
+    sys.exit(0)
+wait(lambda: os.path.exists(f"{marks}/ready"))
+keeper.send_signal(signal.SIGTERM)
+time.sleep(0.5)
+print("hit" if os.path.exists(f"{marks}/hit") else "missed")
+"""
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
+def test_the_keeper_never_signals_its_dead_supervisors_pid_again(
+    lock_dir: Path, marks: Path
+) -> None:
+    """Its supervisor killed and reaped, the keeper stops the command itself; a stop
+    signal meanwhile went on to the supervisor's pid -- by then perhaps another process."""
+    script = marks / "reuse.py"
+    script.write_text(SUPERVISOR_PID_REUSED)
+    namespace = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc"]
+    if subprocess.run([*namespace, "true"], capture_output=True).returncode != 0:
+        pytest.skip("no PID namespace may be made here")
+    r = subprocess.run(
+        [*namespace, sys.executable, str(script), json.dumps(CLI), str(lock_dir), str(marks)],
+        env=clean_env(),
+        capture_output=True,
+        timeout=60,
+    )
+    assert r.stdout == b"missed\n", (r.stdout, r.stderr)
 
 
 def _alive(pid: int) -> bool:

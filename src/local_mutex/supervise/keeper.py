@@ -104,8 +104,7 @@ def supervise(
             stream.flush()
         except (OSError, ValueError, AttributeError):
             pass
-    # ctypes' C half, for prctl: loaded here, before the fork, so that the supervisor
-    # imports nothing (see _fork) and is a subreaper before the command exists.
+    # prctl (ctypes' C half) before the fork: the supervisor imports nothing (``_fork``).
     prctl = reaper.load_prctl()
     chld_ignored = reaper.keep_exit_statuses()
     spare: frozenset[int] = frozenset()
@@ -296,6 +295,7 @@ def _wait(
                 handed = set(kept)  # files still open: a closed one's inode may come back
             next_check = time.monotonic() + (interval or 0.0)
             tell_deadline(lock, life)
+    relay.child = None  # gone: once reaped, its pid may be another's (relay nothing more)
     try:
         _, status = os.waitpid(child, 0)
     except ChildProcessError:  # reaped by someone else (an embedding program's os.wait)

@@ -25,7 +25,7 @@ class Relay:
     """Signal handlers of the keeper: pass stop signals on to the supervisor."""
 
     def __init__(self, child: int) -> None:
-        self.child = child
+        self.child: int | None = child  # None: the supervisor is dead (its pid reaped)
         self.done = False
         self.pending: list[int] = []
         # Every stop signal passed on: one that reached the supervisor only after the
@@ -43,6 +43,8 @@ class Relay:
             self.pending.append(signum)  # after the command: for ourselves, after release
             return
         self.relayed.append(signum)
+        if self.child is None:  # the command is being stopped already (``_stop_orphaned``)
+            return
         try:
             os.kill(self.child, signum)
             # A stopped supervisor (SIGSTOP, a debugger let go) would act on it only when
@@ -62,7 +64,8 @@ class Relay:
 
     def _continue(self, signum: int, frame: FrameType | None) -> None:
         try:
-            os.kill(self.child, signal.SIGCONT)
+            if self.child is not None:
+                os.kill(self.child, signal.SIGCONT)
         except OSError:
             pass
 
