@@ -240,6 +240,59 @@ def test_the_keeper_never_signals_its_dead_supervisors_pid_again(
     assert r.stdout == b"missed\n", (r.stdout, r.stderr)
 
 
+# Logs each SIGINT and SIGTERM it is given (blocked, taken one by one, so two that come a
+# moment apart are two) and never ends by itself: SIGKILL ends it.
+LOG_SIGNALS = """
+import signal, sys
+wanted = {signal.SIGINT, signal.SIGTERM}
+signal.pthread_sigmask(signal.SIG_BLOCK, wanted)
+open(sys.argv[2], "w").close()
+with open(sys.argv[1], "a") as log:
+    while True:
+        log.write(f"{signal.sigwaitinfo(wanted).si_signo}\\n")
+        log.flush()
+"""
+
+
+def _signals_logged(log: Path) -> list[str]:
+    return log.read_text().split() if log.exists() else []
+
+
+def test_a_group_sent_sigterm_is_not_sent_it_again(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """SIGTERM relayed to the group; its top process ended: "stop what is left" sent the
+    group TERM again, and the escalation 4 s after the signal a third time (a second
+    TERM is "stop now, skip the cleanup" to many programs). What is left gets KILL after
+    the grace."""
+    log = marks / "log"
+    logger = f"{sys.executable} -c '{LOG_SIGNALS}' {log} {marks}/ready"
+    cmd = f"{logger} & trap 'exit 0' TERM; while :; do sleep 0.05; done"
+    run = procs.start(["--kill-after", "4.5", "--lock-dir", str(lock_dir), "once", cmd])
+    wait_for(marks / "ready")
+    run.send_signal(signal.SIGTERM)
+    assert run.wait(30) == 0, procs.stderr(run)  # its top process's status
+    assert _signals_logged(log) == [str(signal.SIGTERM.value)]
+
+
+def test_sigterm_after_sigint_brings_the_kill_after_grace_forward(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """--kill-after counts from the first SIGTERM: one relayed after a SIGINT still left
+    the KILL where the INT had put it (4 s + the grace after the INT)."""
+    log = marks / "log"
+    cmd = f"exec {sys.executable} -c '{LOG_SIGNALS}' {log} {marks}/ready"
+    run = procs.start(["--kill-after", "0.5", "--lock-dir", str(lock_dir), "soon", cmd])
+    wait_for(marks / "ready")
+    run.send_signal(signal.SIGINT)
+    wait_for(lambda: _signals_logged(log) == [str(signal.SIGINT.value)])
+    termed = time.monotonic()
+    run.send_signal(signal.SIGTERM)
+    assert run.wait(30) == 128 + signal.SIGKILL, procs.stderr(run)
+    assert time.monotonic() - termed < 3.0  # 0.5 s, and room for a busy machine
+    assert _signals_logged(log) == [str(signal.SIGINT.value), str(signal.SIGTERM.value)]
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]

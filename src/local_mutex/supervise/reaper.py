@@ -161,6 +161,8 @@ class Stopper:
         # Whether the group was sent ``last``: its members have it (a process gets a second
         # TERM when it is both a group member and our child: "stop now" to many programs).
         self.group_got_last = False
+        # The group was sent SIGTERM (relayed, or by us): its members are not sent it again.
+        self.group_termed = False
         self.kill_at: float | None = None
         self.told: dict[int, int] = {}  # child pid -> the last signal it got from us
 
@@ -168,11 +170,12 @@ class Stopper:
         self.last = sig
         if sig == signal.SIGKILL and self.kill_at is None:
             self.kill_at = time.monotonic()
-        self.group_got_last = False
-        if self.pgid is not None:
+        self.group_got_last = sig == signal.SIGTERM and self.group_termed
+        if self.pgid is not None and not self.group_got_last:
             try:
                 os.killpg(self.pgid, sig)
                 self.group_got_last = True
+                self.group_termed = self.group_termed or sig == signal.SIGTERM
                 if sig != signal.SIGKILL:
                     os.killpg(self.pgid, signal.SIGCONT)  # a stopped group acts on it now
             except (ProcessLookupError, PermissionError):

@@ -82,14 +82,22 @@ class _Supervisor:
             return
         self.last_request[signum] = now
         self.signals.append(signum)
-        self._send_group(signum)
+        if self._send_group(signum) and signum == signal.SIGTERM:
+            self.stopper.group_termed = True
         if not self.stopping:
             self.stopping = True
+            # TERM at +4 s (to what never heard this: a daemon that left the group), KILL
+            # at +7 s (the runner kills at +10 s) or --kill-after after the first TERM.
             self._schedule(now + ESCALATE_TERM_AFTER, signal.SIGTERM)
-            # --kill-after after the first SIGTERM, if that comes before the fixed 7 s.
             term = now if signum == signal.SIGTERM else now + ESCALATE_TERM_AFTER
-            kill = min(now + ESCALATE_KILL_AFTER, term + self.spec.kill_after)
-            self._schedule(kill, signal.SIGKILL)
+            self._kill_by(min(now + ESCALATE_KILL_AFTER, term + self.spec.kill_after))
+        elif signum == signal.SIGTERM:
+            self._kill_by(now + self.spec.kill_after)  # a first TERM after an INT
+
+    def _kill_by(self, when: float) -> None:
+        """SIGKILL at ``when``, unless one comes sooner already."""
+        if all(when < at for at, sig, _ in self.events if sig == signal.SIGKILL):
+            self._schedule(when, signal.SIGKILL)
 
     def on_stop_now(self, signum: int, frame: FrameType | None) -> None:
         """The keeper says stop: the lock is lost, or (from our own watcher) it is gone."""
@@ -143,16 +151,17 @@ class _Supervisor:
         delay = min(e[0] for e in self.events) - time.monotonic()
         signal.setitimer(signal.ITIMER_REAL, max(delay, 0.001))
 
-    def _send_group(self, sig: int) -> None:
+    def _send_group(self, sig: int) -> bool:
         if self.pgid is None:
-            return
+            return False
         try:
             os.killpg(self.pgid, sig)
             # A stopped command (Ctrl-Z, SIGSTOP) would see it only once continued, after
             # the grace, killed: continue it now, as timeout(1) does, so it can act on it.
             os.killpg(self.pgid, signal.SIGCONT)
         except (ProcessLookupError, PermissionError):
-            pass  # the group is already gone
+            return False  # the group is already gone
+        return True
 
     def start(self, keep_fds: Sequence[int], mask: Iterable[int], tty: int | None) -> int:
         spec = self.spec
