@@ -293,6 +293,23 @@ def test_sigterm_after_sigint_brings_the_kill_after_grace_forward(
     assert _signals_logged(log) == [str(signal.SIGINT.value), str(signal.SIGTERM.value)]
 
 
+def test_a_script_killed_under_the_shell_has_the_rest_stopped_before_the_release(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """`local-mutex NAME 'bash job.sh'`: dash does not exec the last command, so the top
+    process is sh, and the OOM killer's SIGKILL to the script reached sh as an exit
+    status of 137 -- a "normal" exit, and the script's background child ran on after the
+    lock was free. A status of 128+N, how shells report a command killed by signal N,
+    now counts as a death from that signal."""
+    job = marks / "job.sh"
+    job.write_text(f"sleep 300 & echo $! > '{marks}/bg.pid'; echo $$ > '{marks}/job.pid'; wait\n")
+    run = procs.start(["oom", f"bash '{job}'; exit $?", str(lock_dir)])
+    os.kill(read_pid(marks / "job.pid"), signal.SIGKILL)
+    assert run.wait(20) == 128 + signal.SIGKILL, procs.stderr(run)
+    assert not _alive(read_pid(marks / "bg.pid")), "it ran on after the release"
+    assert lock_is_free(lock_file(lock_dir, "oom"))
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]

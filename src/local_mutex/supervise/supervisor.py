@@ -8,9 +8,10 @@ that). It is a child subreaper on Linux, so orphans of the command come back to 
 It stops the command's group and every adopted descendant -- and only then reports and
 exits -- when: a stop was asked for (a relayed signal, the run ceiling, SIGUSR1 from the
 keeper because the lock was lost), the command's top process died from a signal nobody
-here sent, or the keeper died (its pipe closed). Because the supervisor holds the lock's
-open file description too, the lock outlives the keeper until then. After a normal exit of
-the top process, leftover background processes run on unlocked, as with any Unix command.
+here sent (or exited 128+N, a shell's word for it), or the keeper died (its pipe closed).
+Because the supervisor holds the lock's open file description too, the lock outlives the
+keeper until then. After a normal exit of the top process, leftover background processes
+run on unlocked, as with any Unix command.
 
 Everything here runs in a forked copy of the caller: it never prints, never returns into
 the caller's code, and always leaves through ``os._exit``.
@@ -312,11 +313,12 @@ def _run(
     # "stop now"; the command still gets the caller's mask as it was).
     signal.pthread_sigmask(signal.SIG_SETMASK, set(mask) - set(HANDLED))
     status = _wait_command(sup, pid, tty, home)
-    if sup.stopping or os.WIFSIGNALED(status):
-        # Killed by a signal nobody here sent (OOM, kill -9), or ended after a stop was
-        # asked for: what is left of it -- the rest of its group, a daemon that left the
-        # group and never heard a relayed Ctrl-C -- is stopped now (not at the escalation,
-        # seconds later), and must not run on under a lock that is about to be released.
+    if sup.stopping or os.WIFSIGNALED(status) or _reports_a_kill(status):
+        # Killed by a signal nobody here sent (OOM, kill -9) -- or what it ran was, as a
+        # shell says with 128+N (dash runs `sh -c 'bash job.sh'` as sh's child) --, or
+        # ended after a stop was asked for: what is left of it -- the rest of its group, a
+        # daemon that left the group and never heard a relayed Ctrl-C -- is stopped now
+        # (not at the escalation, seconds later): not to run on after the release.
         sup.stop_everything()
     gave_up = False
     if sup.stopping:
@@ -340,6 +342,11 @@ def _run(
         _say_keeper_gone(sup.keeper, code)
     _write(out, f"done {code} {flags} {signals} {sup.started!r}\n")
     return 0
+
+
+def _reports_a_kill(status: int) -> bool:
+    """An exit status of 128+N: how a shell reports a command killed by signal N."""
+    return os.WIFEXITED(status) and 128 < os.WEXITSTATUS(status) < 128 + signal.NSIG
 
 
 def _say_keeper_gone(keeper: int, code: int) -> None:
