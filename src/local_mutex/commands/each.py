@@ -10,6 +10,7 @@ import os
 import sys
 import time
 
+from .._fastsignal import deferred_stops, interruptible
 from ..errors import (
     EXIT_NOT_ACQUIRED,
     Interrupted,
@@ -161,52 +162,65 @@ def run_each(
     base_env = dict(env)
     result = EachResult()
     opts.stdin_devnull = True  # items come from our stdin
-    for item in items:
-        item_env = {**base_env, ENV_ITEM: item}
-        try:
-            if "\0" in item:  # before its lock is taken: no environment variable holds one
-                raise ValidationError(f"it holds a NUL byte, which ${ENV_ITEM} cannot")
-            run = run_locked(
-                backend,
-                name_bytes(expand(parts, item)),
-                command,
-                opts,
-                env=item_env,
-                reporter=reporter,
-                subreaper=subreaper,
-            )
-            status, stop_signal, ran = run.status, run.stop_signal, True
-        except NotAcquired as exc:
-            if skip_locked:
-                result.skipped.append(item)
+    # A stop signal between items (the next one awaited from a slow producer, or the last
+    # one's lines written) stops the batch as one during an item does: with its summary.
+    with deferred_stops() as stops:
+        pending = iter(items)
+        while True:
+            try:
+                with interruptible():
+                    item = next(pending, None)
+            except Interrupted as exc:
+                result.status, result.stopped = exc.exit_code, True
+                return result
+            if item is None:
+                break
+            item_env = {**base_env, ENV_ITEM: item}
+            try:
+                if "\0" in item:  # before its lock is taken: no environment variable holds one
+                    raise ValidationError(f"it holds a NUL byte, which ${ENV_ITEM} cannot")
+                run = run_locked(
+                    backend,
+                    name_bytes(expand(parts, item)),
+                    command,
+                    opts,
+                    env=item_env,
+                    reporter=reporter,
+                    subreaper=subreaper,
+                )
+                status, stop_signal, ran = run.status, run.stop_signal, True
+            except NotAcquired as exc:
+                if skip_locked:
+                    result.skipped.append(item)
+                    if reporter is not None:
+                        reporter.info(f"skipped item {named(item)}: {exc}")
+                    continue
+                status, stop_signal, ran = EXIT_NOT_ACQUIRED, 0, False
                 if reporter is not None:
-                    reporter.info(f"skipped item {named(item)}: {exc}")
-                continue
-            status, stop_signal, ran = EXIT_NOT_ACQUIRED, 0, False
-            if reporter is not None:
-                reporter.error(f"item {named(item)}: {exc}")
-        except (ValidationError, SpawnError, Unavailable) as exc:
-            # A spawn failure can be the item's own: $LOCAL_MUTEX_ITEM too big (E2BIG); a
-            # remote that failed one item's take (an answer lost) may well take the next.
-            status, stop_signal, ran = exc.exit_code, 0, False
-            if reporter is not None:
-                reporter.error(f"item {named(item)}: {exc}")
-        except Interrupted as exc:
-            result.status, result.stopped = exc.exit_code, True
-            return result
-        if ran:
-            result.ran += 1
-        else:
-            result.not_run += 1
-        if status != 0:
-            result.failed.append((item, status))
-            if result.first_failure is None:
-                result.first_failure = (item, status)
-        if stop_signal or (status != 0 and not keep_going):
-            # A signal to us is a request to stop the whole batch, not one item: even when
-            # the item it reached caught it and exited 0.
-            result.status, result.stopped = status or 128 + stop_signal, True
-            return result
+                    reporter.error(f"item {named(item)}: {exc}")
+            except (ValidationError, SpawnError, Unavailable) as exc:
+                # A spawn failure can be the item's own: $LOCAL_MUTEX_ITEM too big (E2BIG); a
+                # remote that failed one item's take (an answer lost) may well take the next.
+                status, stop_signal, ran = exc.exit_code, 0, False
+                if reporter is not None:
+                    reporter.error(f"item {named(item)}: {exc}")
+            except Interrupted as exc:
+                result.status, result.stopped = exc.exit_code, True
+                return result
+            if ran:
+                result.ran += 1
+            else:
+                result.not_run += 1
+            if status != 0:
+                result.failed.append((item, status))
+                if result.first_failure is None:
+                    result.first_failure = (item, status)
+            stop_signal = stop_signal or next(iter(stops.pending), 0)
+            if stop_signal or (status != 0 and not keep_going):
+                # A signal to us is a request to stop the whole batch, not one item: even
+                # when the item it reached caught it and exited 0.
+                result.status, result.stopped = status or 128 + stop_signal, True
+                return result
     if result.failed:
         result.status = min(len(result.failed), MAX_EXIT)
     return result
@@ -257,6 +271,6 @@ def each(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
         result = using(parsed, env, reporter, work)
     except Failed as exc:
         return exc.code
-    if not parsed.flag("quiet") or result.failed:
+    if not parsed.flag("quiet") or result.failed or result.stopped:
         reporter.write(summary(result, time.monotonic() - start))
     return result.status
