@@ -421,6 +421,48 @@ def test_a_newcomer_in_the_tick_after_a_slot_files_deletion_leaves_that_slot(
     assert (marks / "late").exists()
 
 
+# In a newcomer, as it asks the kernel about the slot's new file: a tmp cleaner deletes
+# that file too, and a third caller creates and locks the next one at the path.
+CLEANER_AND_THIRD_DURING_THE_LOOK = """
+import fcntl, os
+from local_mutex.backends.flock import predecessor
+real, third = predecessor.find, []
+def find(path, fd, *args, **kwargs):
+    if not third:
+        os.unlink(path)
+        third.append(os.open(path, os.O_RDWR | os.O_CREAT, 0o644))
+        fcntl.flock(third[0], fcntl.LOCK_EX)
+    return real(path, fd, *args, **kwargs)
+predecessor.find = find
+"""
+
+
+def test_a_slot_file_deleted_again_during_the_look_is_not_taken(
+    procs: Procs, lock_dir: Path, marks: Path, tmp_path: Path
+) -> None:
+    """The look found the third caller's lock on the file now at the path first, took it
+    for "nothing held on a deleted file", and the newcomer ran -- on a deleted file, beside
+    the holder (two in one slot under a fast cleaner). It looks past it now, and a file
+    deleted while it looked is not taken."""
+    d = str(lock_dir)
+    holder = procs.start(["--slots", "1", "pool", hold_until(marks), d])
+    wait_for(marks / "h.held")
+    path = Path(slot_path(str(lock_file(lock_dir, "pool")), 0))
+    (tmp_path / "sitecustomize.py").write_text(CLEANER_AND_THIRD_DURING_THE_LOOK)
+    src = Path(__file__).resolve().parents[2] / "src"
+    with stopped(holder.pid):
+        for n in range(3):  # whose lock the kernel lists first varies: look thrice
+            path.unlink(missing_ok=True)
+            r = run_cli(
+                ["--no-wait", "--slots", "1", "pool", f"touch '{marks}/ran{n}'", d],
+                env={"PYTHONPATH": f"{tmp_path}:{src}"},
+            )
+            assert r.returncode == 75, r.stderr
+            assert not (marks / f"ran{n}").exists()
+    (marks / "h.go").touch()
+    assert holder.wait(20) == 0, procs.stderr(holder)
+
+
 def test_a_nested_slots_call_in_the_tick_after_a_deletion_runs_inside(
     procs: Procs, lock_dir: Path, marks: Path
 ) -> None:

@@ -125,20 +125,22 @@ def _find(
     else:
         on = here[:2]
     candidates = [k for k in locks if k.key[:2] == on and k.key != here and k.key not in skip]
-    if not candidates:
-        return None
     path = as_proc_names_it(path)
-    found = held_elsewhere(path, candidates, record.recorded_path)
-    if found is None:
-        return None
-    lock, through = found
-    try:
-        st = os.stat(through)
-        if os.readlink(through) == path:
-            return None  # a file at the path now, not ours: we are the one gone from it
-    except OSError:
-        return None  # its holder let go meanwhile
-    return Predecessor(lock, through, (st.st_dev, st.st_ino))
+    for _ in range(_MAX_PREDECESSORS):
+        found = held_elsewhere(path, candidates, record.recorded_path) if candidates else None
+        if found is None:
+            return None
+        lock, through = found
+        try:
+            st = os.stat(through)
+            if os.readlink(through) != path:
+                return Predecessor(lock, through, (st.st_dev, st.st_ino))
+        except OSError:
+            pass  # its holder let go meanwhile
+        # Or the file at the path now (ours deleted meanwhile, another's there): neither
+        # hides a lock still held on a file deleted before.
+        candidates = [k for k in candidates if k.key != lock.key]
+    return None
 
 
 def _worth_a_look(lock: FlockLock) -> bool:

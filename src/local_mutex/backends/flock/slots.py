@@ -160,16 +160,20 @@ def _retake(path: str, allow_other_owner: bool, stale: int, ours: Ours) -> int |
 def _deleted_while_held(path: str, fd: int, created: bool, ours: Ours) -> bool:
     """Is the slot busy after all? A tmp cleaner deleted its file while a run held it,
     before that run's holder put one back (within a tick): the kernel still holds the lock
-    on the deleted file. Asked, as for the plain lock (``predecessor``), of a new file (its
-    mark) or one a holder left its record in; a released slot's file is empty. Let go, the
-    new file is the holder's to take back. ``ours``: a lock we run inside after all (an
-    enclosing run's, our job's hold's for ``--reentrant``)."""
+    on the deleted file (or the cleaner deleted ours while we looked). Asked, as for the
+    plain lock (``predecessor``), of a new file (its mark) or one a holder left its record
+    in; a released slot's file is empty. Let go, the new file is the holder's to take back.
+    ``ours``: a lock we run inside after all (an enclosing run's, our job's hold's for
+    ``--reentrant``)."""
     if not created and not os.fstat(fd).st_size:
         return False
     from .predecessor import find
 
     found = find(path, fd)
-    return found is not None and not (ours is not None and ours(path, found))
+    if found is not None and not (ours is not None and ours(path, found)):
+        return True
+    # Deleted in turn while we looked: its lock would exclude nobody (look again later).
+    return not names_inode(path, fd)
 
 
 def _busy_text(label: str, lock_path: str, slots: int) -> str:
