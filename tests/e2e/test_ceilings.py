@@ -193,3 +193,24 @@ def test_the_command_is_sent_each_stop_signal_once(lock_dir: Path, marks: Path) 
         assert r.returncode == 124, r.stderr
         counts.append((top.read_text(), background.read_text()))
     assert counts == [("1", "1")] * 3
+
+
+def test_what_a_term_trap_starts_in_the_background_is_sent_term_too(
+    lock_dir: Path, marks: Path
+) -> None:
+    """A clean-up the command's TERM trap starts in the background joins the group after
+    the group got TERM; it was left to the KILL at the end of the grace (and the run said
+    the command ignored SIGTERM). It gets TERM once its parent has gone."""
+    log = marks / "log"
+    late, top = marks / "late.sh", marks / "top.sh"
+    late.write_text(
+        f"trap 'echo TERM >> {log}; exit 0' TERM; echo started >> {log}\n"
+        "while :; do sleep 0.05; done\n"
+    )
+    top.write_text(f"trap 'sh {late} & sleep 0.3; exit 0' TERM\nwhile :; do sleep 0.05; done\n")
+    cmd = f"exec sh {top}"
+    started = time.monotonic()
+    r = run_cli(["--timeout", "1", "--kill-after", "8", "t", cmd, str(lock_dir)])
+    assert r.returncode == 124, r.stderr
+    assert log.read_text().split() == ["started", "TERM"]
+    assert time.monotonic() - started < 7  # not the KILL 8 s after the TERM

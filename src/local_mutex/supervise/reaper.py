@@ -158,47 +158,67 @@ class Stopper:
         # left behind, adopted): not this command's, neither stopped nor waited for.
         self.spare = spare
         self.last: int | None = None  # the last signal sent to everyone
-        # Whether the group was sent ``last``: its members have it (a process gets a second
-        # TERM when it is both a group member and our child: "stop now" to many programs).
-        self.group_got_last = False
-        # The group was sent SIGTERM (relayed, or by us): its members are not sent it again.
-        self.group_termed = False
+        # signal -> the group's members (pid, start time) when it was sent to the group:
+        # those are not sent it again as our children (the top process, orphans of the
+        # group): a second TERM is "stop now" to many programs.
+        self.had: dict[int, frozenset[tuple[int, bytes]]] = {}
         self.kill_at: float | None = None
         self.told: dict[int, int] = {}  # child pid -> the last signal it got from us
 
     def send(self, sig: int) -> None:
+        """To the group (but SIGTERM once) and, as a subreaper, to each child that does
+        not have it."""
         self.last = sig
         if sig == signal.SIGKILL and self.kill_at is None:
             self.kill_at = time.monotonic()
-        self.group_got_last = sig == signal.SIGTERM and self.group_termed
-        if self.pgid is not None and not self.group_got_last:
-            try:
-                os.killpg(self.pgid, sig)
-                self.group_got_last = True
-                self.group_termed = self.group_termed or sig == signal.SIGTERM
-                if sig != signal.SIGKILL:
-                    os.killpg(self.pgid, signal.SIGCONT)  # a stopped group acts on it now
-            except (ProcessLookupError, PermissionError):
-                pass
+        if sig != signal.SIGTERM or sig not in self.had:
+            self.send_group(sig)
         if self.subreaper:
             self.told.clear()
             self.tell_children()
 
+    def send_group(self, sig: int) -> bool:
+        """To the command's process group (and SIGCONT: a stopped group acts on it now);
+        False if there is none any more."""
+        if self.pgid is None:
+            return False
+        members = self._members() if self.subreaper else frozenset()
+        try:
+            os.killpg(self.pgid, sig)
+            if sig != signal.SIGKILL:
+                os.killpg(self.pgid, signal.SIGCONT)
+        except (ProcessLookupError, PermissionError):
+            return False
+        self.had[sig] = self.had.get(sig, frozenset()) | members
+        return True
+
+    def _members(self) -> frozenset[tuple[int, bytes]]:
+        """The group's processes now (looked at before the signal: one started after it
+        did not get it), each with its start time (a pid may come back)."""
+        found = set()
+        for entry in os.listdir(_proc.PROC) if _proc.USE_PROC else ():
+            fields = _proc.stat_fields(int(entry)) if entry.isdigit() else None
+            if fields and len(fields) > 19 and fields[2] == b"%d" % (self.pgid or 0):
+                found.add((int(entry), fields[19]))
+        return frozenset(found)
+
     def tell_children(self) -> None:
-        """Give the last signal to each child that has not had it: one outside the group
-        (an orphan that left it, adopted since) is stopped too; a child busy cleaning up
-        after SIGTERM is not signalled again, nor is a member of the group that was sent it
-        (the top process, orphans of the group; what they start while cleaning up is
-        stopped at the escalation)."""
+        """Give the last signal to each child that has not had it: an orphan that left the
+        group (adopted since), and what the group's members started after the group was
+        sent it (a TERM trap's clean-up in the background); a child busy cleaning up after
+        SIGTERM is not signalled again."""
         if self.last is None:
             return
+        had = self.had.get(self.last, frozenset())
         for child in _proc.children(os.getpid()):
             if self.told.get(child) == self.last or child in self.spare:
                 continue
             self.told[child] = self.last
+            fields = _proc.stat_fields(child) if had else None
+            if fields and len(fields) > 19 and (child, fields[19]) in had:
+                continue
             try:
-                if not (self.group_got_last and os.getpgid(child) == self.pgid):
-                    os.kill(child, self.last)
+                os.kill(child, self.last)
             except (ProcessLookupError, PermissionError):
                 pass
 

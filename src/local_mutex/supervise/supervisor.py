@@ -83,8 +83,7 @@ class _Supervisor:
             return
         self.last_request[signum] = now
         self.signals.append(signum)
-        if self._send_group(signum) and signum == signal.SIGTERM:
-            self.stopper.group_termed = True
+        self.stopper.send_group(signum)
         if not self.stopping:
             self.stopping = True
             # TERM at +4 s (to what never heard this: a daemon that left the group), KILL
@@ -151,18 +150,6 @@ class _Supervisor:
             return
         delay = min(e[0] for e in self.events) - time.monotonic()
         signal.setitimer(signal.ITIMER_REAL, max(delay, 0.001))
-
-    def _send_group(self, sig: int) -> bool:
-        if self.pgid is None:
-            return False
-        try:
-            os.killpg(self.pgid, sig)
-            # A stopped command (Ctrl-Z, SIGSTOP) would see it only once continued, after
-            # the grace, killed: continue it now, as timeout(1) does, so it can act on it.
-            os.killpg(self.pgid, signal.SIGCONT)
-        except (ProcessLookupError, PermissionError):
-            return False  # the group is already gone
-        return True
 
     def start(self, keep_fds: Sequence[int], mask: Iterable[int], tty: int | None) -> int:
         spec = self.spec
