@@ -135,11 +135,15 @@ def test_a_stop_signal_ends_a_run_blocked_on_a_stderr_nobody_reads(
         assert lock_is_free(path)
 
 
-def test_a_stop_signal_ends_a_run_whose_command_filled_the_unread_stderr(
-    lock_dir: Path, marks: Path
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_stop_ends_a_run_whose_command_filled_the_unread_stderr(
+    lock_dir: Path, marks: Path, sig: signal.Signals
 ) -> None:
-    """The command is stopped and the lock let go; the "released" line cannot be written
-    and is dropped, so the run ends with the command's status at once."""
+    """SIGTERM: the command is stopped and the lock let go; the "released" line cannot be
+    written and is dropped, so the run ends with the command's status at once. SIGKILL
+    (to the keeper): the supervisor's line saying it stopped the command blocked on the
+    full pipe, and it held the lock until someone read the pipe -- for good, under a
+    parent that never does."""
     script = marks / "fill.py"
     script.write_text(
         FILL_STDERR + f"open({str(marks / 'full')!r}, 'w').close()\nimport time\ntime.sleep(60)\n"
@@ -152,34 +156,8 @@ def test_a_stop_signal_ends_a_run_whose_command_filled_the_unread_stderr(
     )
     try:
         wait_for(marks / "full")
-        run.send_signal(signal.SIGTERM)
-        assert run.wait(10) == 128 + signal.SIGTERM
-        assert lock_is_free(lock_file(lock_dir, "full"))
-    finally:
-        run.kill()
-        run.communicate()
-
-
-def test_a_supervisor_whose_keeper_died_lets_go_though_nobody_reads_its_stderr(
-    lock_dir: Path, marks: Path
-) -> None:
-    """The keeper SIGKILLed, the command (it had filled the unread stderr) stopped: the
-    supervisor's line saying so blocked on the full pipe, and it held the lock until
-    someone read the pipe -- for good, under a parent that never does."""
-    script = marks / "fill.py"
-    script.write_text(
-        FILL_STDERR + f"open({str(marks / 'full')!r}, 'w').close()\nimport time\ntime.sleep(60)\n"
-    )
-    run = subprocess.Popen(
-        [*CLI, "full", f"exec {sys.executable} {script}", str(lock_dir)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,  # never read
-        env=clean_env(),
-    )
-    try:
-        wait_for(marks / "full")
-        run.kill()
-        run.wait(10)
+        run.send_signal(sig)
+        assert run.wait(10) == (128 + sig if sig == signal.SIGTERM else -sig)
         wait_for(lambda: lock_is_free(lock_file(lock_dir, "full")), 20, "the lock let go")
     finally:
         run.kill()
