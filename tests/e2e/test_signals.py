@@ -23,6 +23,7 @@ from helpers import (
     lock_file,
     lock_is_free,
     read_pid,
+    run_cli,
     wait_for,
 )
 from helpers import procwatch as pw
@@ -221,7 +222,9 @@ def test_the_keeper_never_signals_its_dead_supervisors_pid_again(
 # Logs each SIGINT and SIGTERM it is given (blocked, taken one by one, so two that come a
 # moment apart are two) and never ends by itself: SIGKILL ends it.
 LOG_SIGNALS = """
-import signal, sys
+import os, signal, sys
+if sys.argv[3:] == ["setsid"]:
+    os.setsid()  # a daemon: it never hears what is relayed to the group
 wanted = {signal.SIGINT, signal.SIGTERM}
 signal.pthread_sigmask(signal.SIG_BLOCK, wanted)
 open(sys.argv[2], "w").close()
@@ -241,16 +244,22 @@ def test_a_group_sent_sigterm_is_not_sent_it_again(
 ) -> None:
     """SIGTERM relayed to the group; its top process ended: "stop what is left" sent the
     group TERM again, and the escalation 4 s after the signal a third time (a second
-    TERM is "stop now, skip the cleanup" to many programs). What is left gets KILL after
-    the grace."""
-    log = marks / "log"
-    logger = f"{sys.executable} -c '{LOG_SIGNALS}' {log} {marks}/ready"
-    cmd = f"{logger} & trap 'exit 0' TERM; while :; do sleep 0.05; done"
+    TERM is "stop now, skip the cleanup" to many programs); a daemon that left the group
+    got TERM when the top process ended and again at the escalation. What is left gets
+    KILL after the grace."""
+    member, daemon = marks / "member", marks / "daemon"
+    logger = f"{sys.executable} -c '{LOG_SIGNALS}'"
+    cmd = (
+        f"{logger} {member} {member}.ready & {logger} {daemon} {daemon}.ready setsid & "
+        "trap 'exit 0' TERM; while :; do sleep 0.05; done"
+    )
     run = procs.start(["--kill-after", "4.5", "--lock-dir", str(lock_dir), "once", cmd])
-    wait_for(marks / "ready")
+    wait_for(marks / "member.ready")
+    wait_for(marks / "daemon.ready")
     run.send_signal(signal.SIGTERM)
     assert run.wait(30) == 0, procs.stderr(run)  # its top process's status
-    assert _signals_logged(log) == [str(signal.SIGTERM.value)]
+    assert _signals_logged(member) == [str(signal.SIGTERM.value)]
+    assert _signals_logged(daemon) == [str(signal.SIGTERM.value)]
 
 
 def test_sigterm_after_sigint_brings_the_kill_after_grace_forward(
@@ -286,6 +295,26 @@ def test_a_script_killed_under_the_shell_has_the_rest_stopped_before_the_release
     assert run.wait(20) == 128 + signal.SIGKILL, procs.stderr(run)
     assert not _alive(read_pid(marks / "bg.pid")), "it ran on after the release"
     assert lock_is_free(lock_file(lock_dir, "oom"))
+
+
+def test_a_program_that_exits_128_plus_n_is_no_shell_reporting_a_kill(
+    lock_dir: Path, marks: Path
+) -> None:
+    """Only a shell's 128+N reports a killed command: another program's is a status of its
+    own, a normal exit, and what it left in the background runs on (unlocked)."""
+    program = (
+        "import subprocess, sys; "
+        "p = subprocess.Popen(['sleep', '30'], stdout=-3, stderr=-3); "  # DEVNULL
+        f"open('{marks}/bg.pid', 'w').write(str(p.pid)); "
+        "sys.exit(130)"
+    )
+    r = run_cli(["--lock-dir", str(lock_dir), "own", "--", sys.executable, "-c", program])
+    assert r.returncode == 130, r.stderr
+    bg = read_pid(marks / "bg.pid")
+    try:
+        assert _alive(bg)
+    finally:
+        os.kill(bg, signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:

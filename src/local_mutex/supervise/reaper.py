@@ -26,6 +26,8 @@ _PR_SET_CHILD_SUBREAPER = 36
 # Only a process in uninterruptible sleep outlives SIGKILL; do not wait on it forever.
 GIVE_UP_AFTER_KILL = 3.0
 POLL = 0.02
+# Processes of the command looked at before a signal, at most (a fork bomb is not walked).
+_MAX_WALKED = 10_000
 
 
 def load_prctl() -> int | None:
@@ -174,7 +176,6 @@ class Stopper:
         if sig != signal.SIGTERM or sig not in self.had:
             self.send_group(sig)
         if self.subreaper:
-            self.told.clear()
             self.tell_children()
 
     def send_group(self, sig: int) -> bool:
@@ -182,24 +183,29 @@ class Stopper:
         False if there is none any more."""
         if self.pgid is None:
             return False
-        members = self._members() if self.subreaper else frozenset()
+        before = self._members() if self.subreaper else frozenset()
         try:
             os.killpg(self.pgid, sig)
             if sig != signal.SIGKILL:
                 os.killpg(self.pgid, signal.SIGCONT)
         except (ProcessLookupError, PermissionError):
             return False
-        self.had[sig] = self.had.get(sig, frozenset()) | members
+        # In the group before and after: it got it (not one that left it meanwhile, setsid).
+        self.had[sig] = self.had.get(sig, frozenset()) | (before & self._members())
         return True
 
     def _members(self) -> frozenset[tuple[int, bytes]]:
         """The group's processes now (looked at before the signal: one started after it
-        did not get it), each with its start time (a pid may come back)."""
-        found = set()
-        for entry in os.listdir(_proc.PROC) if _proc.USE_PROC else ():
-            fields = _proc.stat_fields(int(entry)) if entry.isdigit() else None
+        did not get it), each with its start time (a pid may come back). All are our
+        descendants (we are a subreaper): a walk down from us, not over every process."""
+        found: set[tuple[int, bytes]] = set()
+        below = _proc.children(os.getpid())
+        while below and _proc.USE_PROC and len(found) < _MAX_WALKED:
+            pid = below.pop()
+            fields = _proc.stat_fields(pid)
             if fields and len(fields) > 19 and fields[2] == b"%d" % (self.pgid or 0):
-                found.add((int(entry), fields[19]))
+                found.add((pid, fields[19]))
+            below += _proc.children(pid)
         return frozenset(found)
 
     def tell_children(self) -> None:

@@ -55,6 +55,8 @@ _SAME_REQUEST = 0.1
 # Python ignores these itself; the command must get the defaults (``yes | head`` needs SIGPIPE).
 # (Signals we catch are reset by exec anyway; ones our caller ignored stay ignored.)
 _RESET_FOR_CHILD = (signal.SIGPIPE, signal.SIGXFSZ)
+# A top process by these names that exits 128+N reports a command of its killed by signal N.
+_SHELLS = frozenset({"sh", "dash", "bash", "zsh", "ksh", "mksh", "ash", "busybox"})
 
 
 class _Supervisor:
@@ -300,7 +302,7 @@ def _run(
     # "stop now"; the command still gets the caller's mask as it was).
     signal.pthread_sigmask(signal.SIG_SETMASK, set(mask) - set(HANDLED))
     status = _wait_command(sup, pid, tty, home)
-    if sup.stopping or os.WIFSIGNALED(status) or _reports_a_kill(status):
+    if sup.stopping or os.WIFSIGNALED(status) or _reports_a_kill(sup.spec, status):
         # Killed by a signal nobody here sent (OOM, kill -9) -- or what it ran was, as a
         # shell says with 128+N (dash runs `sh -c 'bash job.sh'` as sh's child) --, or
         # ended after a stop was asked for: what is left of it -- the rest of its group, a
@@ -309,7 +311,6 @@ def _run(
         sup.stop_everything()
     gave_up = False
     if sup.stopping:
-        sup.stopper.told.clear()
         gave_up = not sup.stopper.wait_gone()
     signal.setitimer(signal.ITIMER_REAL, 0)
     terminal.give_terminal(tty, home, resume=False)
@@ -331,9 +332,10 @@ def _run(
     return 0
 
 
-def _reports_a_kill(status: int) -> bool:
-    """An exit status of 128+N: how a shell reports a command killed by signal N."""
-    return os.WIFEXITED(status) and 128 < os.WEXITSTATUS(status) < 128 + signal.NSIG
+def _reports_a_kill(spec: Spec, status: int) -> bool:
+    """A shell that exited 128+N: how it reports a command killed by signal N."""
+    shell = os.path.basename(spec.argv[0]) in _SHELLS
+    return shell and os.WIFEXITED(status) and 128 < os.WEXITSTATUS(status) < 128 + signal.NSIG
 
 
 def _say_keeper_gone(keeper: int, code: int) -> None:
