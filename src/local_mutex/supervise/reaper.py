@@ -191,22 +191,33 @@ class Stopper:
         except (ProcessLookupError, PermissionError):
             return False
         # In the group before and after: it got it (not one that left it meanwhile, setsid).
-        self.had[sig] = self.had.get(sig, frozenset()) | (before & self._members())
+        got = frozenset(m for m in before if self._member(m[0]) == m)
+        self.had[sig] = self.had.get(sig, frozenset()) | got
         return True
 
     def _members(self) -> frozenset[tuple[int, bytes]]:
         """The group's processes now (looked at before the signal: one started after it
         did not get it), each with its start time (a pid may come back). All are our
-        descendants (we are a subreaper): a walk down from us, not over every process."""
+        descendants (we are a subreaper): a walk down from us, not over every process;
+        twice, for one whose parent ended mid-walk (it moved up to us meanwhile)."""
         found: set[tuple[int, bytes]] = set()
-        below = _proc.children(os.getpid())
-        while below and _proc.USE_PROC and len(found) < _MAX_WALKED:
-            pid = below.pop()
-            fields = _proc.stat_fields(pid)
-            if fields and len(fields) > 19 and fields[2] == b"%d" % (self.pgid or 0):
-                found.add((pid, fields[19]))
-            below += _proc.children(pid)
+        for _ in range(2 if _proc.USE_PROC else 0):  # (without /proc: none known)
+            below = _proc.children(os.getpid())
+            walked = 0
+            while below and walked < _MAX_WALKED:
+                pid, walked = below.pop(), walked + 1
+                member = self._member(pid)
+                if member is not None:
+                    found.add(member)
+                below += _proc.children(pid)
         return frozenset(found)
+
+    def _member(self, pid: int) -> tuple[int, bytes] | None:
+        """(pid, start time) of a process of the group, else None."""
+        fields = _proc.stat_fields(pid)
+        if fields and len(fields) > 19 and fields[2] == b"%d" % (self.pgid or 0):
+            return pid, fields[19]
+        return None
 
     def tell_children(self) -> None:
         """Give the last signal to each child that has not had it: an orphan that left the
@@ -220,8 +231,7 @@ class Stopper:
             if self.told.get(child) == self.last or child in self.spare:
                 continue
             self.told[child] = self.last
-            fields = _proc.stat_fields(child) if had else None
-            if fields and len(fields) > 19 and (child, fields[19]) in had:
+            if had and self._member(child) in had:
                 continue
             try:
                 os.kill(child, self.last)
