@@ -262,6 +262,25 @@ def test_a_group_sent_sigterm_is_not_sent_it_again(
     assert _signals_logged(daemon) == [str(signal.SIGTERM.value)]
 
 
+def test_the_escalation_sends_sigterm_to_what_started_after_the_group_had_it(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """After a relayed SIGTERM the top process's trap starts a clean-up and waits for it:
+    the 4 s escalation's TERM reaches that clean-up (it never had one) before the KILL."""
+    late, logger = marks / "late", marks / "log_signals.py"
+    logger.write_text(LOG_SIGNALS)
+    cmd = (
+        f"trap '{sys.executable} {logger} {late} {late}.ready & wait' TERM; "
+        f"touch {marks}/ready; while :; do sleep 0.05; done"
+    )
+    run = procs.start(["--kill-after", "4.2", "--lock-dir", str(lock_dir), "late", cmd])
+    wait_for(marks / "ready")
+    run.send_signal(signal.SIGTERM)
+    wait_for(marks / "late.ready")
+    assert run.wait(30) == 128 + signal.SIGKILL, procs.stderr(run)
+    assert _signals_logged(late) == [str(signal.SIGTERM.value)]
+
+
 def test_sigterm_after_sigint_brings_the_kill_after_grace_forward(
     procs: Procs, lock_dir: Path, marks: Path
 ) -> None:

@@ -168,13 +168,20 @@ class Stopper:
         self.told: dict[int, int] = {}  # child pid -> the last signal it got from us
 
     def send(self, sig: int) -> None:
-        """To the group (but SIGTERM once) and, as a subreaper, to each child that does
-        not have it."""
+        """To the group (SIGTERM once: again only to members that did not have it) and, as
+        a subreaper, to each child that does not have it."""
         self.last = sig
         if sig == signal.SIGKILL and self.kill_at is None:
             self.kill_at = time.monotonic()
         if sig != signal.SIGTERM or sig not in self.had:
             self.send_group(sig)
+        else:  # started since, by a member still alive (a TERM trap's clean-up)
+            for pid, start in self._members() - self.had[sig]:
+                try:
+                    os.kill(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    continue
+                self.had[sig] |= {(pid, start)}
         if self.subreaper:
             self.tell_children()
 
