@@ -214,3 +214,32 @@ def test_what_a_term_trap_starts_in_the_background_is_sent_term_too(
     assert r.returncode == 124, r.stderr
     assert log.read_text().split() == ["started", "TERM"]
     assert time.monotonic() - started < 7  # not the KILL 8 s after the TERM
+
+
+# In the supervisor: the command's end is reaped, and the run ceiling's alarm comes before
+# the supervisor's next step (a busy machine, between two bytecodes).
+ALARM_RIGHT_AFTER_THE_REAP = """
+import os, time
+real = os.waitpid
+def waitpid(pid, options):
+    got = real(pid, options)
+    if pid == -1 and options == 0 and got[0] > 0:  # the supervisor's wait for its command
+        time.sleep(0.5)  # the --timeout alarm comes, and its handler runs, in here
+    return got
+os.waitpid = waitpid
+"""
+
+
+def test_a_command_that_ended_before_the_ceiling_is_no_timeout(
+    lock_dir: Path, tmp_path: Path
+) -> None:
+    """It ended, was reaped, and then the alarm of --timeout was handled: the run said it
+    ran past --timeout and exited 124 for a command that had ended in time with 0."""
+    (tmp_path / "sitecustomize.py").write_text(ALARM_RIGHT_AFTER_THE_REAP)
+    src = Path(__file__).resolve().parents[2] / "src"
+    r = run_cli(
+        ["--timeout", "0.2", "t", "exit 0", str(lock_dir)],
+        env={"PYTHONPATH": f"{tmp_path}:{src}"},
+    )
+    assert r.returncode == 0, r.stderr
+    assert b"ran past" not in r.stderr

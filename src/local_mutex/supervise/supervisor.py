@@ -131,6 +131,8 @@ class _Supervisor:
         for event in due:
             self.events.remove(event)
         for _, sig, is_timeout in sorted(due):
+            if is_timeout and self._command_over():
+                continue  # it ended in time; only its reap came first
             if is_timeout:
                 self.timed_out = True
                 self.stopping = True
@@ -141,6 +143,16 @@ class _Supervisor:
         self._arm()
 
     # -- helpers -----------------------------------------------------------------------------
+
+    def _command_over(self) -> bool:
+        """Has the command's top process ended (reaped, or a zombie not yet reaped)?"""
+        waitid = getattr(os, "waitid", None)  # (not on every platform)
+        if self.pgid is None or waitid is None:
+            return False
+        try:
+            return waitid(os.P_PID, self.pgid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:
+            return True  # reaped already
 
     def _schedule(self, when: float, sig: int, is_timeout: bool = False) -> None:
         self.events.append((when, sig, is_timeout))
