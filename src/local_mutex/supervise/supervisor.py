@@ -88,8 +88,9 @@ class _Supervisor:
         self.stopper.send_group(signum)
         if not self.stopping:
             self.stopping = True
-            # TERM at +4 s (to what never heard this: a daemon that left the group), KILL
-            # at +7 s (the runner kills at +10 s) or --kill-after after the first TERM.
+            # TERM at +4 s (to what has had none: the group after an INT, a daemon that
+            # left it), KILL at +7 s (the runner's comes at +10 s) or --kill-after after
+            # the first TERM.
             self._schedule(now + ESCALATE_TERM_AFTER, signal.SIGTERM)
             term = now if signum == signal.SIGTERM else now + ESCALATE_TERM_AFTER
             self._kill_by(min(now + ESCALATE_KILL_AFTER, term + self.spec.kill_after))
