@@ -245,13 +245,17 @@ def test_a_group_sent_sigterm_is_not_sent_it_again(
     """SIGTERM relayed to the group; its top process ended: "stop what is left" sent the
     group TERM again, and the escalation 4 s after the signal a third time (a second
     TERM is "stop now, skip the cleanup" to many programs); a daemon that left the group
-    got TERM when the top process ended and again at the escalation. What is left gets
-    KILL after the grace."""
-    member, daemon = marks / "member", marks / "daemon"
-    logger = f"{sys.executable} -c '{LOG_SIGNALS}'"
+    got TERM when the top process ended and again at the escalation, as did a clean-up
+    the trap started. What is left gets KILL after the grace."""
+    member, daemon, helper = marks / "member", marks / "daemon", marks / "helper"
+    logger = marks / "log_signals.py"
+    logger.write_text(LOG_SIGNALS)
+    log = f"{sys.executable} {logger}"
     cmd = (
-        f"{logger} {member} {member}.ready & {logger} {daemon} {daemon}.ready setsid & "
-        "trap 'exit 0' TERM; while :; do sleep 0.05; done"
+        f"{log} {member} {member}.ready & {log} {daemon} {daemon}.ready setsid & "
+        f"trap '{log} {helper} {helper}.ready & "
+        f"while [ ! -e {helper}.ready ]; do sleep 0.01; done; exit 0' TERM; "
+        "while :; do sleep 0.05; done"
     )
     run = procs.start(["--kill-after", "4.5", "--lock-dir", str(lock_dir), "once", cmd])
     wait_for(marks / "member.ready")
@@ -260,6 +264,8 @@ def test_a_group_sent_sigterm_is_not_sent_it_again(
     assert run.wait(30) == 0, procs.stderr(run)  # its top process's status
     assert _signals_logged(member) == [str(signal.SIGTERM.value)]
     assert _signals_logged(daemon) == [str(signal.SIGTERM.value)]
+    # Started by the trap after the group had TERM: sent it once adopted, and not again.
+    assert _signals_logged(helper) == [str(signal.SIGTERM.value)]
 
 
 def test_the_escalation_sends_sigterm_to_what_started_after_the_group_had_it(

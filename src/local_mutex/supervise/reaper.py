@@ -238,12 +238,15 @@ class Stopper:
             if self.told.get(child) == self.last or child in self.spare:
                 continue
             self.told[child] = self.last
-            if had and self._member(child) in had:
+            member = self._member(child)
+            if member is not None and member in had:
                 continue
             try:
                 os.kill(child, self.last)
             except (ProcessLookupError, PermissionError):
-                pass
+                continue
+            if member is not None:  # a member that has it now: the escalation spares it
+                self.had[self.last] = had = had | {member}
 
     def reap(self) -> bool:
         """Reap what has ended; True when no descendant is left (the group's members for

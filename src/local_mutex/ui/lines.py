@@ -270,7 +270,7 @@ class Reporter:
         self.write(message, "error")
 
     def timed_out(self, name: str, timeout: float, killed: bool) -> None:
-        how = "SIGKILL (it ignored SIGTERM)" if killed else "SIGTERM"
+        how = "SIGKILL (it outlasted the grace after SIGTERM)" if killed else "SIGTERM"
         self.error(
             f"command under lock {name} ran past --timeout {timeout:g}s; stopped it with {how}"
         )
