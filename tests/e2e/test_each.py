@@ -13,7 +13,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import CLI, Procs, clean_env, hold_until, lock_file, run_cli, start_each, wait_for
+from helpers import (
+    CLI,
+    Procs,
+    clean_env,
+    hold_until,
+    lock_file,
+    run_cli,
+    sleeps_in,
+    start_each,
+    wait_for,
+)
 from helpers import procwatch as pw
 from local_mutex.commands.each import read_items
 from local_mutex.names import display
@@ -243,15 +253,6 @@ def test_a_stop_signal_between_fast_items_stops_the_batch(
     assert b"Traceback" not in err and b"stopped early" in err, err
 
 
-def _reading_a_pipe(pid: int) -> bool:
-    """Where the kernel says it sleeps: anon_pipe_read, pipe_read (or pipe_wait before 5.x)."""
-    try:
-        wchan = Path(f"/proc/{pid}/wchan").read_text()
-    except OSError:
-        return False
-    return "pipe_read" in wchan or "pipe_wait" in wchan
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/wchan"), reason="needs /proc/PID/wchan")
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_stop_signal_while_waiting_for_the_next_item_stops_the_batch(
@@ -271,7 +272,9 @@ def test_a_stop_signal_while_waiting_for_the_next_item_stops_the_batch(
         p.stdin.write(b"a\n")
         p.stdin.flush()
         wait_for(marks / "ran")
-        wait_for(lambda: _reading_a_pipe(p.pid), what="each reading its stdin again")
+        wait_for(  # pipe_wait: kernels before 5.x
+            lambda: sleeps_in(p.pid, "pipe_read", "pipe_wait"), what="each reading its stdin"
+        )
         p.send_signal(sig)
         assert p.wait(30) == 128 + sig, (marks / "err").read_text()
     finally:

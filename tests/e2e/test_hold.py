@@ -28,6 +28,7 @@ from helpers import (
     lock_is_free,
     read_pid,
     run_cli,
+    sleeps_in,
     stopped,
     wait_for,
 )
@@ -1410,8 +1411,7 @@ def test_a_hold_whose_token_never_got_out_ends_with_its_caller(lock_dir: Path) -
             stderr=subprocess.DEVNULL,
         )
         # The holder said "ok": its caller is stuck writing the token into the full pipe.
-        wchan = Path(f"/proc/{caller.pid}/wchan")
-        wait_for(lambda: "pipe_write" in wchan.read_text(), 30, "the caller printing")
+        wait_for(lambda: sleeps_in(caller.pid, "pipe_write"), 30, "the caller printing")
         assert not lock_is_free(path)
         caller.kill()
         caller.wait(10)

@@ -24,6 +24,7 @@ from helpers import (
     lock_is_free,
     read_pid,
     run_cli,
+    sleeps_in,
     wait_for,
 )
 from helpers import procwatch as pw
@@ -82,14 +83,6 @@ def test_a_report_that_cannot_be_written_does_not_make_the_wrapper_deaf(
         wrapper.communicate()
 
 
-def _blocked_writing_a_pipe(pid: int) -> bool:
-    """Where the kernel says it sleeps ("0" while it runs): anon_pipe_write, pipe_write."""
-    try:
-        return "pipe_write" in Path(f"/proc/{pid}/wchan").read_text()
-    except OSError:
-        return False
-
-
 def _start_unread(args: list[str]) -> subprocess.Popen[bytes]:
     """local-mutex with a stderr nobody reads: a pipe already full (a parent that reads
     only stdout, as ``subprocess.run(..., stderr=PIPE)`` without communicate())."""
@@ -126,7 +119,7 @@ def test_a_stop_signal_ends_a_run_blocked_on_a_stderr_nobody_reads(
         wait_for(marks / "h.held")
     run = _start_unread(["full", f"touch '{marks}/ran'", str(lock_dir)])
     path = lock_file(lock_dir, "full")
-    wait_for(lambda: _blocked_writing_a_pipe(run.pid), 20, "its first line blocks")
+    wait_for(lambda: sleeps_in(run.pid, "pipe_write"), 20, "its first line blocks")
     if not contended:
         assert not lock_is_free(path)  # it holds the lock while blocked
     run.send_signal(signal.SIGTERM)

@@ -184,6 +184,16 @@ def concurrently(scenarios: Mapping[str, Callable[[], None]]) -> None:
         raise AssertionError(f"failed: {report}") from next(iter(failures.values()))
 
 
+def sleeps_in(pid: int, *where: str) -> bool:
+    """Does the kernel say ``pid`` sleeps in one of these functions (/proc/PID/wchan:
+    "pipe_write" matches anon_pipe_write too; "0" while it runs)?"""
+    try:
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+    except OSError:
+        return False
+    return any(name in wchan for name in where)
+
+
 def read_pid(path: Path, timeout: float = 20.0) -> int:
     """A pid a shell wrote with ``echo $$ > PATH``: wait out the empty, just-created file."""
     wait_for(lambda: path.exists() and path.read_text().strip() != "", timeout, str(path))
