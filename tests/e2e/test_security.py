@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import lock_file, lock_is_free, run_cli
+from helpers import CLI, clean_env, lock_file, lock_is_free, run_cli
 
 
 def test_planted_symlink_to_an_existing_file_is_refused(
@@ -100,3 +100,101 @@ def test_the_command_inherits_the_lock_and_a_normal_end_drops_it(
         assert run_cli(["--no-wait", "n", "true", str(lock_dir)]).returncode == 0
     finally:
         os.kill(pid, signal.SIGKILL)
+
+
+# Another user's trap in a shared lock dir: a file created at the lock path before us (or
+# after a tmp cleaner), deleted, and kept open unlocked; armed later as a fake "hold" of
+# ours -- locked, a forged record with our hold's token hash, and the hold's socket.
+FAKE_HOLD = """
+import fcntl, json, os, socket, sys, time
+path, arm, said = sys.argv[1:4]
+fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+os.unlink(path)
+open(said + ".planted", "w").close()
+while not os.path.exists(arm):
+    time.sleep(0.02)
+forged = {**json.load(open(arm)), "pid": os.getpid()}
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.pwrite(fd, (json.dumps(forged) + "\\n").encode(), 0)
+server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+server.bind("\\0local-mutex-hold-%d-%s" % (os.getpid(), forged["token_sha256"][:16]))
+server.listen(8)
+open(said + ".armed", "w").close()
+kept = []
+while True:
+    conn, _ = server.accept()
+    with open(said, "ab") as f:
+        f.write(conn.recv(4096))
+    socket.send_fds(conn, [b"ok\\n"], [fd])
+    kept.append(conn)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="the look past a deleted file")
+def test_another_users_deleted_file_never_passes_for_our_hold(marks: Path) -> None:
+    """Root sees every process's descriptors: it took another user's planted, deleted
+    file for its job's hold's lost file -- `run --reentrant` told that user its job and ran
+    beside the lock's holder, `release` ended that user's process instead of the hold."""
+    import json
+    import subprocess
+
+    from helpers import wait_for
+    from helpers.otheruser import as_other_user
+
+    job = {"GITHUB_RUN_ID": "7", "GITHUB_RUN_ATTEMPT": "1", "GITHUB_JOB": "j", "RUNNER_NAME": "r"}
+    with as_other_user() as other:
+        locks = other.shared_dir("locks", 0o1777)
+        talk = other.shared_dir("talk", 0o1777)
+        script, arm, said = other.base / "fake_hold.py", other.base / "arm.json", talk / "said"
+        script.write_text(FAKE_HOLD)
+        script.chmod(0o644)
+        path = lock_file(locks, "db")
+        attacker = subprocess.Popen(
+            [*other.drop, other.python, str(script), str(path), str(arm), str(said)],
+            env=other.env(),
+            cwd="/",
+        )
+        hold, release = ["-q", "hold", "db", "--lock-dir", str(locks)], ["release", "db"]
+        reentrant = ["run", "--reentrant", "--no-wait", "--lock-dir", str(locks)]
+        try:
+            wait_for(Path(f"{said}.planted"))
+            assert run_cli(hold, env=job).returncode == 0
+            real = json.loads(path.read_text().splitlines()[0])  # the job's, to copy
+            assert run_cli([*release, "--lock-dir", str(locks)], env=job).returncode == 0
+            arm.write_text(json.dumps({k: v for k, v in real.items() if k != "pid"}))
+            arm.chmod(0o644)
+            wait_for(Path(f"{said}.armed"))
+
+            held, go = marks / "held", marks / "go"
+            holder = subprocess.Popen(
+                [
+                    *CLI,
+                    "db",
+                    f"touch '{held}'; until [ -e '{go}' ]; do sleep 0.05; done",
+                    str(locks),
+                ],
+                env=clean_env(),
+                stderr=subprocess.DEVNULL,
+            )
+            try:
+                wait_for(held)
+                r = run_cli(
+                    [*reentrant, "db", f"touch '{marks}/beside'"],
+                    env=job,
+                )
+                assert r.returncode == 75, r.stderr
+                assert not (marks / "beside").exists()
+            finally:
+                go.touch()
+                assert holder.wait(30) == 0
+
+            assert run_cli(hold, env=job).returncode == 0
+            r = run_cli([*release, "--lock-dir", str(locks)], env=job)
+            assert r.returncode == 0, r.stderr
+            assert str(attacker.pid).encode() not in r.stderr
+            assert attacker.poll() is None  # never signalled
+            wait_for(lambda: lock_is_free(path), what="the real hold ended")
+            assert not said.exists() or said.read_bytes() == b""  # heard nothing of ours
+        finally:
+            attacker.kill()
+            attacker.wait(10)

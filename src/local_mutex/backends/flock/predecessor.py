@@ -70,10 +70,13 @@ class Predecessor:
         return {**(self.record() or {}), "pid": self.pid}
 
 
-def find(path: str, fd: int, skip: Collection[tuple[int, int, int]] = ()) -> Predecessor | None:
+def find(
+    path: str, fd: int, skip: Collection[tuple[int, int, int]] = (), any_owner: bool = False
+) -> Predecessor | None:
     """A lock still held on a file deleted or renamed from ``path`` (``fd``: the file
-    there now, ours), but none in ``skip``."""
-    return _find(path, key_of(os.fstat(fd)), skip)
+    there now, ours), but none in ``skip``; on another user's file only if ``any_owner``
+    (``proclocks.held_elsewhere``)."""
+    return _find(path, key_of(os.fstat(fd)), skip, any_owner)
 
 
 def lost_hold(path: str) -> tuple[int, dict[str, Any]] | None:
@@ -110,7 +113,10 @@ def find_hold(path: str, here: tuple[int, int, int] | None) -> Predecessor | Non
 
 
 def _find(
-    path: str, here: tuple[int, int, int] | None, skip: Collection[tuple[int, int, int]]
+    path: str,
+    here: tuple[int, int, int] | None,
+    skip: Collection[tuple[int, int, int]],
+    any_owner: bool = False,
 ) -> Predecessor | None:
     """Only locks on the path's device can be such: renames stay on it."""
     locks = read_proc_locks()
@@ -127,7 +133,11 @@ def _find(
     candidates = [k for k in locks if k.key[:2] == on and k.key != here and k.key not in skip]
     path = as_proc_names_it(path)
     for _ in range(_MAX_PREDECESSORS):
-        found = held_elsewhere(path, candidates, record.recorded_path) if candidates else None
+        found = (
+            held_elsewhere(path, candidates, record.recorded_path, any_owner)
+            if candidates
+            else None
+        )
         if found is None:
             return None
         lock, through = found
@@ -271,7 +281,7 @@ def wait_out(
     for _ in range(_MAX_PREDECESSORS):
         if not is_file_at(lock.path, lock.fd):
             return True, None  # deleted in turn: waiting for what replaced it would deadlock
-        found = find(lock.path, lock.fd, passed)
+        found = find(lock.path, lock.fd, passed, lock.allow_other_owner)
         if found is None or nesting.enclosing_hold(lock.env, found.key) is not None:
             break
         fd = _open(found)

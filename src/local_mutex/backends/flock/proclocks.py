@@ -8,6 +8,7 @@ the ``->`` lines, in the kernel's queue order.
 from __future__ import annotations
 
 import os
+import stat
 
 from ..._proc import PROC, USE_PROC
 
@@ -159,19 +160,30 @@ def all_fd_holders(key: tuple[int, int, int]) -> list[int]:
 
 
 def held_elsewhere(
-    path: str, locks: list[KernelLock], recorded: Callable[[str], str | None]
+    path: str,
+    locks: list[KernelLock],
+    recorded: Callable[[str], str | None],
+    any_owner: bool = False,
 ) -> tuple[KernelLock, str] | None:
     """A granted lock on a file that was at ``path`` and has been deleted or renamed away
     while held (its holder puts one back within a moment): found through the holder's
     descriptors, which still name the old path (``… (deleted)``) or whose holder record
     names ``path`` (``recorded`` reads the lock file a record was found in). Returns the
-    lock and a /proc path that reads the file's content."""
+    lock and a /proc path that reads the file's content.
+
+    Only a file of ours (or root's) counts, as at the path (``lockdir.refusal_for``), unless
+    ``any_owner`` (``--allow-other-owner``): in a shared directory another user can create
+    the file before us, delete it, and lock it later to pass for our holder -- root sees
+    every process's descriptors, and would wait for that lock, or join it as a hold."""
 
     def was_at_path(pid: int, fd: str) -> str | None:
         through = f"{PROC}/{pid}/fd/{fd}"
         try:
             target = os.readlink(through)
+            st = os.stat(through)
         except OSError:
+            return None
+        if not any_owner and not (stat.S_ISREG(st.st_mode) and st.st_uid in (0, os.geteuid())):
             return None
         if target in (path + " (deleted)", path) or recorded(through) == path:
             return through

@@ -171,9 +171,10 @@ def join(
         conn.settimeout(within)
         _connect(conn, address(holder_pid, token_sha256), within)
         pid, uid = peer(conn)
-        # Never tell the token to anyone but the holder's own process (root may ask
-        # another user's hold: that user could read nothing of root's anyway).
-        if pid != holder_pid or not (_same_user(uid) or os.geteuid() == 0):
+        # Never tell the token to anyone but the holder's own process, of our own user (or
+        # root): a hold of another user's is none of ours to run inside, root's runs
+        # included (whoever listens there may have planted the lock it points us to).
+        if pid != holder_pid or not _same_user(uid):
             raise OSError("not the holder")
         conn.sendall(request.encode("utf-8", "surrogateescape") + b"\n")
         # MSG_CMSG_CLOEXEC: the descriptions must never reach a command we spawn.

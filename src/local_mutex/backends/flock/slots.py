@@ -132,7 +132,7 @@ def _try_slots(lock_path: str, slots: int, allow_other_owner: bool, ours: Ours) 
         fd, created = open_or_create(path, allow_other_owner=allow_other_owner)
         if kernel.try_lock(fd):
             if names_inode(path, fd):
-                if not _busy_after_all(path, fd, created, ours):
+                if not _busy_after_all(path, fd, created, ours, allow_other_owner):
                     return Slot(fd, path, index)
             else:
                 fresh = _retake(path, allow_other_owner, fd, ours)
@@ -150,14 +150,14 @@ def _retake(path: str, allow_other_owner: bool, stale: int, ours: Ours) -> int |
     if (
         kernel.try_lock(fd)
         and names_inode(path, fd)
-        and not _busy_after_all(path, fd, created, ours)
+        and not _busy_after_all(path, fd, created, ours, allow_other_owner)
     ):
         return fd
     os.close(fd)
     return None
 
 
-def _busy_after_all(path: str, fd: int, created: bool, ours: Ours) -> bool:
+def _busy_after_all(path: str, fd: int, created: bool, ours: Ours, allow_other_owner: bool) -> bool:
     """Is the slot busy after all? A tmp cleaner deleted its file while a run held it,
     before that run's holder put one back (within a tick): the kernel still holds the lock
     on the deleted file (or the cleaner deleted ours while we looked). Asked, as for the
@@ -169,7 +169,7 @@ def _busy_after_all(path: str, fd: int, created: bool, ours: Ours) -> bool:
         return False
     from .predecessor import find
 
-    found = find(path, fd)
+    found = find(path, fd, any_owner=allow_other_owner)
     if found is not None and not (ours is not None and ours(path, found)):
         return True
     # Deleted in turn while we looked: its lock would exclude nobody (look again later).
