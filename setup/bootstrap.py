@@ -9,7 +9,8 @@ python3 >= 3.9. Usage (by the actions in this repository):
 The install is a copy of the package into ``$RUNNER_TOOL_CACHE/local-mutex/<version>-<digest>``
 (else ``${XDG_CACHE_HOME:-~/.cache}/local-mutex/...``), prepared in a temporary directory and
 renamed into place under a kernel lock, so two runners' first use installs once and nobody
-ever sees a half-written install.
+ever sees a half-written install. Only an install that no other user could have written is
+used (``_trusted``); where another user's holds the name, ours is ``<version>-<digest>-u<uid>``.
 
 This file must parse on any Python 3, so that an old interpreter gets the friendly error in
 ``main`` instead of a SyntaxError: no f-strings, no variable annotations, no
@@ -17,6 +18,7 @@ This file must parse on any Python 3, so that an old interpreter gets the friend
 (they are evaluated when a ``def`` runs, and ``list[str]`` needs Python 3.9).
 """
 
+import errno
 import fcntl
 import os
 import sys
@@ -69,11 +71,65 @@ def cache_roots(env: "dict[str, str]") -> "list[str]":
 
 
 def _usable(root: str) -> bool:
+    umask = os.umask(0o022)  # a directory others may write would not be used (``_safe_path``)
     try:
         os.makedirs(root, exist_ok=True)
     except OSError:
         return False
-    return os.access(root, os.W_OK | os.X_OK)
+    finally:
+        os.umask(umask)
+    return os.access(root, os.W_OK | os.X_OK) and _safe_path(root)
+
+
+# An install runs as code of whoever starts the action, and a tool cache may be shared by
+# several runners' users: nothing is trusted that another user could have written or could
+# swap -- a file or directory they own, one anybody may write (but for a sticky directory
+# among the ancestors: /tmp), or one reached through such a directory. Group-writable is
+# left to the group (runners that share one under umask 002 trust it on purpose).
+def _trusted(path: str, st: "os.stat_result", ancestor: bool = False) -> bool:
+    import stat
+
+    if st.st_uid not in (0, os.geteuid()) or stat.S_ISLNK(st.st_mode):
+        return False
+    return not st.st_mode & stat.S_IWOTH or (ancestor and bool(st.st_mode & stat.S_ISVTX))
+
+
+def _safe_path(root: str) -> bool:
+    """``root`` and every directory above it are ours (or root's), and nobody else's to
+    write, but for sticky ones (nobody can rename our entries in those)."""
+    path = os.path.realpath(root)
+    while True:
+        try:
+            if not _trusted(path, os.lstat(path), ancestor=True):
+                return False
+        except OSError:
+            return False
+        parent = os.path.dirname(path)
+        if parent == path:
+            return True
+        path = parent
+
+
+def _trusted_install(final: str) -> bool:
+    """A complete install, every file and directory of it ours (or root's)."""
+    if not os.path.exists(os.path.join(final, COMPLETE)):
+        return False
+    try:
+        if not _trusted(final, os.lstat(final)):
+            return False
+        for top, dirs, files in os.walk(final):
+            for name in dirs + files:
+                if not _trusted(name, os.lstat(os.path.join(top, name))):
+                    return False
+    except OSError:
+        return False
+    return True
+
+
+def _candidates(root: str, key: str) -> "list[str]":
+    """Where this version's install may be: the shared name, and ours alone for when
+    another user installed under the shared one."""
+    return [os.path.join(root, key), os.path.join(root, key + "-u" + str(os.geteuid()))]
 
 
 def ensure_installed(env: "dict[str, str]") -> str:
@@ -81,43 +137,58 @@ def ensure_installed(env: "dict[str, str]") -> str:
     key = install_key()
     roots = cache_roots(env)
     for root in roots:
-        final = os.path.join(root, key)
-        if os.path.exists(os.path.join(final, COMPLETE)):
-            return final
+        if os.path.isdir(root) and _safe_path(root):
+            for final in _candidates(root, key):
+                if _trusted_install(final):
+                    return final
     for root in roots:
         if _usable(root):
             return _install(root, key)
-    raise BootstrapError("no writable tool cache among " + repr(roots))
+    raise BootstrapError(
+        "no tool cache that is writable and that no other user can change among " + repr(roots)
+    )
 
 
 def _install(root: str, key: str) -> str:
     import shutil
     import tempfile
 
-    final = os.path.join(root, key)
+    uid = str(os.geteuid())
     lock_fd = os.open(
-        os.path.join(root, ".install.lock"),
+        os.path.join(root, ".install-" + uid + ".lock"),
         os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-        0o666,
+        0o600,
     )
+    umask = os.umask(0o022)  # nothing of an install may be anybody's to write
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)  # the second runner waits here, then reuses
-        if os.path.exists(os.path.join(final, COMPLETE)):
-            return final
-        for leftover in os.listdir(root):  # from installs killed midway; nobody else is
-            if leftover.startswith(".tmp-"):  # installing while we hold the lock
+        mine = ".tmp-" + uid + "-"
+        for leftover in os.listdir(root):  # from our installs killed midway; none of
+            if leftover.startswith(mine):  # ours is running while we hold the lock
                 shutil.rmtree(os.path.join(root, leftover), ignore_errors=True)
-        tmp = tempfile.mkdtemp(prefix=".tmp-", dir=root)
-        try:
-            _populate(tmp, final)
-            if os.path.lexists(final):
-                shutil.rmtree(final)  # left by an install that died before completing
-            os.rename(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return final
+        for final in _candidates(root, key):
+            if _trusted_install(final):
+                return final
+            if os.path.lexists(final) and not _trusted(final, os.lstat(final)):
+                continue  # another user's: ours goes under our own name
+            tmp = tempfile.mkdtemp(prefix=mine, dir=root)
+            try:
+                _populate(tmp, final)
+                if os.path.lexists(final):
+                    shutil.rmtree(final)  # left by an install that died before completing
+                os.rename(tmp, final)
+            except OSError as exc:
+                shutil.rmtree(tmp, ignore_errors=True)
+                if exc.errno in (errno.EEXIST, errno.ENOTEMPTY) and not _trusted_install(final):
+                    continue  # another user's rename came first: ours goes under our name
+                raise
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            return final
+        raise BootstrapError("another user's installs are in the way under " + repr(root))
     finally:
+        os.umask(umask)
         os.close(lock_fd)
 
 
@@ -146,6 +217,11 @@ def _populate(tmp: str, final: str) -> None:
         )
     os.chmod(launcher, 0o755)
     os.chmod(os.path.join(lib, "local_mutex", "local-mutex.sh"), 0o755)
+    for top, dirs, files in os.walk(tmp):  # copied modes may let others write (umask 0)
+        for name in dirs + files:
+            path = os.path.join(top, name)
+            os.chmod(path, os.stat(path).st_mode & ~0o022)
+    os.chmod(tmp, 0o755)
     with open(os.path.join(tmp, COMPLETE), "w", encoding="utf-8") as f:
         f.write(sys.executable + "\n")
 
@@ -168,8 +244,9 @@ def _ensure_click(final: str) -> None:
     lock_fd = os.open(
         os.path.join(final, ".click.lock"),
         os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-        0o666,
+        0o600,
     )
+    umask = os.umask(0o022)  # what pip writes is part of the install (``_trusted``)
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         if os.path.isdir(os.path.join(lib, "click")):
@@ -200,6 +277,7 @@ def _ensure_click(final: str) -> None:
                 file=sys.stderr,
             )
     finally:
+        os.umask(umask)
         os.close(lock_fd)
 
 

@@ -17,7 +17,12 @@ BOOTSTRAP = Path(__file__).resolve().parents[2] / "setup" / "bootstrap.py"
 
 
 def _setup(
-    tool_cache: Path, tmp: Path, python: str = sys.executable, lock_dir: str = ""
+    tool_cache: Path,
+    tmp: Path,
+    python: str = sys.executable,
+    lock_dir: str = "",
+    umask: int = 0o022,
+    xdg: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     files = {n: tmp / n for n in ("path", "env", "out")}
     for f in files.values():
@@ -29,10 +34,16 @@ def _setup(
             "GITHUB_ENV": str(files["env"]),
             "GITHUB_OUTPUT": str(files["out"]),
             "LOCAL_MUTEX_INPUT_LOCK_DIR": lock_dir,
+            "XDG_CACHE_HOME": str(xdg or tmp / "xdg"),  # never the real home
         }
     )
     return subprocess.run(
-        [python, str(BOOTSTRAP), "setup"], env=env, capture_output=True, text=True, timeout=60
+        [python, str(BOOTSTRAP), "setup"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        umask=umask,
     )
 
 
@@ -99,13 +110,74 @@ def test_a_partial_install_is_never_used(tmp_path: Path) -> None:
     # completion marker is missing and whose package is broken.
     (install / ".complete").unlink()
     (install / "lib" / "local_mutex" / "cli.py").write_text("raise SystemExit(99)\n")
-    leftover = cache / "local-mutex" / ".tmp-killed"
+    leftover = cache / "local-mutex" / f".tmp-{os.geteuid()}-killed"
     leftover.mkdir()
     r = _setup(cache, tmp_path)
     assert r.returncode == 0, r.stderr
     assert (install / ".complete").exists()
     assert "SystemExit(99)" not in (install / "lib" / "local_mutex" / "cli.py").read_text()
     assert not leftover.exists()
+
+
+def _install_key() -> str:
+    r = subprocess.run(
+        [sys.executable, "-c", "import bootstrap; print(bootstrap.install_key())"],
+        cwd=BOOTSTRAP.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return r.stdout.strip()
+
+
+def _plant(install: Path, pwned: Path, owner: int) -> None:
+    """What another user could leave in a shared tool cache: an install that looks
+    complete and runs their code as whoever starts the action."""
+    package = install / "lib" / "local_mutex"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(f"open({str(pwned)!r}, 'w').close()\n")
+    (install / ".complete").write_text("")
+    for path in (install, *install.rglob("*")):
+        os.chown(path, owner, owner)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files to another user")
+@pytest.mark.parametrize("shared", ["the cache dir", "the install only"])
+def test_an_install_another_user_planted_is_never_run(tmp_path: Path, shared: str) -> None:
+    """A tool cache shared by several runners' users: an install with the right name but
+    another owner ran their code as root (whoever started the action)."""
+    cache, pwned, xdg = tmp_path / "tc", tmp_path / "pwned", tmp_path / "xdg"
+    cache.mkdir()
+    cache.chmod(0o1777)
+    root = cache / "local-mutex"
+    root.mkdir()
+    if shared == "the cache dir":  # theirs: they could swap what we check
+        os.chown(root, 65534, 65534)
+    else:
+        root.chmod(0o1777)
+    _plant(root / _install_key(), pwned, 65534)
+    r = _setup(cache, tmp_path, xdg=xdg)
+    assert r.returncode == 0, r.stderr
+    assert not pwned.exists()
+    cli = _runner_file((tmp_path / "env").read_text())["LOCAL_MUTEX_CLI"]
+    if shared == "the cache dir":
+        assert cli.startswith(f"{xdg}/local-mutex/")
+    else:
+        assert cli.startswith(f"{root / _install_key()}-u0/")
+    assert _setup(cache, tmp_path, xdg=xdg).returncode == 0 and not pwned.exists()
+
+
+def test_an_install_made_under_umask_0_is_ours_alone_and_reused(tmp_path: Path) -> None:
+    """Nothing of it may be anybody's to write (it would not be trusted, and reinstalled)."""
+    cache, xdg = tmp_path / "tc", tmp_path / "xdg"
+    assert _setup(cache, tmp_path, umask=0, xdg=xdg).returncode == 0
+    assert not xdg.exists()
+    (install,) = [p for p in (cache / "local-mutex").iterdir() if not p.name.startswith(".")]
+    assert not [p for p in (install, *install.rglob("*")) if p.lstat().st_mode & 0o002]
+    stamp = (install / ".complete").stat().st_mtime_ns
+    assert _setup(cache, tmp_path, umask=0, xdg=xdg).returncode == 0
+    assert (install / ".complete").stat().st_mtime_ns == stamp
 
 
 def test_unusable_tool_cache_falls_back_to_the_user_cache(tmp_path: Path) -> None:
