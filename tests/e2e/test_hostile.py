@@ -214,18 +214,23 @@ def test_hold_prints_its_token_on_stdout_only(tmp_path: Path, actions: bool, nam
         assert not summary.exists() or token not in summary.read_text()
         (hint,) = [line for line in err.splitlines() if "release with: " in line]
         assert hint.startswith("::notice::") == actions, hint
-        assert f"--lock-dir {shlex.quote(str(d))} " in hint
+        assert f"--lock-dir {shlex.quote(str(d))}" in hint
         # The hint, with the token filled in, is a working release command.
         argv = shlex.split(
             hint.split("release with: ", 1)[1].replace("<the token printed above>", token)
         )
+        # The token goes in the environment: a command line is anybody's to read.
+        assert argv[0] == f"LOCAL_MUTEX_HOLD_TOKEN={token}" and "--token" not in argv, hint
         if name.startswith("-"):
             assert argv[-2:] == ["--", name], hint
         else:
-            assert hint.endswith("--token <the token printed above>"), hint
-            assert argv[:3] == ["local-mutex", "release", name]
+            assert argv[1:4] == ["local-mutex", "release", name]
         rel = subprocess.run(
-            [*CLI, *argv[1:]], env=clean_env(env), capture_output=True, timeout=30, input=b""
+            [*CLI, *argv[2:]],
+            env=clean_env({**env, "LOCAL_MUTEX_HOLD_TOKEN": token}),
+            capture_output=True,
+            timeout=30,
+            input=b"",
         )
         assert rel.returncode == 0, _err(rel)
         assert token not in _err(rel) and rel.stdout == b""

@@ -14,6 +14,7 @@ from ..errors import (
     LocalMutexError,
     NestingError,
 )
+from ..identity import ENV_TOKEN
 from ..names import name_bytes, shell_quote
 from ..nesting import ENV_REMOTE
 from ..ui.output import STDOUT, closed_by_caller, out
@@ -91,10 +92,11 @@ def release_hint(name: str, parsed: Parsed, address: str) -> str:
             options += ["--" + dest.replace("_", "-"), shell_quote(shown)]
     if parsed.count("slots"):
         options.append("--slots")
-    options.append("--token <the token printed above>")
+    # In the environment, not --token: a command line is anybody's to read (ps).
+    release = [f"{ENV_TOKEN}=<the token printed above>", "local-mutex", "release"]
     if name.startswith("-"):  # it reads as an option: after a `--`, as on the way in
-        return " ".join(["local-mutex", "release", *options, "--", shell_quote(name)])
-    return " ".join(["local-mutex", "release", shell_quote(name), *options])
+        return " ".join([*release, *options, "--", shell_quote(name)])
+    return " ".join([*release, shell_quote(name), *options])
 
 
 def hold(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:

@@ -215,8 +215,8 @@ OPTIONS = (
         "token",
         "text",
         _v(RELEASE),
-        "The token `hold` printed (also "
-        "$LOCAL_MUTEX_HOLD_TOKEN); not needed inside the GitHub job that took the hold.",
+        "The token `hold` printed; better in $LOCAL_MUTEX_HOLD_TOKEN (a command line is "
+        "anybody's to read); not needed inside the GitHub job that took the hold.",
         metavar="TOKEN",
     ),
     Option(("--force",), "force", "flag", _v(RELEASE), "End the hold even if another job took it."),
