@@ -257,7 +257,7 @@ def _hold(inputs: ActionInputs, step: _Step, backend: Backend) -> int:
         "slots": inputs.slots,
         "remote_url": inputs.remote,
     }
-    info = take_hold(backend, inputs.name, values, step.plain_env())
+    info = take_hold(backend, inputs.name, values, step.plain_env(), step.reporter)
     try:  # the token first, on its own: a hold nobody has the token of must not stay
         github.append(step.env.get("GITHUB_OUTPUT"), github.format_outputs({"token": info.token}))
     except OSError as exc:

@@ -130,12 +130,9 @@ def run_locked(
                 f"is in ${ENV_TOKEN}; there is neither here: {lock.label} is taken like "
                 "anyone else would take it"
             )
-        progress = progress_interval(env, reporter) if reporter is not None else None
         with SignalsHeld(last) as held:
             try:
-                result.waited = _take(
-                    lock, opts, env, reporter, progress, command.text, spent=spent
-                )
+                result.waited = _take(lock, opts, env, reporter, command.text, spent=spent)
                 result.acquired, result.lock_file = True, lock.lock_file
                 outcome = supervise(
                     _spec(command, command_env(lock, env, True), opts),
@@ -168,14 +165,14 @@ def _take(
     opts: Options,
     env: Mapping[str, str],
     reporter: Reporter | None,
-    progress: float | None,
     command: str,
     extra: Mapping[str, Any] | None = None,
     spent: float = 0.0,
 ) -> float:
     """Acquire, then publish who holds it (or let go again): the seconds waited, ``spent``
-    included."""
+    included. A ``reporter`` says we wait, and how long so far (``progress_interval``)."""
     lock.stop_grace = opts.kill_after + STOP_MARGIN
+    progress = progress_interval(env, reporter) if reporter is not None else None
     wait = None if opts.wait is None else max(opts.wait - spent, 0.0)
     take = Take(
         shared=opts.shared, slots=opts.slots, wait=wait, reporter=reporter, progress=progress
@@ -349,9 +346,7 @@ class Held:
             key = _here_key(self.backend, lock, self.opts.slots)
             if key in _held_here:
                 raise NestingError(f"lock {lock.label} is already held by this thread")
-            self.waited = _take(
-                lock, self.opts, self.env, self.reporter, None, self.command, self.extra
-            )
+            self.waited = _take(lock, self.opts, self.env, self.reporter, self.command, self.extra)
         except BaseException:
             _let_go(lock)
             lock.close()

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -1453,3 +1454,51 @@ def test_a_hold_stopped_while_it_waits_says_nothing_was_held(
     assert last == "local-mutex: stopped waiting for the lock: received signal 15; nothing was done"
     (marks / "h.go").touch()
     assert holder.wait(20) == 0
+
+
+def test_a_hold_that_waits_says_so_and_leaves_no_stream_of_ours_open(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """A hold's holder waited in silence (a `hold` step with no wait-seconds could sit for
+    the whole job with no clue why); it says what a run says, then lets go of our stderr:
+    a reader waiting for its end (a runner, `$(...)`) sees it as `hold` returns."""
+    procs.start(["--message", "a long migration", "db", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    hold = subprocess.Popen(
+        [*CLI, "hold", "db", "--lock-dir", str(lock_dir), "--ttl", "60"],
+        env=clean_env({"LOCAL_MUTEX_PROGRESS_SECONDS": "0.5"}),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    err = hold.stderr
+    lines: list[str] = []
+    assert err is not None
+    reader = threading.Thread(
+        target=lambda: lines.extend(line.decode() for line in iter(err.readline, b""))
+    )
+    reader.start()
+    try:
+        wait_for(lambda: any("still waiting for lock db" in line for line in lines))
+        (marks / "h.go").touch()
+        assert hold.wait(30) == 0, lines
+        reader.join(30)
+        assert not reader.is_alive()  # stderr's end: the holder let go of it
+        out = hold.stdout.read() if hold.stdout else b""
+        waiting = lines[0]
+        assert waiting.startswith("local-mutex: waiting for lock db at "), lines
+        assert "held by pid" in waiting and "message 'a long migration'" in waiting
+        assert lines[-2].startswith("local-mutex: acquired lock db at "), lines
+        assert lines[-1].startswith("local-mutex: holding db in detached pid "), lines
+    finally:
+        hold.kill()
+        (marks / "h.go").touch()
+    r = run_cli(
+        ["release", "db", "--lock-dir", str(lock_dir)],
+        env={"LOCAL_MUTEX_HOLD_TOKEN": out.decode().strip()},
+    )
+    assert r.returncode == 0, r.stderr
+    quiet = run_cli(["-q", "hold", "db", "--lock-dir", str(lock_dir), "--ttl", "60"])
+    assert quiet.returncode == 0 and quiet.stderr == b""  # nobody held it: nothing to say
+    token = {"LOCAL_MUTEX_HOLD_TOKEN": quiet.stdout.decode().strip()}
+    assert run_cli(["release", "db", "--lock-dir", str(lock_dir)], env=token).returncode == 0

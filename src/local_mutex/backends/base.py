@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any, Protocol
 
+    from ..ui.lines import Reporter
     from . import Ending, Take
 
     class Lock(Protocol):
@@ -110,9 +111,15 @@ if TYPE_CHECKING:
             """Raises Unsupported where the backend keeps none."""
 
         def hold_persistent(
-            self, name: bytes, *, wait: float | None, ttl: float | None, message: str | None
+            self,
+            name: bytes,
+            *,
+            wait: float | None,
+            ttl: float | None,
+            message: str | None,
+            reporter: Reporter | None = None,
         ) -> HoldInfo:
-            """Only where ``persistent_holds``."""
+            """Only where ``persistent_holds``; ``reporter`` says we wait."""
 
         def release_hold(self, name: bytes, ending: Ending) -> Released:
             """End a hold the caller owns (its token or job), or any with ``force``."""

@@ -31,17 +31,23 @@ if TYPE_CHECKING:
 
 
 def take_hold(
-    backend: Backend, name: str, parsed_values: Mapping[str, Any], env: Mapping[str, str]
+    backend: Backend,
+    name: str,
+    parsed_values: Mapping[str, Any],
+    env: Mapping[str, str],
+    reporter: Reporter | None = None,
 ) -> HoldInfo:
     """A hold on ``name``: persistent where the backend keeps them (git), else a detached
-    holder process (this machine, PostgreSQL)."""
+    holder process (this machine, PostgreSQL), which says as ``reporter`` would that it
+    waits (on our stderr, until it holds the lock)."""
     raw = name_bytes(name)
     wait, ttl = parsed_values.get("wait"), parsed_values.get("ttl")
     message = parsed_values.get("message")
     if parsed_values.get("slots") is None:  # a hold of another slot need not wait for ours
         _refuse_inside_itself(backend, raw, env)
+    waiting = None if reporter is None else reporter.waiting_only()
     if backend.persistent_holds:
-        return backend.hold_persistent(raw, wait=wait, ttl=ttl, message=message)
+        return backend.hold_persistent(raw, wait=wait, ttl=ttl, message=message, reporter=waiting)
     from ..holds.start import start_hold
 
     return start_hold(
@@ -53,6 +59,7 @@ def take_hold(
         message=message,
         slots=parsed_values.get("slots"),
         env=env,
+        report=None if waiting is None else waiting.settings(),
     )
 
 
@@ -117,7 +124,7 @@ def hold(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
     def work(backend: Backend) -> HoldInfo:
         nonlocal address
         address = backend.address
-        taken.append(take_hold(backend, name, values, env))
+        taken.append(take_hold(backend, name, values, env, reporter))
         return taken[0]
 
     stops = deferred_stops()

@@ -24,6 +24,7 @@ from ..errors import LockLost, NotAcquired, RecordNotWritten, Unavailable, Valid
 from ..identity import job_identity, new_token, token_hash, utc_stamp
 from ..lifecycle import Held
 from ..runspec import Options
+from ..ui.lines import Reporter
 from .start import DELIVERED, ENV_ACK_FD, ENV_READY_FD, ENV_SPEC
 
 TYPE_CHECKING = False
@@ -71,8 +72,12 @@ def main() -> int:
             env=env,
             extra=extra,
             watch=False,
+            reporter=_waiting_lines(spec.get("report")),
         )
-        held.__enter__()
+        try:
+            held.__enter__()
+        finally:
+            _let_go_of_stderr()
     except NotAcquired as exc:
         _say(
             ready,
@@ -106,6 +111,28 @@ def main() -> int:
             sharing.close()
         held.__exit__(None, None, None)
     return 0
+
+
+def _waiting_lines(settings: Any) -> Reporter | None:
+    """The caller's stderr is ours while we take the lock: its waiting lines (who holds it,
+    how long we waited) are ``hold``'s, as a run's are its own; the rest is ``hold``'s to say."""
+    if not isinstance(settings, dict):
+        return None
+    annotations = settings.get("annotations")
+    return Reporter(
+        actions=settings.get("actions") is True,
+        quiet=settings.get("quiet") is True,
+        only_contended=settings.get("only_contended") is not False,
+        annotations=annotations if isinstance(annotations, str) else "never",
+    )
+
+
+def _let_go_of_stderr() -> None:
+    """A daemon keeps nobody's stream open: a step that reads our caller's stderr (a
+    runner, ``$(...)``) would wait for our end to see its end."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
 
 
 def _sharing(backend: Backend, token: str, env: dict[str, str]) -> Sharing | None:

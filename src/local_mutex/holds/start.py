@@ -72,8 +72,10 @@ def start_hold(
     message: str | None = None,
     slots: int | None = None,
     env: Mapping[str, str] | None = None,
+    report: Mapping[str, Any] | None = None,
 ) -> HoldInfo:
-    """Start a detached holder and return once it holds the lock (or raise)."""
+    """Start a detached holder and return once it holds the lock (or raise). With
+    ``report`` (``Reporter.settings``) it shares our stderr until then, to say it waits."""
     import subprocess
 
     env = dict(os.environ if env is None else env)
@@ -88,6 +90,7 @@ def start_hold(
         "message": message,
         "slots": slots,
         "anchor": job_anchor(env),
+        "report": dict(report) if report is not None else None,
     }
     read_end, write_end = os.pipe()
     ack_read, ack_write = os.pipe()
@@ -106,7 +109,7 @@ def start_hold(
             start_new_session=True,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=None if report is not None else subprocess.DEVNULL,
         )
     except OSError as exc:
         os.close(ack_write)

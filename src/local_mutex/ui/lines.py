@@ -161,6 +161,20 @@ class Reporter:
         self.annotations = "never" if nested or not actions else annotations
         self.quiet = quiet
 
+    def settings(self) -> dict[str, Any]:
+        """What another process needs to write lines as this reporter would (a holder)."""
+        return {
+            "actions": self.actions,
+            "quiet": self.quiet,
+            "annotations": self.annotations,
+            "only_contended": self.only_contended,
+        }
+
+    def waiting_only(self) -> Reporter:
+        """This reporter, saying only that (and how long) we wait: a ``hold``'s own lines
+        come after it holds the lock."""
+        return Reporter(self.stream, **{**self.settings(), "only_contended": True})
+
     def write(self, text: str, kind: str | None = None) -> None:
         """One line; ``kind`` is 'notice', 'warning' or 'error' (a workflow command under
         Actions: errors and warnings always, notices as ``annotations`` says)."""

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
+    from ...ui.lines import Reporter
     from .. import Ending
     from ..base import HoldInfo, LockStatus, Released
 
@@ -83,7 +84,13 @@ class FlockBackend:
         raise Unsupported("history is kept only by git remotes (--remote URL)")
 
     def hold_persistent(
-        self, name: bytes, *, wait: float | None, ttl: float | None, message: str | None
+        self,
+        name: bytes,
+        *,
+        wait: float | None,
+        ttl: float | None,
+        message: str | None,
+        reporter: Reporter | None = None,
     ) -> HoldInfo:
         raise Unsupported("holds on this machine are kept by a holder process")
 

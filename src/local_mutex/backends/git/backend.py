@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
+    from ...ui.lines import Reporter
     from .. import Ending
 
 DEFAULT_LEASE = 60.0
@@ -112,12 +113,20 @@ class GitBackend:
         return _story(entries)
 
     def hold_persistent(
-        self, name: bytes, *, wait: float | None, ttl: float | None, message: str | None
+        self,
+        name: bytes,
+        *,
+        wait: float | None,
+        ttl: float | None,
+        message: str | None,
+        reporter: Reporter | None = None,
     ) -> HoldInfo:
         """A lock commit that stays until released (or its ``ttl`` runs out)."""
         lock = self.lock(name)
         lock.token = new_token()
-        waited = lock.take(wait, None, lease=ttl, message=message or "hold", extra={"hold": True})
+        waited = lock.take(
+            wait, reporter, lease=ttl, message=message or "hold", extra={"hold": True}
+        )
         return HoldInfo(lock.label, lock.lock_file, None, lock.token, waited)
 
     def release_hold(self, name: bytes, ending: Ending) -> Released:

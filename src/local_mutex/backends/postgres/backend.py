@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
+    from ...ui.lines import Reporter
     from .. import Ending
     from ..base import HoldInfo
 
@@ -67,7 +68,13 @@ class PostgresBackend:
         return PostgresLock(self.url, name, self.env, self.drop)
 
     def hold_persistent(
-        self, name: bytes, *, wait: float | None, ttl: float | None, message: str | None
+        self,
+        name: bytes,
+        *,
+        wait: float | None,
+        ttl: float | None,
+        message: str | None,
+        reporter: Reporter | None = None,
     ) -> HoldInfo:
         raise Unsupported("holds in PostgreSQL are kept by a holder process, not persisted")
 
