@@ -116,7 +116,7 @@ def main(argv: "Sequence[str] | None" = None) -> int:
         return answer(f"local-mutex, version {__version__}", 0, _reporter())
     verb, rest = (args[0], args[1:]) if args[0] in VERBS else ("run", args)
     try:
-        parsed = parse(verb, rest)
+        parsed = parse(verb, rest, implicit=verb != args[0])
     except UsageError as exc:
         return _reporter().failure(exc)
     if _STARTUP in sys.modules and verb == "run":

@@ -237,6 +237,68 @@ def test_an_unquoted_command_in_each_gets_the_hint(lock_dir: Path, tmp_path: Pat
     assert not (tmp_path / "ran").exists()
 
 
+@pytest.mark.parametrize(
+    ("words", "meant"),
+    [
+        (["relase", "./ran.sh"], "did you mean release?"),
+        (["stauts", "./ran.sh"], "did you mean status?"),
+        (["Hold", "./ran.sh"], "did you mean hold?"),
+        (["unlock", "./ran.sh"], "did you mean release?"),
+        (["relase", "--", "touch", "ran"], "did you mean release?"),
+        (["--", "touch", "ran"], "to run the program under a lock: local-mutex NAME -- touch"),
+    ],
+)
+def test_a_one_word_command_that_meant_something_else_does_not_run(
+    lock_dir: Path, tmp_path: Path, words: list[str], meant: str
+) -> None:
+    """A misspelt verb ran its argument (``relase ./deploy.sh`` ran the deploy), and
+    cpu-mutex's ``-- vitest run`` locked "vitest" and ran "run"."""
+    (tmp_path / "ran.sh").write_text("touch ran\n")
+    (tmp_path / "ran.sh").chmod(0o755)
+    r = run_cli(words, cwd=tmp_path, env={"LOCAL_MUTEX_LOCK_DIR": str(lock_dir)})
+    err = r.stderr.decode()
+    assert r.returncode == 2 and meant in err and "Nothing ran" in err, err
+    assert not (tmp_path / "ran").exists() and not os.listdir(lock_dir)
+    # Taken as typed where that is said: the explicit verb, a name that is no program.
+    name = words[words[0] == "--"]
+    r = run_cli(
+        ["run", name, "touch ran"], cwd=tmp_path, env={"LOCAL_MUTEX_LOCK_DIR": str(lock_dir)}
+    )
+    assert r.returncode == 0 and (tmp_path / "ran").exists(), r.stderr
+
+
+@pytest.mark.parametrize(
+    "words",
+    [["lint", "./ran.sh"], ["test", "./ran.sh"], ["builds", "./ran.sh"], ["--", "-x", "./ran.sh"]],
+)
+def test_names_near_a_verb_but_not_a_misspelling_run(
+    lock_dir: Path, tmp_path: Path, words: list[str]
+) -> None:
+    (tmp_path / "ran.sh").write_text("touch ran\n")
+    (tmp_path / "ran.sh").chmod(0o755)
+    r = run_cli(words, cwd=tmp_path, env={"LOCAL_MUTEX_LOCK_DIR": str(lock_dir)})
+    assert r.returncode == 0 and (tmp_path / "ran").exists(), r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "hint"),
+    [
+        (["-w", "5", "n", "true"], "flock's -w is --wait SECONDS here"),
+        (["-n", "n", "true"], "flock's -n is --no-wait here"),
+        (["--wiat", "5", "n", "true"], "did you mean --wait?"),
+        (["--lockdir", "/tmp", "n", "true"], "did you mean --lock-dir?"),
+        (["--ttl", "5", "n", "true"], "--ttl is an option of hold, not of run"),
+        (
+            ["status", "--wait", "5", "n"],
+            "--wait is an option of each, hold and run, not of status",
+        ),
+    ],
+)
+def test_an_unknown_option_says_what_was_meant(args: list[str], hint: str) -> None:
+    r = run_cli(args)
+    assert r.returncode == 2 and hint in r.stderr.decode(), r.stderr
+
+
 # -- the fast path: the common options never load click -------------------------------------
 
 

@@ -504,7 +504,11 @@ def test_options_of_other_verbs_are_unknown(verb: str) -> None:
     every = {flag for o in OPTIONS for flag in o.flags}
     for flag in sorted(every - flags_of(verb)):
         msg = refused(verb, [flag, *args])
-        assert msg == f"no such option: {flag!r} (see local-mutex {verb} --help)"
+        owners = sorted({v for o in OPTIONS if flag in o.flags for v in o.verbs})
+        assert msg.startswith(f"no such option: {flag!r} ({flag} is an option of "), msg
+        assert all(owner in msg for owner in owners) and msg.endswith(
+            f"not of {verb}) (see local-mutex {verb} --help)"
+        )
 
 
 @pytest.mark.parametrize("verb", NAMED)

@@ -164,12 +164,13 @@ def verb_first(args: Sequence[str]) -> list[str]:
     return list(args)
 
 
-def parse(verb: str, args: Sequence[str]) -> Parsed:
-    """Parse the arguments after the verb; UsageError says what is wrong."""
+def parse(verb: str, args: Sequence[str], implicit: bool = False) -> Parsed:
+    """Parse the arguments after the verb (``implicit``: the verb-free form's run);
+    UsageError says what is wrong."""
     known = _lookup(verb)
     parsed = Parsed(verb)
     takes_argv = verb in (RUN, EACH)
-    options_over = False
+    options_over = dashed = False
     i = 0
     while i < len(args):
         arg = args[i]
@@ -181,6 +182,7 @@ def parse(verb: str, args: Sequence[str]) -> Parsed:
             options_over = True
             continue
         if options_over or not arg.startswith("-") or arg == "-":
+            dashed = dashed or (options_over and not parsed.positionals)
             parsed.positionals.append(arg)
             if takes_argv and len(parsed.positionals) == 1 and options_over:
                 options_over = False  # options may follow NAME again, and a `--` for argv
@@ -189,7 +191,7 @@ def parse(verb: str, args: Sequence[str]) -> Parsed:
             command = parsed.positionals[1]
             problem = (
                 f"{arg!r} after the one-word command {command!r} may be its option or "
-                "local-mutex's (whose options go before NAME)"
+                "local-mutex's (ours go anywhere before it)"
             )
             raise UsageError(_quote_hint(verb, parsed, problem, arg, *args[i:]))
         flag, eq, inline = arg.partition("=") if arg.startswith("--") else (arg, "", "")
@@ -214,6 +216,12 @@ def parse(verb: str, args: Sequence[str]) -> Parsed:
             parsed.typed += [flag, inline]
         parsed.given.add(option.dest)
     _check_shape(verb, parsed)
+    if implicit:
+        command = parsed.positionals[1] if parsed.argv is None else " ".join(parsed.argv)
+        if parsed.argv is not None or not _has_space(command):  # one word: which was meant?
+            from .suggest import refuse_a_misreading
+
+            refuse_a_misreading(parsed.positionals[0], command, dashed)
     return parsed
 
 
@@ -244,7 +252,12 @@ def _unknown(verb: str, arg: str, parsed: Parsed, rest: Sequence[str]) -> UsageE
         )
     if arg in ("-h", "--help"):  # after `-- NAME`: the caller took the -- for the end
         return UsageError(f"{arg} after -- is no request for help: see local-mutex {verb} --help")
-    return UsageError(f"no such option: {arg!r} (see local-mutex {verb} --help)")
+    from .suggest import option_meant
+
+    hint = option_meant(arg, verb, _lookup(verb))
+    return UsageError(
+        f"no such option: {arg!r}{f' ({hint})' if hint else ''} (see local-mutex {verb} --help)"
+    )
 
 
 def _quote_hint(verb: str, parsed: Parsed, problem: str, *more: str) -> str:

@@ -32,7 +32,7 @@ MIN_DROP = 6.0
 MIN_SERVER = 140000  # pg_locks.waitstart, idle_session_timeout, client_connection_check_interval
 EXTRA_HINT = (
     "the postgres backend needs psycopg 3: install the extra, "
-    "pip install 'local-mutex[postgres]' from a checkout, or "
+    "pip install '.[postgres]' in a checkout, or "
     "pip install 'local-mutex[postgres] @ git+https://github.com/local-mutex/local-mutex' "
     "(the index's package named local-mutex is an unrelated project)"
 )
