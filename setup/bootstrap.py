@@ -231,7 +231,7 @@ def _sh_quote(text: str) -> str:
 
 
 def _ensure_click(final: str) -> None:
-    """Verbs and options need click; the action itself and the plain form do not."""
+    """--help and shell completion need click; nothing else does."""
     try:
         import click  # noqa: F401
 
@@ -271,9 +271,8 @@ def _ensure_click(final: str) -> None:
         )
         if result.returncode != 0:
             print(
-                "::warning::local-mutex: could not install click; `local-mutex NAME CMD` and "
-                "$LOCAL_MUTEX_CLI work, the verbs (status, list, ...) and options need "
-                "`pip install click`",
+                "::warning::local-mutex: could not install click; everything works but "
+                "--help and shell completion, which need `pip install click`",
                 file=sys.stderr,
             )
     finally:

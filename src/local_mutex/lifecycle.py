@@ -127,8 +127,8 @@ def run_locked(
         if opts.reentrant and reporter is not None and not _may_join_a_hold(opts, env):
             reporter.warning(
                 f"--reentrant runs inside a hold of this GitHub job, or the hold whose token "
-                f"is in ${ENV_TOKEN}; there is neither here: {lock.label} is taken like "
-                "anyone else would take it"
+                f"is in ${ENV_TOKEN} (export it); there is neither here: {lock.label} is "
+                "taken like anyone else would take it, after any hold of it"
             )
         with SignalsHeld(last) as held:
             try:

@@ -176,3 +176,15 @@ def test_odd_names_land_at_the_hashed_path(lock_dir: Path, name: str | bytes) ->
     assert [p.name for p in lock_dir.iterdir()] == [lock_file(lock_dir, name).name]
     raw = name if isinstance(name, bytes) else name.encode()
     assert b"waiting for lock " + raw + b" at " in r.stderr  # the raw name, byte for byte
+
+
+@pytest.mark.parametrize("value", ["relative/dir", "/no/such/dir"])
+def test_a_bad_lock_dir_from_the_environment_says_where_it_came_from(value: str) -> None:
+    """Nothing on the command line named it: the message names the variable."""
+    r = run_cli(["n", "true"], env={"LOCAL_MUTEX_LOCK_DIR": value})
+    assert r.returncode == 2
+    assert f"lock dir '{value}'" in r.stderr.decode() and "(from $LOCAL_MUTEX_LOCK_DIR)" in (
+        r.stderr.decode()
+    )
+    r = run_cli(["--lock-dir", value, "n", "true"])
+    assert r.returncode == 2 and b"LOCAL_MUTEX_LOCK_DIR" not in r.stderr

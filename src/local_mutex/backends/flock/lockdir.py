@@ -51,6 +51,15 @@ def resolve_lock_dir(
     (``writable=False`` for readers such as ``status``, which never create a file).
     The wording matches what existing log searches look for."""
     path = choose_lock_dir(explicit, env)
+    try:
+        return _checked(path, writable)
+    except InvalidLockDir as exc:
+        if explicit or path == DEFAULT_LOCK_DIR:
+            raise
+        raise InvalidLockDir(f"{exc} (from ${ENV_LOCK_DIR})") from None  # not typed here
+
+
+def _checked(path: str, writable: bool) -> str:
     if not os.path.isabs(path):
         raise InvalidLockDir(f"lock dir {path!r} must be an absolute path")
     try:
