@@ -62,6 +62,7 @@ _NOT_CACHED = (
     f"{_PACKAGE}.backends.flock.slots",
     f"{_PACKAGE}.backends.flock.state",
     f"{_PACKAGE}.commands.clicktree",
+    f"{_PACKAGE}.commands.suggest",
     f"{_PACKAGE}._site",
     __name__,
 )

@@ -469,6 +469,11 @@ def test_a_missing_interpreter_is_a_clear_error(tmp_path: Path, which: str) -> N
         r = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True)
         assert r.returncode == 2, r.stderr
         assert r.stdout.startswith(f"::error::local-mutex: no Python interpreter '{python}'")
+    if which == "action.yml":  # its outputs say what they say for any other error
+        out = tmp_path / "out"
+        env = clean_env({"LOCAL_MUTEX_INPUT_PYTHON": "absent3.99", "GITHUB_OUTPUT": str(out)})
+        assert subprocess.run(["sh", "-c", script], env=env, capture_output=True).returncode == 2
+        assert out.read_text() == "acquired=false\n"
     env = clean_env({"LOCAL_MUTEX_INPUT_PYTHON": sys.executable, "GITHUB_ACTION_PATH": "/x"})
     r = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True)
     assert "No such file" in r.stderr  # found, and exec'd: it is the bootstrap that is missing

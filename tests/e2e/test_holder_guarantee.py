@@ -1583,3 +1583,50 @@ def test_a_put_back_out_of_descriptors_warns_and_the_command_runs_on(
         keeper.kill()
     assert keeper.returncode == 0, err.decode()
     assert b"Traceback" not in err, err.decode()
+
+
+# A tmp cleaner's timing, made certain: the file a holder prepared under a temporary name
+# is deleted just before its rename to the lock path (the audit hook runs before the call).
+VANISH_BEFORE_RENAME = """
+import os, sys
+ARM = os.environ.get("VANISH_ARMED")
+if ARM:
+    def hook(event, args):
+        if event != "ctypes.call_function" or len(args[1]) != 5 or args[1][4] != 1:
+            return  # renameat2(..., RENAME_NOREPLACE) only
+        if os.path.exists(ARM) and not os.path.exists(ARM + ".done"):
+            open(ARM + ".done", "w").close()
+            os.unlink(args[1][1])
+    sys.addaudithook(hook)
+"""
+
+
+def test_a_file_put_back_after_its_prepared_twin_vanished_is_locked(
+    procs: Procs, lock_dir: Path, marks: Path, tmp_path: Path
+) -> None:
+    """A cleaner deleted the holder's prepared (locked) file before its rename: the holder
+    took that for a system without no-replace renames, created the lock file plainly, and
+    never locked it -- a newcomer ran beside the command (any mode: exclusive, shared,
+    a slot)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(VANISH_BEFORE_RENAME)
+    src = Path(__file__).resolve().parents[2] / "src"
+    arm = marks / "vanish"
+    holder = procs.start(
+        ["vanish", hold_until(marks), str(lock_dir)],
+        env={"PYTHONPATH": f"{site}:{src}", "VANISH_ARMED": str(arm)},
+    )
+    wait_for(marks / "h.held")
+    path = lock_file(lock_dir, "vanish")
+    arm.touch()
+    path.unlink()  # the cleaner
+    wait_for(Path(f"{arm}.done"), what="the prepared file deleted before its rename")
+    wait_for(path, what="a file put back")
+    wait_for(lambda: "put a locked file back" in procs.stderr(holder))
+    assert not lock_is_free(path)
+    r = run_cli(["--no-wait", "vanish", f"touch '{marks}/beside'", str(lock_dir)])
+    assert r.returncode == 75, r.stderr
+    assert not (marks / "beside").exists()
+    (marks / "h.go").touch()
+    assert holder.wait(30) == 0, procs.stderr(holder)

@@ -68,8 +68,8 @@ def test_without_a_rename_that_never_replaces_it_is_created_as_usual(
     fd = lockdir.create_exclusive(str(path), _prepare)
     assert fd is not None
     try:
-        assert path.read_bytes() == b""  # not prepared: the caller locks it itself
-        assert lock_is_free(path)
+        assert path.read_bytes() == b'{"pid": 1}\n'  # prepared just after it appeared
+        assert not lock_is_free(path)
     finally:
         os.close(fd)
 
@@ -82,8 +82,30 @@ def test_a_file_system_that_refuses_the_rename_falls_back(
     path = tmp_path / "x.lock"
     fd = lockdir.create_exclusive(str(path), _prepare)
     assert fd is not None
-    os.close(fd)
-    assert [p.name for p in tmp_path.iterdir()] == ["x.lock"]  # the attempt's file is gone
+    try:
+        assert [p.name for p in tmp_path.iterdir()] == ["x.lock"]  # the attempt's file is gone
+        assert not lock_is_free(path)  # the file returned is the one prepared, as always
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="renameat2")
+def test_a_prepared_file_deleted_before_its_rename_is_no_reason_to_create_it_plainly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tmp cleaner took the prepared file: creating the lock file the plain way gave the
+    caller a file nobody had prepared (a holder's put-back: nobody locked it)."""
+    real = lockdir._renameat2()
+    assert real is not None
+
+    def cleaner_first(old: str, new: str) -> bool:
+        os.unlink(old)
+        return real(old, new)
+
+    monkeypatch.setattr(lockdir, "_renameat2", lambda: cleaner_first)
+    path = tmp_path / "x.lock"
+    assert lockdir.create_exclusive(str(path), _prepare) is None  # the caller looks again
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="renameat2")

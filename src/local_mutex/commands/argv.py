@@ -19,6 +19,7 @@ import os
 
 from ..runspec import MAX_SECONDS
 from .options import (
+    BORROWED,
     EACH,
     MAX_SLOTS,
     OPTIONS,
@@ -26,6 +27,7 @@ from .options import (
     RELEASE,
     RUN,
     STATUS,
+    TYPED_AMISS,
     VERBS,
     Option,
     UsageError,
@@ -218,11 +220,24 @@ def parse(verb: str, args: Sequence[str], implicit: bool = False) -> Parsed:
     _check_shape(verb, parsed)
     if implicit:
         command = parsed.positionals[1] if parsed.argv is None else " ".join(parsed.argv)
-        if parsed.argv is not None or not _has_space(command):  # one word: which was meant?
+        one_word = parsed.argv is not None or not _has_space(command)
+        if one_word and (dashed or _maybe_a_verb(parsed.positionals[0])):  # which was meant?
             from .suggest import refuse_a_misreading
 
             refuse_a_misreading(parsed.positionals[0], command, dashed)
     return parsed
+
+
+def _maybe_a_verb(name: str) -> bool:
+    """Could this name be a verb mistyped? Asked of every run with a one-word command, so
+    only the cheapest look: a slip never changes the length by more than one, nor the first
+    letter (but for a swap with the second)."""
+    lowered = name.lower()
+    return (
+        lowered in BORROWED
+        or lowered in VERBS
+        or any(len(v) - 1 <= len(name) <= len(v) + 1 and lowered[:1] in v[:2] for v in TYPED_AMISS)
+    )
 
 
 def _is_our_option(word: str, known: dict[str, Option], option: Option) -> bool:

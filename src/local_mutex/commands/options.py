@@ -16,6 +16,11 @@ RUN, EACH, HOLD, RELEASE, STATUS, LIST, HISTORY = (
     "history",
 )
 VERBS = (RUN, EACH, HOLD, RELEASE, STATUS, LIST, HISTORY)
+# Verbs a slip of the finger may turn into a lock's name, and other tools' verbs for ours
+# (``suggest.verb_meant``).
+TYPED_AMISS = (HOLD, RELEASE, STATUS, HISTORY, EACH)
+BORROWED = {"lock": "hold (a lock that spans commands) or run", "unlock": "release"}
+BORROWED.update({"check": "status", "acquire": "hold"})
 TAKING = frozenset({RUN, EACH, HOLD})
 EVERY = frozenset(VERBS)
 MAX_SLOTS = 1024

@@ -3,7 +3,7 @@ option misspelt or borrowed from flock(1) or another verb. Only error paths impo
 
 from __future__ import annotations
 
-from .options import OPTIONS, VERBS, Option, UsageError
+from .options import BORROWED, OPTIONS, TYPED_AMISS, VERBS, Option, UsageError
 
 # flock(1)'s options, as its users type them out of habit.
 _FLOCK = {
@@ -17,29 +17,36 @@ _FLOCK = {
     "-o": "the lock stays with the command's processes until all are gone: no option needed",
     "-E": "a lock not taken in time exits 75: no option needed",
 }
-# Verbs other tools have, and what says the same here.
-_ELSEWHERE = {
-    "lock": "hold (a lock that spans commands) or run",
-    "unlock": "release",
-    "check": "status",
-    "acquire": "hold",
-}
+_KEYS = ("1234567890", "qwertyuiop", "asdfghjkl", "zxcvbnm")
+_WHERE = {key: (row, col) for row, keys in enumerate(_KEYS) for col, key in enumerate(keys)}
 
 
-def _one_edit(a: str, b: str) -> bool:
-    """Are these one insertion, deletion, substitution or swap of neighbours apart?"""
-    if a == b or abs(len(a) - len(b)) > 1:
+def _neighbours(a: str, b: str) -> bool:
+    """Keys next to each other on a QWERTY keyboard: a slip of the finger."""
+    if a not in _WHERE or b not in _WHERE:
         return False
-    if len(a) == len(b):
-        diff = [i for i in range(len(a)) if a[i] != b[i]]
-        return len(diff) == 1 or (
+    (r1, c1), (r2, c2) = _WHERE[a], _WHERE[b]
+    return abs(r1 - r2) <= 1 and abs(c1 - c2) <= 1
+
+
+def _typo(word: str, verb: str) -> bool:
+    """Is ``word`` a slip in typing ``verb``: two neighbours swapped, a letter left out or
+    doubled or added, or one key hit for its neighbour -- never in the first letter, nor an
+    added final s (``held``, ``gold``, ``holds`` are names, not slips)."""
+    if len(word) == len(verb):
+        diff = [i for i in range(len(word)) if word[i] != verb[i]]
+        if len(diff) == 1:
+            return diff[0] > 0 and _neighbours(word[diff[0]], verb[diff[0]])
+        return (
             len(diff) == 2
             and diff[1] == diff[0] + 1
-            and a[diff[0]] == b[diff[1]]
-            and a[diff[1]] == b[diff[0]]
+            and (word[diff[0]], word[diff[1]]) == (verb[diff[1]], verb[diff[0]])
         )
-    short, long = (a, b) if len(a) < len(b) else (b, a)
-    return any(long[:i] + long[i + 1 :] == short for i in range(len(long)))
+    if len(word) == len(verb) - 1:
+        return any(verb[:i] + verb[i + 1 :] == word for i in range(1, len(verb)))
+    if len(word) == len(verb) + 1 and not word.endswith("s"):
+        return any(word[:i] + word[i + 1 :] == verb for i in range(1, len(word)))
+    return False
 
 
 def verb_meant(word: str) -> str | None:
@@ -47,12 +54,12 @@ def verb_meant(word: str) -> str | None:
     ``unlock``), or None. Verbs without NAME (``list``) and short ones (``run``) are left
     out: their neighbours (``lint``, ``rum``) are names people give locks."""
     lowered = word.lower()
-    if lowered in _ELSEWHERE:
-        return _ELSEWHERE[lowered]
+    if lowered in BORROWED:
+        return BORROWED[lowered]
     if lowered in VERBS and lowered != word:
         return lowered
-    for verb in ("hold", "release", "status", "history", "each"):
-        if len(word) >= 4 and _one_edit(lowered, verb):
+    for verb in TYPED_AMISS:
+        if len(word) >= 4 and _typo(lowered, verb):
             return verb
     return None
 

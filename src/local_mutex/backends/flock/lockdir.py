@@ -128,9 +128,9 @@ def open_or_create(path: str, *, allow_other_owner: bool = False) -> tuple[int, 
 def create_exclusive(path: str, prepare: Callable[[int], object] | None = None) -> int | None:
     """A fresh lock file at ``path`` (None if something is already there, or its directory
     is gone); OSError if it cannot be created (out of descriptors, disk full, read-only).
-    ``prepare`` (lock it, write its record) runs before the file appears at the path where
-    the system can rename without replacing (Linux): then no newcomer can take it in the
-    instant between its creation and its lock."""
+    ``prepare`` (lock it, write its record) runs on the file returned: before it appears at
+    the path where the system can rename without replacing (Linux), so that no newcomer can
+    take it in the instant between its creation and its lock; elsewhere just after."""
     if prepare is not None:
         fd = _create_renamed(path, prepare)
         if fd is not _UNSUPPORTED:
@@ -141,6 +141,12 @@ def create_exclusive(path: str, prepare: Callable[[int], object] | None = None) 
             os.fchmod(fd, FILE_MODE)
         except OSError:
             pass
+        if prepare is not None:  # the file the caller gets is the one prepared, always
+            try:
+                prepare(fd)
+            except BaseException:
+                os.close(fd)
+                raise
     return fd
 
 
@@ -197,9 +203,12 @@ def _create_renamed(path: str, prepare: Callable[[int], object]) -> int | None:
     if renamed:
         _sweep_temps(directory, base)
         return fd
+    # Our file deleted before its rename (a tmp cleaner): try again, never the plain way --
+    # the file it creates would not be the one prepared, and nobody would lock it.
+    vanished = not os.path.lexists(temp)
     _discard(temp, fd)
-    if os.path.lexists(path):
-        return None  # somebody created a file there first
+    if vanished or os.path.lexists(path):
+        return None  # or somebody created a file there first: the caller looks again
     return _UNSUPPORTED  # a file system without it (or the directory went: the usual way says)
 
 
