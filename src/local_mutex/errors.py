@@ -118,6 +118,13 @@ class RecordNotWritten(LocalMutexError):
     exit_code = EXIT_IOERR
 
 
+class NoRoom(LocalMutexError):
+    """No lock file could be created: the file system is full (its inodes too) or a quota
+    is spent; nothing was held."""
+
+    exit_code = EXIT_IOERR
+
+
 class Unavailable(LocalMutexError):
     """A remote could not be reached, or refused for a reason other than a lost race;
     nothing was left half-taken."""

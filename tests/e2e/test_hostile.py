@@ -143,9 +143,11 @@ def test_list_of_a_lock_dir_it_cannot_read_cannot_tell(tmp_path: Path, mode: int
 
 @has_proc
 def test_release_by_another_user_with_the_right_token_is_a_clear_refusal() -> None:
+    """The refusal names the holder's real user, not the $USER its record keeps (anybody
+    can set that: "belongs to user admin, ask them")."""
     with as_other_user() as nobody:
         d = nobody.shared_dir("locks")
-        with _held("theirs", d) as token:
+        with _held("theirs", d, env={"USER": "someone-else"}) as token:
             _, st = _status("theirs", d)
             pid = st["holders"][0]["pid"]
             for how in (["--token", token], ["--force"]):
@@ -153,8 +155,7 @@ def test_release_by_another_user_with_the_right_token_is_a_clear_refusal() -> No
                 err = _err(r)
                 assert r.returncode == 77, (how, r.returncode, err)
                 assert re.search(
-                    rf"belongs to user ({os.geteuid()}|root); only that user or root can end it",
-                    err,
+                    r"belongs to user (uid 0|root); only that user or root can end it", err
                 ), err
                 assert token not in err
                 code, st = _status("theirs", d)
@@ -326,6 +327,36 @@ def test_hold_and_run_fail_74_on_a_full_filesystem(tmp_path: Path, marks: Path) 
             os.close(fd)
         tag = f"enospc-{os.getpid()}-{time.monotonic_ns()}"
         _assert_74_and_nothing_held(small, marks, tag)
+    finally:
+        if subprocess.run(["umount", str(small)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(small)], capture_output=True)
+    assert not os.path.ismount(small)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+def test_no_inode_left_for_a_lock_file_is_74_too(tmp_path: Path, marks: Path) -> None:
+    """Out of inodes the lock file itself cannot be created: that was exit 2 (bad usage),
+    while a full disk under the record was 74."""
+    if shutil.which("mount") is None or shutil.which("umount") is None:
+        pytest.skip("needs mount(8) and umount(8)")
+    small = tmp_path / "small"
+    small.mkdir()
+    m = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "nr_inodes=8,mode=0755", "tmpfs", str(small)],
+        capture_output=True,
+    )
+    if m.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {m.stderr.decode().strip()}")
+    try:
+        try:
+            for i in range(64):
+                (small / f"filler{i}").touch()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+        r = run_cli(["inodes", f"touch '{marks}/ran'", str(small)])
+        assert r.returncode == 74, r.stderr
+        assert b"cannot create lock file" in r.stderr and b"No space left" in r.stderr
+        assert not (marks / "ran").exists()
     finally:
         if subprocess.run(["umount", str(small)], capture_output=True).returncode != 0:
             subprocess.run(["umount", "-l", str(small)], capture_output=True)

@@ -18,6 +18,9 @@ from local_mutex.ui.lines import printable
         ("caf\u00e9 \u6f22\u5b57", "caf\u00e9 \u6f22\u5b57"),
         ("a\udcffb", "a\udcffb"),  # a name's raw byte 0xFF: written back as that byte
         ("a\ud800b", "a\\ud800b"),  # a surrogate that stands for no byte
+        ("a\udc9bb", "a\\x9bb"),  # a name's raw byte 0x9B: a terminal's CSI, as such
+        ("evil\u202etxt.sh", "evil\\u202etxt.sh"),  # would read "evilhs.txt"
+        ("a\u2066b\u2069c\u200fd", "a\\u2066b\\u2069c\\u200fd"),
     ],
 )
 def test_printable(raw: str, shown: str) -> None:

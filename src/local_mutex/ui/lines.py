@@ -67,17 +67,29 @@ def printable(text: str) -> str:
     path or an argument can hold anything, and one line must stay one line -- a raw
     newline could even start a ``::error::`` workflow command of its own. C1 controls
     (a terminal may read ``\x9b`` as an escape), the line and paragraph separators (a new
-    line to many log viewers) and surrogates that stand for no byte of
-    a name (a record's JSON may hold ``\\ud800``; they cannot be written) are escaped too."""
+    line to many log viewers), the marks that turn text right to left (a name could read
+    backwards, or hide what follows), a name's raw bytes in the C1 range (written as they
+    are, a terminal may take ``0x9b`` for an escape: ``\\x9b``) and surrogates that stand
+    for no byte of a name (a record's JSON may hold ``\\ud800``; they cannot be written)
+    are escaped too."""
     if all(" " <= c < "\x7f" for c in text):
         return text
-    return "".join(c if _shown(c) else repr(c)[1:-1] for c in text)
+    return "".join(c if _shown(c) else _escaped(c) for c in text)
+
+
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
 def _shown(c: str) -> bool:
-    if c < " " or "\x7f" <= c <= "\x9f" or c in "\u2028\u2029":  # those two: new lines
-        return False
-    return not "\ud800" <= c <= "\udfff" or "\udc80" <= c <= "\udcff"  # a name's raw bytes
+    if c < " " or "\x7f" <= c <= "\x9f" or c in "\u2028\u2029" or c in _BIDI:
+        return False  # the separators: new lines to many viewers
+    return not "\ud800" <= c <= "\udfff" or "\udca0" <= c <= "\udcff"  # a name's raw bytes
+
+
+def _escaped(c: str) -> str:
+    if "\udc80" <= c <= "\udc9f":  # a raw byte: say which
+        return f"\\x{ord(c) - 0xDC00:02x}"
+    return repr(c)[1:-1]
 
 
 def describe_holder(holder: Mapping[str, Any], now: float | None = None) -> str:

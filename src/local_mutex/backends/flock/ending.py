@@ -42,14 +42,29 @@ def end_holder(
                 return
             except PermissionError:
                 raise Refused(
-                    f"the hold on {label} (pid {pid}) belongs to user {user or '?'}; only "
-                    "that user or root can end it"
+                    f"the hold on {label} (pid {pid}) belongs to user {_owner(pid, user)}; "
+                    "only that user or root can end it"
                 ) from None
             if _let_go(pid, pidfd, let_go, grace):
                 return
     finally:
         if pidfd is not None:
             os.close(pidfd)
+
+
+def _owner(pid: int, recorded: object) -> str:
+    """Who runs ``pid``, as the kernel says (the record's ``user`` is the holder's $USER,
+    which anybody can set), else as recorded."""
+    try:
+        uid = os.stat(f"{_proc.PROC}/{pid}").st_uid
+    except OSError:
+        return str(recorded or "?")
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return f"uid {uid}"
 
 
 def _open_pidfd(pid: int) -> int | None:

@@ -292,6 +292,10 @@ def _refusal(path: str, exc: OSError) -> Exception:
         return UnsafeLockFile(f"lock file {path!r} is not a regular file; refusing to use it")
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return InvalidLockDir(f"cannot create lock file {path!r}: {exc.strerror}")
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # as a holder record that cannot be written
+        from ...errors import NoRoom
+
+        return NoRoom(f"cannot create lock file {path!r}: {exc.strerror}")
     where = os.path.dirname(path)
     if exc.errno in (errno.ENOENT, errno.ENOTDIR) and not os.path.isdir(where):
         # The directory went away after it was checked (a tmp cleaner, a rename).
