@@ -115,8 +115,12 @@ class Options:
         token: str | None = None,
         closed: tuple[int, ...] = (),
     ) -> None:
-        if slots is not None and (slots < 1 or shared):
-            raise NestingError("--slots needs a count of at least 1 and cannot be --shared")
+        if slots is not None and shared:
+            raise NestingError(
+                "--slots cannot be --shared: a slot is one holder's (N slots let N in at once)"
+            )
+        if slots is not None and slots < 1:
+            raise NestingError("--slots needs a count of at least 1")
         _check_seconds("wait", wait, zero=True)
         _check_seconds("timeout", timeout, zero=False)
         _check_seconds("kill_after", kill_after, zero=True)

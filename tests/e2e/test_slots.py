@@ -258,6 +258,7 @@ def test_slots_bad_input(lock_dir: Path) -> None:
     assert r.returncode == 2
     r = run_cli(["--slots", "2", "--shared", "pool", "true", str(lock_dir)])
     assert r.returncode == 2 and b"cannot be --shared" in r.stderr
+    assert b"count" not in r.stderr  # 2 is a good count: only --shared is wrong
 
 
 # -- nesting: a name's slots are a lock apart from its plain lock ------------------------------

@@ -742,3 +742,8 @@ def test_asks_version(args: list[str], expected: bool) -> None:
     """Eager, as click's ``--version`` (and our ``--help``): said wherever it stands as an
     option; ``--version extra`` said "no such option: '--version'"."""
     assert asks_version(args) is expected
+
+
+def test_a_hold_given_a_command_says_a_hold_runs_none() -> None:
+    msg = refused(HOLD, ["deploy", "./deploy.sh"])
+    assert "takes NAME, got 2 arguments" in msg and "a hold runs no command" in msg

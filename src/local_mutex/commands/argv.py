@@ -21,6 +21,7 @@ from ..runspec import MAX_SECONDS
 from .options import (
     BORROWED,
     EACH,
+    HOLD,
     MAX_SLOTS,
     OPTIONS,
     POSITIONALS,
@@ -363,6 +364,7 @@ def _check_shape(verb: str, parsed: Parsed) -> None:
         raise UsageError(f"--slots takes no count with {verb}: local-mutex {verb} --slots NAME")
     if count != len(wanted):
         need = " ".join(wanted) or "no arguments"
-        raise UsageError(
-            f"local-mutex {verb} takes {need}, got {count} argument{'s' if count != 1 else ''}"
-        )
+        text = f"local-mutex {verb} takes {need}, got {count} argument{'s' if count != 1 else ''}"
+        if verb == HOLD and count == 2:  # a command: that is run's, inside or not
+            text += " (a hold runs no command: hold, run what needs it, release; or run NAME CMD)"
+        raise UsageError(text)
