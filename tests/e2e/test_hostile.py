@@ -306,17 +306,7 @@ def test_hold_and_run_fail_74_when_the_file_size_limit_stops_the_record(
 @has_proc
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
 def test_hold_and_run_fail_74_on_a_full_filesystem(tmp_path: Path, marks: Path) -> None:
-    if shutil.which("mount") is None or shutil.which("umount") is None:
-        pytest.skip("needs mount(8) and umount(8)")
-    small = tmp_path / "small"
-    small.mkdir()
-    m = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4k,mode=0755", "tmpfs", str(small)],
-        capture_output=True,
-    )
-    if m.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {m.stderr.decode().strip()}")
-    try:
+    with _small_tmpfs(tmp_path, "size=4k") as small:
         fd = os.open(small / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             while True:
@@ -327,6 +317,24 @@ def test_hold_and_run_fail_74_on_a_full_filesystem(tmp_path: Path, marks: Path) 
             os.close(fd)
         tag = f"enospc-{os.getpid()}-{time.monotonic_ns()}"
         _assert_74_and_nothing_held(small, marks, tag)
+
+
+@contextmanager
+def _small_tmpfs(tmp_path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of that size (``size=4k``, ``nr_inodes=8``) on a directory of ours: a full
+    file system without filling the machine's; unmounted after."""
+    if shutil.which("mount") is None or shutil.which("umount") is None:
+        pytest.skip("needs mount(8) and umount(8)")
+    small = tmp_path / "small"
+    small.mkdir()
+    m = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"{size},mode=0755", "tmpfs", str(small)],
+        capture_output=True,
+    )
+    if m.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {m.stderr.decode().strip()}")
+    try:
+        yield small
     finally:
         if subprocess.run(["umount", str(small)], capture_output=True).returncode != 0:
             subprocess.run(["umount", "-l", str(small)], capture_output=True)
@@ -337,17 +345,7 @@ def test_hold_and_run_fail_74_on_a_full_filesystem(tmp_path: Path, marks: Path) 
 def test_no_inode_left_for_a_lock_file_is_74_too(tmp_path: Path, marks: Path) -> None:
     """Out of inodes the lock file itself cannot be created: that was exit 2 (bad usage),
     while a full disk under the record was 74."""
-    if shutil.which("mount") is None or shutil.which("umount") is None:
-        pytest.skip("needs mount(8) and umount(8)")
-    small = tmp_path / "small"
-    small.mkdir()
-    m = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "nr_inodes=8,mode=0755", "tmpfs", str(small)],
-        capture_output=True,
-    )
-    if m.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {m.stderr.decode().strip()}")
-    try:
+    with _small_tmpfs(tmp_path, "nr_inodes=8") as small:
         try:
             for i in range(64):
                 (small / f"filler{i}").touch()
@@ -357,10 +355,6 @@ def test_no_inode_left_for_a_lock_file_is_74_too(tmp_path: Path, marks: Path) ->
         assert r.returncode == 74, r.stderr
         assert b"cannot create lock file" in r.stderr and b"No space left" in r.stderr
         assert not (marks / "ran").exists()
-    finally:
-        if subprocess.run(["umount", str(small)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(small)], capture_output=True)
-    assert not os.path.ismount(small)
 
 
 # -- status of what run refuses --------------------------------------------------------------
