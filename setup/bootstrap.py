@@ -62,12 +62,31 @@ def _package_files() -> "list[str]":
 
 
 def cache_roots(env: "dict[str, str]") -> "list[str]":
+    import tempfile
+
     roots = []
     if env.get("RUNNER_TOOL_CACHE"):
         roots.append(os.path.join(env["RUNNER_TOOL_CACHE"], "local-mutex"))
     base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     roots.append(os.path.join(base, "local-mutex"))
+    # Last: a directory of our own in the temporary one (a home nobody may write, caches
+    # we cannot trust): an install a boot, not a failed step.
+    roots.append(os.path.join(tempfile.gettempdir(), "local-mutex-tools-" + str(os.geteuid())))
     return roots
+
+
+# Whose files an install may be: ours, root's, and the runner's own account, which owns the
+# job's workspace (a container job runs as root over the runner user's bind mounts).
+_owners = {0, os.geteuid()}
+
+
+def trust_the_runner(env: "dict[str, str]") -> None:
+    for where in ("RUNNER_TEMP", "GITHUB_WORKSPACE"):
+        try:
+            _owners.add(os.stat(env[where]).st_uid)
+            return
+        except (KeyError, OSError):
+            continue
 
 
 def _usable(root: str) -> bool:
@@ -82,14 +101,15 @@ def _usable(root: str) -> bool:
 
 
 # An install runs as code of whoever starts the action, and a tool cache may be shared by
-# several runners' users: nothing is trusted that another user could have written or could
-# swap -- a file or directory they own, one anybody may write (but for a sticky directory
-# among the ancestors: /tmp), or one reached through such a directory. Group-writable is
-# left to the group (runners that share one under umask 002 trust it on purpose).
+# several runners' users: nothing is trusted that another user (not in ``_owners``) could
+# have written or could swap -- a file or directory they own, one anybody may write (but
+# for a sticky directory among the ancestors: /tmp), or one reached through such a
+# directory. Group-writable is left to the group (runners that share one under umask 002
+# trust it on purpose).
 def _trusted(path: str, st: "os.stat_result", ancestor: bool = False) -> bool:
     import stat
 
-    if st.st_uid not in (0, os.geteuid()) or stat.S_ISLNK(st.st_mode):
+    if st.st_uid not in _owners or stat.S_ISLNK(st.st_mode):
         return False
     return not st.st_mode & stat.S_IWOTH or (ancestor and bool(st.st_mode & stat.S_ISVTX))
 
@@ -134,6 +154,7 @@ def _candidates(root: str, key: str) -> "list[str]":
 
 def ensure_installed(env: "dict[str, str]") -> str:
     """The install directory for this version, installing it first if needed."""
+    trust_the_runner(env)
     key = install_key()
     roots = cache_roots(env)
     for root in roots:
@@ -241,6 +262,19 @@ def _ensure_click(final: str) -> None:
     lib = os.path.join(final, "lib")
     if os.path.isdir(os.path.join(lib, "click")):
         return
+    try:
+        installed = _install_click(final, lib)
+    except OSError:  # an install of root's (or the runner's): not ours to add to
+        installed = False
+    if not installed:
+        print(
+            "::warning::local-mutex: could not install click; everything works but "
+            "--help and shell completion, which need `pip install click`",
+            file=sys.stderr,
+        )
+
+
+def _install_click(final: str, lib: str) -> bool:
     lock_fd = os.open(
         os.path.join(final, ".click.lock"),
         os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -250,7 +284,7 @@ def _ensure_click(final: str) -> None:
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         if os.path.isdir(os.path.join(lib, "click")):
-            return
+            return True
         import subprocess
 
         result = subprocess.run(
@@ -269,12 +303,7 @@ def _ensure_click(final: str) -> None:
             stdout=subprocess.DEVNULL,
             check=False,
         )
-        if result.returncode != 0:
-            print(
-                "::warning::local-mutex: could not install click; everything works but "
-                "--help and shell completion, which need `pip install click`",
-                file=sys.stderr,
-            )
+        return result.returncode == 0
     finally:
         os.umask(umask)
         os.close(lock_fd)

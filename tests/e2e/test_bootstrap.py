@@ -35,6 +35,7 @@ def _setup(
             "GITHUB_OUTPUT": str(files["out"]),
             "LOCAL_MUTEX_INPUT_LOCK_DIR": lock_dir,
             "XDG_CACHE_HOME": str(xdg or tmp / "xdg"),  # never the real home
+            "TMPDIR": str(tmp),  # nor the machine's /tmp (the last resort)
         }
     )
     return subprocess.run(
@@ -166,6 +167,43 @@ def test_an_install_another_user_planted_is_never_run(tmp_path: Path, shared: st
     else:
         assert cli.startswith(f"{root / _install_key()}-u0/")
     assert _setup(cache, tmp_path, xdg=xdg).returncode == 0 and not pwned.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give directories to another user")
+@pytest.mark.parametrize("runner_temp", [True, False])
+def test_a_container_job_over_the_runner_users_mounts_installs(
+    tmp_path: Path, runner_temp: bool
+) -> None:
+    """A `container:` job runs as root over directories of the runner's user (/__t,
+    /github/home): both cache roots were refused, and the action failed (125). The runner's
+    account (it owns the job's RUNNER_TEMP) is trusted; without it, a directory of our own
+    in the temporary one serves."""
+    runner = 65534
+    cache, home, temp = tmp_path / "__t", tmp_path / "home", tmp_path / "temp"
+    for d in (cache, home, temp):
+        d.mkdir()
+        os.chown(d, runner, runner)
+    files = {n: tmp_path / n for n in ("path", "env", "out")}
+    for f in files.values():
+        f.write_text("")
+    env = clean_env(
+        {
+            "RUNNER_TOOL_CACHE": str(cache),
+            "XDG_CACHE_HOME": str(home),
+            "TMPDIR": str(tmp_path),
+            **({"RUNNER_TEMP": str(temp)} if runner_temp else {}),
+            "GITHUB_PATH": str(files["path"]),
+            "GITHUB_ENV": str(files["env"]),
+            "GITHUB_OUTPUT": str(files["out"]),
+        }
+    )
+    r = subprocess.run(
+        [sys.executable, str(BOOTSTRAP), "setup"], env=env, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    cli = _runner_file(files["env"].read_text())["LOCAL_MUTEX_CLI"]
+    where = cache / "local-mutex" if runner_temp else tmp_path / "local-mutex-tools-0"
+    assert cli.startswith(f"{where}/"), cli
 
 
 def test_an_install_made_under_umask_0_is_ours_alone_and_reused(tmp_path: Path) -> None:

@@ -242,9 +242,9 @@ def test_an_unquoted_command_in_each_gets_the_hint(lock_dir: Path, tmp_path: Pat
     [
         (["relase", "./ran.sh"], "did you mean release?"),
         (["stauts", "./ran.sh"], "did you mean status?"),
-        (["Hold", "./ran.sh"], "did you mean hold?"),
+        (["hodl", "./ran.sh"], "did you mean hold?"),
         (["unlock", "./ran.sh"], "did you mean release?"),
-        (["relase", "--", "touch", "ran"], "did you mean release?"),
+        (["relase", "--", "./ran.sh"], "did you mean release?"),
         (["--", "touch", "ran"], "to run the program under a lock: local-mutex NAME -- touch"),
     ],
 )
@@ -253,7 +253,7 @@ def test_a_one_word_command_that_meant_something_else_does_not_run(
 ) -> None:
     """A misspelt verb ran its argument (``relase ./deploy.sh`` ran the deploy), and
     cpu-mutex's ``-- vitest run`` locked "vitest" and ran "run"."""
-    (tmp_path / "ran.sh").write_text("touch ran\n")
+    (tmp_path / "ran.sh").write_text("#!/bin/sh\ntouch ran\n")
     (tmp_path / "ran.sh").chmod(0o755)
     r = run_cli(words, cwd=tmp_path, env={"LOCAL_MUTEX_LOCK_DIR": str(lock_dir)})
     err = r.stderr.decode()
@@ -269,12 +269,21 @@ def test_a_one_word_command_that_meant_something_else_does_not_run(
 
 @pytest.mark.parametrize(
     "words",
-    [["lint", "./ran.sh"], ["test", "./ran.sh"], ["builds", "./ran.sh"], ["--", "-x", "./ran.sh"]],
+    [
+        ["lint", "./ran.sh"],
+        ["test", "./ran.sh"],
+        ["stats", "./ran.sh"],
+        ["released", "./ran.sh"],
+        ["Status", "./ran.sh"],
+        ["relase", "--", "sh", "ran.sh"],
+        ["--", "-x", "./ran.sh"],
+        ["--", "touch", "--", "./ran.sh"],  # a -- after NAME: NAME is the name, as documented
+    ],
 )
 def test_names_near_a_verb_but_not_a_misspelling_run(
     lock_dir: Path, tmp_path: Path, words: list[str]
 ) -> None:
-    (tmp_path / "ran.sh").write_text("touch ran\n")
+    (tmp_path / "ran.sh").write_text("#!/bin/sh\ntouch ran\n")
     (tmp_path / "ran.sh").chmod(0o755)
     r = run_cli(words, cwd=tmp_path, env={"LOCAL_MUTEX_LOCK_DIR": str(lock_dir)})
     assert r.returncode == 0 and (tmp_path / "ran").exists(), r.stderr

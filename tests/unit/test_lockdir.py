@@ -90,22 +90,33 @@ def test_a_file_system_that_refuses_the_rename_falls_back(
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="renameat2")
-def test_a_prepared_file_deleted_before_its_rename_is_no_reason_to_create_it_plainly(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("deletions", [1, 1000])
+def test_a_prepared_file_deleted_before_its_rename_is_prepared_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, deletions: int
 ) -> None:
-    """A tmp cleaner took the prepared file: creating the lock file the plain way gave the
-    caller a file nobody had prepared (a holder's put-back: nobody locked it)."""
+    """A tmp cleaner took the prepared file: the file created the plain way instead was
+    not the one prepared (a holder's put-back: nobody locked it). It prepares another; a
+    cleaner that takes every one gets the plain way's, prepared just after it appears."""
     real = lockdir._renameat2()
     assert real is not None
+    calls: list[str] = []
 
     def cleaner_first(old: str, new: str) -> bool:
-        os.unlink(old)
+        calls.append(old)
+        if len(calls) <= deletions:
+            os.unlink(old)
         return real(old, new)
 
     monkeypatch.setattr(lockdir, "_renameat2", lambda: cleaner_first)
     path = tmp_path / "x.lock"
-    assert lockdir.create_exclusive(str(path), _prepare) is None  # the caller looks again
-    assert list(tmp_path.iterdir()) == []
+    fd = lockdir.create_exclusive(str(path), _prepare)
+    assert fd is not None
+    try:
+        assert [p.name for p in tmp_path.iterdir()] == ["x.lock"]
+        assert not lock_is_free(path) and path.read_bytes() == b'{"pid": 1}\n'
+        assert len(calls) == (2 if deletions == 1 else lockdir._VANISHED_TRIES)
+    finally:
+        os.close(fd)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="renameat2")

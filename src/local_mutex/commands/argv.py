@@ -221,7 +221,9 @@ def parse(verb: str, args: Sequence[str], implicit: bool = False) -> Parsed:
     _check_shape(verb, parsed)
     if implicit:
         command = parsed.positionals[1] if parsed.argv is None else " ".join(parsed.argv)
-        one_word = parsed.argv is not None or not _has_space(command)
+        # A -- after NAME says what is the program: only the name may be a slip then.
+        dashed = dashed and parsed.argv is None
+        one_word = len(parsed.argv) == 1 if parsed.argv is not None else not _has_space(command)
         if one_word and (dashed or _maybe_a_verb(parsed.positionals[0])):  # which was meant?
             from .suggest import refuse_a_misreading
 
@@ -234,10 +236,8 @@ def _maybe_a_verb(name: str) -> bool:
     only the cheapest look: a slip never changes the length by more than one, nor the first
     letter (but for a swap with the second)."""
     lowered = name.lower()
-    return (
-        lowered in BORROWED
-        or lowered in VERBS
-        or any(len(v) - 1 <= len(name) <= len(v) + 1 and lowered[:1] in v[:2] for v in TYPED_AMISS)
+    return lowered in BORROWED or any(
+        len(v) - 1 <= len(name) <= len(v) + 1 and lowered[:1] in v[:2] for v in TYPED_AMISS
     )
 
 

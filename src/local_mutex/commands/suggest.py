@@ -17,49 +17,39 @@ _FLOCK = {
     "-o": "the lock stays with the command's processes until all are gone: no option needed",
     "-E": "a lock not taken in time exits 75: no option needed",
 }
-_KEYS = ("1234567890", "qwertyuiop", "asdfghjkl", "zxcvbnm")
-_WHERE = {key: (row, col) for row, keys in enumerate(_KEYS) for col, key in enumerate(keys)}
-
-
-def _neighbours(a: str, b: str) -> bool:
-    """Keys next to each other on a QWERTY keyboard: a slip of the finger."""
-    if a not in _WHERE or b not in _WHERE:
-        return False
-    (r1, c1), (r2, c2) = _WHERE[a], _WHERE[b]
-    return abs(r1 - r2) <= 1 and abs(c1 - c2) <= 1
 
 
 def _typo(word: str, verb: str) -> bool:
-    """Is ``word`` a slip in typing ``verb``: two neighbours swapped, a letter left out or
-    doubled or added, or one key hit for its neighbour -- never in the first letter, nor an
-    added final s (``held``, ``gold``, ``holds`` are names, not slips)."""
+    """Is ``word`` a slip in typing ``verb``: two neighbours swapped (``stauts``), a letter
+    doubled (``releease``), or one left out of a long verb (``relase``)? Never a letter
+    put for another, added at the end or left out of a short verb: those make the words
+    people name locks (``hood``, ``released``, ``stats``)."""
     if len(word) == len(verb):
         diff = [i for i in range(len(word)) if word[i] != verb[i]]
-        if len(diff) == 1:
-            return diff[0] > 0 and _neighbours(word[diff[0]], verb[diff[0]])
         return (
             len(diff) == 2
             and diff[1] == diff[0] + 1
             and (word[diff[0]], word[diff[1]]) == (verb[diff[1]], verb[diff[0]])
         )
-    if len(word) == len(verb) - 1:
-        return any(verb[:i] + verb[i + 1 :] == word for i in range(1, len(verb)))
-    if len(word) == len(verb) + 1 and not word.endswith("s"):
-        return any(word[:i] + word[i + 1 :] == verb for i in range(1, len(word)))
+    if len(word) == len(verb) - 1 and len(verb) >= 7:
+        return any(verb[:i] + verb[i + 1 :] == word for i in range(1, len(verb) - 1))
+    if len(word) == len(verb) + 1:
+        return any(
+            word[:i] + word[i + 1 :] == verb and word[i] == word[i - 1]
+            for i in range(1, len(word) - 1)
+        )
     return False
 
 
 def verb_meant(word: str) -> str | None:
-    """The verb a lock name most likely stands for, mistyped (``relase``, ``Status``,
-    ``unlock``), or None. Verbs without NAME (``list``) and short ones (``run``) are left
-    out: their neighbours (``lint``, ``rum``) are names people give locks."""
+    """The verb a lock name most likely stands for, mistyped (``relase``, ``stauts``) or
+    another tool's (``unlock``), or None. Verbs without NAME (``list``) and short ones
+    (``run``) are left out: their neighbours (``lint``, ``rum``) are names people use."""
     lowered = word.lower()
     if lowered in BORROWED:
         return BORROWED[lowered]
-    if lowered in VERBS and lowered != word:
-        return lowered
     for verb in TYPED_AMISS:
-        if len(word) >= 4 and _typo(lowered, verb):
+        if _typo(lowered, verb):
             return verb
     return None
 
@@ -102,8 +92,8 @@ def refuse_a_misreading(name: str, command: str, dashed: bool) -> None:
             raise UsageError(
                 f"a -- before NAME only ends the options: {name!r} would be the lock's name "
                 f"and {command!r} the command. Nothing ran; to run the program under a lock: "
-                f"local-mutex NAME -- {shell_quote(name)} {command}; for a lock named "
-                f"{name!r}: {_as_is(name, command)}"
+                f"local-mutex NAME -- {shell_quote(name)} {shell_quote(command)}; for a lock "
+                f"named {name!r}: {_as_is(name, command)}"
             )
 
 

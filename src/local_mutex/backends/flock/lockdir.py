@@ -132,8 +132,11 @@ def create_exclusive(path: str, prepare: Callable[[int], object] | None = None) 
     the path where the system can rename without replacing (Linux), so that no newcomer can
     take it in the instant between its creation and its lock; elsewhere just after."""
     if prepare is not None:
-        fd = _create_renamed(path, prepare)
-        if fd is not _UNSUPPORTED:
+        for _ in range(_VANISHED_TRIES):
+            fd = _create_renamed(path, prepare)
+            if fd is not _VANISHED:
+                break
+        if fd is not _UNSUPPORTED and fd is not _VANISHED:
             return fd
     fd = _open_new(path)
     if fd is not None:
@@ -165,10 +168,17 @@ def _open_new(path: str) -> int | None:
 
 
 _UNSUPPORTED = -1
+_VANISHED = -2  # our prepared file deleted before its rename
+# Prepared files deleted before their rename, one after another, before the plain way is
+# taken (prepared just after it appears): a cleaner that deletes every new file at once
+# must not keep a caller trying for ever.
+_VANISHED_TRIES = 8
 
 
 def _mark_new(fd: int) -> None:
     try:
+        if os.fstat(fd).st_size:  # visible before its mark (no rename): a taker's record
+            return
         os.pwrite(fd, NEW_FILE_MARK, 0)
     except OSError:  # a full disk, a file size limit: unmarked, only its creator looks
         pass
@@ -207,8 +217,10 @@ def _create_renamed(path: str, prepare: Callable[[int], object]) -> int | None:
     # the file it creates would not be the one prepared, and nobody would lock it.
     vanished = not os.path.lexists(temp)
     _discard(temp, fd)
-    if vanished or os.path.lexists(path):
-        return None  # or somebody created a file there first: the caller looks again
+    if os.path.lexists(path):
+        return None  # somebody created a file there first: the caller looks again
+    if vanished:
+        return _VANISHED
     return _UNSUPPORTED  # a file system without it (or the directory went: the usual way says)
 
 

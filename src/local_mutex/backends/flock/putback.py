@@ -41,13 +41,12 @@ def put_back(lock: FlockLock) -> str | None:
     if st is not None and (st.st_dev, st.st_ino) in map(file_id, (lock.fd, *lock.spares)):
         lock.cannot_create = None
         return None
-    # Files ``create_exclusive`` locked for us, by identity: a descriptor's number may be
-    # reused by the next file it creates once it gave one up.
-    taken: set[tuple[int, int]] = set()
+    # Whether ``create_exclusive`` locked the file for us: the file it returns is always the
+    # last it prepared (an earlier one it gave up may have had that very inode number).
+    taken: list[bool] = []
 
     def prepare(new: int) -> None:
-        if _take(lock, new):
-            taken.add(file_id(new))
+        taken.append(_take(lock, new))
 
     try:
         fd = create_exclusive(lock.path, prepare) if st is None else _open_quietly(lock.path)
@@ -61,7 +60,7 @@ def put_back(lock: FlockLock) -> str | None:
     if refusal_for(os.fstat(fd), lock.path, lock.allow_other_owner):
         os.close(fd)  # never write into a file that may be someone else's (which
         return None  # a newcomer refuses as well): look again next tick
-    if file_id(fd) in taken or _take(lock, fd):
+    if (taken and taken[-1]) or _take(lock, fd):
         lock.lost_to = None
         # Files put back before, gone from the path again, are let go -- but those a hold
         # gave runs inside it stay held and guarded: those runs' commands may hold them.
