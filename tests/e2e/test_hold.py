@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import select
 import shlex
 import shutil
 import signal
@@ -1502,3 +1503,34 @@ def test_a_hold_that_waits_says_so_and_leaves_no_stream_of_ours_open(
     assert quiet.returncode == 0 and quiet.stderr == b""  # nobody held it: nothing to say
     token = {"LOCAL_MUTEX_HOLD_TOKEN": quiet.stdout.decode().strip()}
     assert run_cli(["release", "db", "--lock-dir", str(lock_dir)], env=token).returncode == 0
+
+
+def test_a_hold_killed_while_it_waits_takes_its_holder_and_our_stream_with_it(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """SIGKILLed (an OOM kill) while its holder waits for the lock, `hold` left the holder
+    waiting with our stderr open: a reader of that pipe (a runner) waited for the lock to
+    come free, and the holder took it then for nobody. It stops waiting when its caller is
+    gone."""
+    procs.start(["db", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    hold = subprocess.Popen(
+        [*CLI, "hold", "db", "--lock-dir", str(lock_dir)],
+        env=clean_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    assert hold.stderr is not None
+    assert b"waiting for lock db" in hold.stderr.readline()  # the holder is waiting
+    holders = pw.children(hold.pid)
+    assert holders
+    hold.kill()
+    hold.wait(10)
+    ready, _, _ = select.select([hold.stderr], [], [], 15)
+    assert ready, "the holder kept our stderr open"
+    assert hold.stderr.read() == b""  # its end: nobody holds our stream any more
+    for pid in holders:
+        wait_for(lambda pid=pid: not pw.alive(pid), what=f"holder {pid} gone")
+    (marks / "h.go").touch()
+    wait_for(lambda: lock_is_free(lock_file(lock_dir, "db")), what="nothing held after the run")

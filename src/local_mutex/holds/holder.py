@@ -10,6 +10,7 @@ put back. Any death, SIGKILL included, frees the lock: nothing else runs under i
 
 from __future__ import annotations
 
+import _thread
 import os
 import select
 import signal
@@ -32,6 +33,10 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ..backends.base import Backend
+
+
+# How often the waiting holder looks whether its caller is still there.
+_CALLER_LOOK_MS = 200
 
 
 def _say(fd: int, text: str) -> None:
@@ -74,9 +79,13 @@ def main() -> int:
             watch=False,
             reporter=_waiting_lines(spec.get("report")),
         )
+        taken: list[bool] = []
+        if ack >= 0:
+            _thread.start_new_thread(_end_with_the_caller, (ack, taken))
         try:
             held.__enter__()
         finally:
+            taken.append(True)
             _let_go_of_stderr()
     except NotAcquired as exc:
         _say(
@@ -125,6 +134,20 @@ def _waiting_lines(settings: Any) -> Reporter | None:
         only_contended=settings.get("only_contended") is not False,
         annotations=annotations if isinstance(annotations, str) else "never",
     )
+
+
+def _end_with_the_caller(ack: int, taken: list[bool]) -> None:
+    """Our caller waits for our answer while we wait for the lock. Killed (SIGKILL, an OOM
+    kill), it can never hand the token on, and its stderr -- ours while we wait -- must not
+    stay open for whoever reads it: its end of the ack pipe closes, and we stop waiting."""
+    poller = select.poll()
+    poller.register(ack, select.POLLHUP | select.POLLERR)
+    while not taken:
+        gone = poller.poll(_CALLER_LOOK_MS)
+        if gone and not taken:
+            _let_go_of_stderr()
+            os.kill(os.getpid(), signal.SIGTERM)  # as a caller stopped by a signal would
+            return
 
 
 def _let_go_of_stderr() -> None:

@@ -193,8 +193,8 @@ def _wait_for_a_file(path: str) -> None:
 
 def _not_ours(label: str, pid: object) -> Refused:
     return Refused(
-        f"the hold on {label} (pid {pid}) belongs to another job or token; pass its "
-        "--token, or --force to end it anyway"
+        f"the hold on {label} (pid {pid}) belongs to another job or token; give its token "
+        "($LOCAL_MUTEX_HOLD_TOKEN), or --force to end it anyway"
     )
 
 

@@ -62,7 +62,7 @@ def unlock(
         ):
             raise Refused(
                 f"remote lock {lock.label} is held by {describe(current)}; "
-                "release it with its --token, from its job, or --force"
+                "release it with its token ($LOCAL_MUTEX_HOLD_TOKEN), from its job, or --force"
             )
         lock.backend.pushed.pop(lock.ref, None)
         new: str | None = None

@@ -160,7 +160,7 @@ class PostgresBackend:
                 unreadable = "token_sha256" not in info and "since_epoch" not in info
                 refusal = Refused(
                     f"the hold on {label} ({_describe(who)}) belongs to another job or token; "
-                    "pass its --token, or --force to end it anyway"
+                    "give its token ($LOCAL_MUTEX_HOLD_TOKEN), or --force to end it anyway"
                     + (
                         " (its record is not readable: same role or pg_read_all_stats needed)"
                         if unreadable
