@@ -34,3 +34,76 @@ def test_local_mutex_holder_blocks_flock(procs: Procs, lock_dir: Path, marks: Pa
     assert subprocess.run(["flock", "-n", "-x", str(path), "true"], timeout=10).returncode == 1
     (marks / "h.go").touch()
     wait_for(lambda: subprocess.run(["flock", "-n", str(path), "true"]).returncode == 0)
+
+
+# The moment between a holder's lock and its record, made certain (audit hooks run before
+# the call): the caller's first try of the lock has the holder take it first, and the
+# holder writes its record only once the caller reads the lock file a second time.
+TAKE_FIRST = """
+import os, sys, time
+MARKS, PATH = os.environ.get("TAKE_FIRST"), os.environ.get("TAKE_FIRST_PATH")
+reads = []
+def wait_for(name):
+    while not os.path.exists(os.path.join(MARKS, name)):
+        time.sleep(0.001)
+def hook(event, args):
+    if event == "fcntl.flock" and args[1] & 4 and not os.path.exists(MARKS + "/go"):
+        open(MARKS + "/go", "w").close()  # LOCK_NB: the first try
+        wait_for("locked")
+    elif event == "open" and args[0] == PATH and os.path.exists(MARKS + "/locked"):
+        reads.append(1)
+        if len(reads) == 2:
+            open(MARKS + "/again", "w").close()
+            wait_for("written")
+if MARKS:
+    sys.addaudithook(hook)
+"""
+
+LATE_RECORD = """
+import fcntl, json, os, sys, time
+path, marks = sys.argv[1], sys.argv[2]
+fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+def wait_for(name):
+    while not os.path.exists(os.path.join(marks, name)):
+        time.sleep(0.001)
+wait_for("go")
+fcntl.flock(fd, fcntl.LOCK_EX)
+open(marks + "/locked", "w").close()
+wait_for("again")
+record = {"v": 1, "pid": os.getpid(), "command": "deploy", "message": "the real holder"}
+os.pwrite(fd, (json.dumps(record) + "\\n").encode(), 0)
+open(marks + "/written", "w").close()
+wait_for("end")
+"""
+
+
+def test_a_holder_that_just_took_the_lock_is_named_by_its_record(
+    lock_dir: Path, marks: Path, tmp_path: Path
+) -> None:
+    """Callers that start together (jobs of one workflow): the one that lost found the
+    lock taken an instant before its holder's record was written, and named the holder
+    by its command line alone (the action's: the interpreter running its bootstrap)."""
+    import sys
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(TAKE_FIRST)
+    src = Path(__file__).resolve().parents[2] / "src"
+    path = lock_file(lock_dir, "late")
+    holder = subprocess.Popen([sys.executable, "-c", LATE_RECORD, str(path), str(marks)])
+    try:
+        r = run_cli(
+            ["--no-wait", "late", "true", str(lock_dir)],
+            env={
+                "PYTHONPATH": f"{site}:{src}",
+                "TAKE_FIRST": str(marks),
+                "TAKE_FIRST_PATH": str(path),
+            },
+        )
+        assert r.returncode == 75, r.stderr
+        waiting = r.stderr.splitlines()[0]  # the look that found it busy
+        assert waiting.startswith(b"local-mutex: waiting for lock late"), r.stderr
+        assert b"message 'the real holder'" in waiting, r.stderr
+    finally:
+        (marks / "end").touch()
+        holder.wait(30)

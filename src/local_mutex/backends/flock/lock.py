@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 WATCH_INTERVAL = 0.1
 # A waiter that keeps waking on replaced files gives up after this many (exit 2).
 MAX_RETRIES = 20
+# A holder's record follows its lock within microseconds: looks for it before a holder is
+# described by its command line alone (flock(1) and other programs write none).
+_RECORD_LOOKS, _RECORD_LOOK_EVERY = 4, 0.01
 
 
 class FlockLock:
@@ -245,12 +248,20 @@ class FlockLock:
         return self.busy_holder(), queue_position(self.path)
 
     def busy_holder(self) -> dict[str, Any] | None:
-        """The kernel's holder (with its record if it wrote it), else the record sans pid."""
+        """The kernel's holder (the one its record names: a run inside a hold holds the
+        hold's lock too), else the record sans pid. A holder that took the lock a moment ago
+        gets that moment to write its record: without it, it is known by its command line
+        alone (the action's is the interpreter running its bootstrap)."""
         from .state import kernel_holders  # only paid for when the lock is busy
 
-        holders = kernel_holders(self.path)
+        for _ in range(_RECORD_LOOKS):
+            holders = kernel_holders(self.path)
+            named = [h for h in holders if h.source == "record"]
+            if named or not holders or holders[0].mode != "exclusive":
+                break
+            time.sleep(_RECORD_LOOK_EVERY)
         if holders:
-            return holders[0].as_dict()
+            return (named or holders)[0].as_dict()
         rec = record.read_record(self.path)
         return None if rec is None else {k: v for k, v in rec.items() if k != "pid"}
 
