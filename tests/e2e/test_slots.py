@@ -207,6 +207,7 @@ def test_slots_wait_ceiling_and_hold(lock_dir: Path) -> None:
     r = run_cli(["release", "pool", "--force", "--lock-dir", str(lock_dir)])
     assert r.returncode == 0, r.stderr
     assert b"pool is not held, but its slots are" in r.stderr and b"--slots" in r.stderr
+    assert b"nothing released" in r.stderr and b"LOCAL_MUTEX_HOLD_TOKEN" in r.stderr
     for _ in range(2):
         r = run_cli(["release", "pool", "--slots", "--force", "--lock-dir", str(lock_dir)])
         assert r.returncode == 0 and b"released pool" in r.stderr

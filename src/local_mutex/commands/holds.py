@@ -210,8 +210,9 @@ def release(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
         return exc.code
     if slots_held:
         reporter.warning(
-            f"{name} is not held, but its slots are: a hold taken with --slots is released "
-            f"with --slots (local-mutex release --slots {shell_quote(name)} ...)"
+            f"{name} is not held, but its slots are, by no hold of this job or token: "
+            f"nothing released (a hold of the slots is released with its token in "
+            f"${ENV_TOKEN}, or local-mutex release --slots --force {shell_quote(name)})"
         )
         return 0
     report_release(reporter, name, done)
