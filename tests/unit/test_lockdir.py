@@ -141,3 +141,54 @@ def test_what_a_creator_killed_mid_creation_left_goes_with_the_next_creation(
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["x.lock", recent.name, other.name, odd.name]
     )
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="the look past a deleted file")
+def test_a_put_back_that_lost_its_file_again_names_nobody_for_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cleaner deleted the new file another process had taken while the holder asked
+    who took it: the look found the holder's own lock (on the file deleted first), and the
+    holder warned that it, itself, "took the new file first" and may run beside it."""
+    import subprocess
+
+    from local_mutex.backends.flock import kernel, putback
+    from local_mutex.backends.flock.lock import FlockLock
+
+    lock = FlockLock(b"again", str(tmp_path), allow_other_owner=False, env={})
+    try:
+        assert kernel.try_lock(lock.fd)
+        lock.held = True
+        os.unlink(lock.path)  # the cleaner; a newcomer's file is there now, taken
+        taker = subprocess.Popen(
+            [sys.executable, "-c", TAKER, lock.path],
+            stdout=subprocess.PIPE,
+        )
+        assert taker.stdout is not None and taker.stdout.readline() == b"locked\n"
+        real_take = putback._take
+
+        def take_then_clean(lock_: FlockLock, fd: int) -> bool:
+            taken = real_take(lock_, fd)
+            if not taken:  # as the holder asks who took it, the cleaner strikes again
+                os.unlink(lock.path)
+                taker.kill()
+                taker.wait()
+            return taken
+
+        monkeypatch.setattr(putback, "_take", take_then_clean)
+        warning = putback.put_back(lock)
+        assert warning is None and lock.lost_to is None, warning
+        monkeypatch.setattr(putback, "_take", real_take)
+        warning = putback.put_back(lock)  # the next tick: the path is empty, ours again
+        assert warning is not None and "put a locked file back" in warning, warning
+    finally:
+        lock.close()
+
+
+TAKER = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+time.sleep(60)
+"""

@@ -79,6 +79,10 @@ def put_back(lock: FlockLock) -> str | None:
         return None  # said already
     other = lock.busy_holder() or {}
     pid = other.get("pid")
+    if pid == os.getpid():
+        # The file we found taken went too as we asked who took it (a fast cleaner): the
+        # lock the look found is our own, on the file deleted first. Look again next tick.
+        return None
     lock.lost_to = pid if isinstance(pid, int) else -1
     who = f"pid {pid}" if isinstance(pid, int) else "another process"
     then = (
