@@ -69,8 +69,8 @@ def cache_roots(env: "dict[str, str]") -> "list[str]":
         roots.append(os.path.join(env["RUNNER_TOOL_CACHE"], "local-mutex"))
     base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     roots.append(os.path.join(base, "local-mutex"))
-    # Last: a directory of our own in the temporary one (a home nobody may write, caches
-    # we cannot trust): an install a boot, not a failed step.
+    # Last: a directory of our own in the temporary one, for a home nobody may write and
+    # caches we cannot trust: installed again after a reboot empties it, not a failed step.
     roots.append(os.path.join(tempfile.gettempdir(), "local-mutex-tools-" + str(os.geteuid())))
     return roots
 
@@ -115,7 +115,7 @@ def _trusted(path: str, st: "os.stat_result", ancestor: bool = False) -> bool:
 
 
 def _safe_path(root: str) -> bool:
-    """``root`` and every directory above it are ours (or root's), and nobody else's to
+    """``root`` and every directory above it belong to ``_owners``, and are nobody else's to
     write, but for sticky ones (nobody can rename our entries in those)."""
     path = os.path.realpath(root)
     while True:
@@ -131,7 +131,7 @@ def _safe_path(root: str) -> bool:
 
 
 def _trusted_install(final: str) -> bool:
-    """A complete install, every file and directory of it ours (or root's)."""
+    """A complete install, every file and directory of it belonging to ``_owners``."""
     if not os.path.exists(os.path.join(final, COMPLETE)):
         return False
     try:
