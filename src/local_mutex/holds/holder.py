@@ -80,7 +80,7 @@ def main() -> int:
             reporter=_waiting_lines(spec.get("report")),
         )
         taken: list[bool] = []
-        if ack >= 0:
+        if ack >= 0 and hasattr(select, "poll"):
             _thread.start_new_thread(_end_with_the_caller, (ack, taken))
         try:
             held.__enter__()
