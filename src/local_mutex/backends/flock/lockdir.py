@@ -213,8 +213,8 @@ def _create_renamed(path: str, prepare: Callable[[int], object]) -> int | None:
     if renamed:
         _sweep_temps(directory, base)
         return fd
-    # Our file deleted before its rename (a tmp cleaner): try again, never the plain way --
-    # the file it creates would not be the one prepared, and nobody would lock it.
+    # Our file deleted before its rename (a tmp cleaner): not a file system without the
+    # rename -- try again (``create_exclusive``), with no instant unprepared at the path.
     vanished = not os.path.lexists(temp)
     _discard(temp, fd)
     if os.path.lexists(path):
