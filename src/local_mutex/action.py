@@ -355,6 +355,9 @@ def main(env: Mapping[str, str] | None = None) -> int:
     modes = {"run": _run, "hold": _hold, "release": _release, "check": _check}
     try:
         backend = _backend(inputs, step, reading=inputs.mode in ("release", "check"))
+        warning = getattr(backend, "warning", None)  # a password in a URL, a lock dir
+        if warning:
+            reporter.warning(warning)
         try:
             status = modes[inputs.mode](inputs, step, backend)
         finally:

@@ -198,3 +198,25 @@ def test_another_users_deleted_file_never_passes_for_our_hold(marks: Path) -> No
         finally:
             attacker.kill()
             attacker.wait(10)
+
+
+def test_a_lock_dir_others_can_swap_files_in_is_used_with_a_warning(tmp_path: Path) -> None:
+    """Anybody may write it and it is not sticky (or it is another user's symlink): any
+    user can replace its lock files, and callers then lock apart. Said, not refused (shared
+    directories made with mkdir -m 777 are common; chmod +t is the fix)."""
+
+    d = tmp_path / "open"
+    d.mkdir()
+    d.chmod(0o777)
+    r = run_cli(["n", "true", str(d)])
+    assert r.returncode == 0 and b"writable by every user and not sticky" in r.stderr
+    assert b"writable by every user" not in run_cli(["status", "n", "--lock-dir", str(d)]).stderr
+    d.chmod(0o1777)
+    r = run_cli(["n", "true", str(d)])
+    assert r.returncode == 0 and b"warning" not in r.stderr and b"sticky" not in r.stderr
+    if os.geteuid() == 0:  # a symlink of another user's, to a directory of ours
+        link = tmp_path / "theirs"
+        link.symlink_to(d)
+        os.lchown(link, 65534, 65534)
+        r = run_cli(["n", "true", str(link)])
+        assert r.returncode == 0 and b"a symlink of another user's (uid 65534)" in r.stderr

@@ -9,7 +9,7 @@ from ...errors import InvalidLockDir, Refused, Unsupported
 from ...identity import ENV_TOKEN, owned
 from ...names import display, lock_filename, validate_name
 from .lock import FlockLock
-from .lockdir import allow_other_owner_from_env, resolve_lock_dir
+from .lockdir import allow_other_owner_from_env, resolve_lock_dir, swappable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -43,6 +43,7 @@ class FlockBackend:
         self.env = env
         self.lock_dir = resolve_lock_dir(lock_dir, env, writable=not reading)
         self.address = self.lock_dir
+        self.warning = None if reading else swappable(self.lock_dir)
         if allow_other_owner is None:
             allow_other_owner = allow_other_owner_from_env(env)
         self.allow_other_owner = allow_other_owner
