@@ -401,6 +401,20 @@ def _action(tmp_path: Path, inputs: dict[str, str], extra: dict[str, str]) -> An
     )
 
 
+def test_the_action_says_what_the_backend_warns_of(tmp_path: Path) -> None:
+    """A lock dir anybody may swap files in (or a password in a remote's URL): the CLI
+    said so, the action did not."""
+    locks = tmp_path / "open"
+    locks.mkdir()
+    locks.chmod(0o777)
+    out = tmp_path / "out"
+    out.write_text("")
+    extra = {"LOCAL_MUTEX_INPUT_LOCK_DIR": str(locks), "GITHUB_OUTPUT": str(out)}
+    r = _action(tmp_path, {"NAME": "warned", "RUN": "true"}, extra)
+    assert r.returncode == 0, r.stderr
+    assert "::warning::local-mutex: lock dir" in r.stderr and "not sticky" in r.stderr
+
+
 @pytest.mark.parametrize(("command", "status"), [("exit 3", 3), ("true", 74)])
 def test_outputs_that_cannot_be_written_are_an_error_not_a_traceback(
     tmp_path: Path, command: str, status: int
