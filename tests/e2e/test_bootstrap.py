@@ -23,6 +23,7 @@ def _setup(
     lock_dir: str = "",
     umask: int = 0o022,
     xdg: Path | None = None,
+    extra: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     files = {n: tmp / n for n in ("path", "env", "out")}
     for f in files.values():
@@ -36,8 +37,12 @@ def _setup(
             "LOCAL_MUTEX_INPUT_LOCK_DIR": lock_dir,
             "XDG_CACHE_HOME": str(xdg or tmp / "xdg"),  # never the real home
             "TMPDIR": str(tmp),  # nor the machine's /tmp (the last resort)
+            **(extra or {}),
         }
     )
+    for runners_own in ("RUNNER_TEMP", "GITHUB_WORKSPACE"):  # whose files are trusted
+        if runners_own not in (extra or {}):
+            env.pop(runners_own, None)
     return subprocess.run(
         [python, str(BOOTSTRAP), "setup"],
         env=env,
@@ -183,25 +188,9 @@ def test_a_container_job_over_the_runner_users_mounts_installs(
     for d in (cache, home, temp):
         d.mkdir()
         os.chown(d, runner, runner)
-    files = {n: tmp_path / n for n in ("path", "env", "out")}
-    for f in files.values():
-        f.write_text("")
-    env = clean_env(
-        {
-            "RUNNER_TOOL_CACHE": str(cache),
-            "XDG_CACHE_HOME": str(home),
-            "TMPDIR": str(tmp_path),
-            **({"RUNNER_TEMP": str(temp)} if runner_temp else {}),
-            "GITHUB_PATH": str(files["path"]),
-            "GITHUB_ENV": str(files["env"]),
-            "GITHUB_OUTPUT": str(files["out"]),
-        }
-    )
-    r = subprocess.run(
-        [sys.executable, str(BOOTSTRAP), "setup"], env=env, capture_output=True, text=True
-    )
+    r = _setup(cache, tmp_path, xdg=home, extra={"RUNNER_TEMP": str(temp)} if runner_temp else {})
     assert r.returncode == 0, r.stderr
-    cli = _runner_file(files["env"].read_text())["LOCAL_MUTEX_CLI"]
+    cli = _runner_file((tmp_path / "env").read_text())["LOCAL_MUTEX_CLI"]
     where = cache / "local-mutex" if runner_temp else tmp_path / "local-mutex-tools-0"
     assert cli.startswith(f"{where}/"), cli
 
