@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import stat
 import time
 
 from ...errors import InvalidLockDir, Refused, Unsupported
 from ...identity import ENV_TOKEN, owned
 from ...names import display, lock_filename, validate_name
 from .lock import FlockLock
-from .lockdir import allow_other_owner_from_env, resolve_lock_dir, swappable
+from .lockdir import allow_other_owner_from_env, resolve_lock_dir
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ class FlockBackend:
         self.env = env
         self.lock_dir = resolve_lock_dir(lock_dir, env, writable=not reading)
         self.address = self.lock_dir
-        self.warning = None if reading else swappable(self.lock_dir)
+        self.warning = None if reading else _swappable(self.lock_dir)
         if allow_other_owner is None:
             allow_other_owner = allow_other_owner_from_env(env)
         self.allow_other_owner = allow_other_owner
@@ -208,3 +209,25 @@ def _running(pid: object) -> bool:
     from ..._proc import running
 
     return isinstance(pid, int) and running(pid)
+
+
+def _swappable(path: str) -> str | None:
+    """Why other users could swap this lock dir's files (callers then lock apart), if they
+    could: a directory anybody may write that is not sticky, or a symlink of another
+    user's (they can point it elsewhere). Used all the same, with a warning."""
+    try:
+        link = os.lstat(path.rstrip("/") or "/")
+        st = os.stat(path)
+    except OSError:
+        return None
+    if stat.S_ISLNK(link.st_mode) and link.st_uid not in (0, os.geteuid()):
+        return (
+            f"lock dir {path!r} is a symlink of another user's (uid {link.st_uid}): they can "
+            "point it elsewhere, and callers then lock apart"
+        )
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        return (
+            f"lock dir {path!r} is writable by every user and not sticky: any of them can "
+            "delete or replace its lock files (chmod +t it, or use a directory of your own)"
+        )
+    return None

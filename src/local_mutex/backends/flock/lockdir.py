@@ -59,28 +59,6 @@ def resolve_lock_dir(
         raise InvalidLockDir(f"{exc} (from ${ENV_LOCK_DIR})") from None  # not typed here
 
 
-def swappable(path: str) -> str | None:
-    """Why other users could swap this lock dir's files (callers then lock apart), if they
-    could: a directory anybody may write that is not sticky, or a symlink of another
-    user's (they can point it elsewhere). Used all the same, with a warning."""
-    try:
-        link = os.lstat(path.rstrip("/") or "/")
-        st = os.stat(path)
-    except OSError:
-        return None
-    if stat.S_ISLNK(link.st_mode) and link.st_uid not in (0, os.geteuid()):
-        return (
-            f"lock dir {path!r} is a symlink of another user's (uid {link.st_uid}): they can "
-            "point it elsewhere, and callers then lock apart"
-        )
-    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
-        return (
-            f"lock dir {path!r} is writable by every user and not sticky: any of them can "
-            "delete or replace its lock files (chmod +t it, or use a directory of your own)"
-        )
-    return None
-
-
 def _checked(path: str, writable: bool) -> str:
     if not os.path.isabs(path):
         raise InvalidLockDir(f"lock dir {path!r} must be an absolute path")
