@@ -319,6 +319,12 @@ def _refusal(path: str, exc: OSError) -> Exception:
     return UnsafeLockFile(f"lock file {path!r} cannot be opened: {exc.strerror}")
 
 
+def ours_or_roots(st: os.stat_result) -> bool:
+    """A regular file the caller or root owns: the only one whose lock or record tells
+    anything of ours (anybody else could plant one, deleted or renamed, naming our path)."""
+    return stat.S_ISREG(st.st_mode) and st.st_uid in (0, os.geteuid())
+
+
 def refusal_for(st: os.stat_result, path: str, allow_other_owner: bool) -> UnsafeLockFile | None:
     """Why a lock file with these stats must not be used, or None when it may be."""
     if stat.S_ISLNK(st.st_mode):

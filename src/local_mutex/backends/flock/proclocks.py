@@ -8,9 +8,9 @@ the ``->`` lines, in the kernel's queue order.
 from __future__ import annotations
 
 import os
-import stat
 
 from ..._proc import PROC, USE_PROC
+from .lockdir import ours_or_roots
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -183,7 +183,7 @@ def held_elsewhere(
             st = os.stat(through)
         except OSError:
             return None
-        if not any_owner and not (stat.S_ISREG(st.st_mode) and st.st_uid in (0, os.geteuid())):
+        if not (any_owner or ours_or_roots(st)):
             return None
         if target in (path + " (deleted)", path) or recorded(through) == path:
             return through

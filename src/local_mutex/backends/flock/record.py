@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 
 from ..._json import dumps, loads_object
 from ...errors import RecordNotWritten
+from .lockdir import ours_or_roots
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ def recorded_path(through: str) -> str | None:
         return None
     # Nor trusted unless ours (or root's), as a lock file must be: anyone else could plant a
     # record naming our lock file, and make us wait for whatever they hold.
-    if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()):
+    if not ours_or_roots(st):
         return None
     rec = read_record(through, through_proc=True)
     where = rec.get("lock_file") if rec is not None else None
