@@ -75,9 +75,39 @@ def test_a_report_that_cannot_be_written_does_not_make_the_wrapper_deaf(
     )
     try:
         path = lock_file(lock_dir, "full")
-        wait_for(lambda: path.exists() and lock_is_free(path) and wrapper.poll() is None, 30)
+        # Blocked writing: a free lock alone is no sign (a new lock file is free for an
+        # instant before its first taker locks it, and the last line may not be under way).
+        wait_for(lambda: sleeps_in(wrapper.pid, "pipe_write") and wrapper.poll() is None, 30)
+        assert lock_is_free(path)
         wrapper.send_signal(signal.SIGTERM)
         assert wrapper.wait(20) == -signal.SIGTERM
+    finally:
+        wrapper.kill()
+        wrapper.communicate()
+
+
+def test_a_stop_signal_dropped_at_release_still_spares_a_report_nobody_reads(
+    lock_dir: Path, tmp_path: Path, marks: Path
+) -> None:
+    """A SIGTERM that came as the lock was let go is dropped (the status stays the
+    command's), yet it was a request to stop: the last line, to a stderr pipe the command
+    filled and nobody reads, must not keep the wrapper waiting for good."""
+    script = marks / "fill.py"
+    script.write_text(FILL_STDERR)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(AT_RELEASE)
+    src = Path(__file__).resolve().parents[2] / "src"
+    env = clean_env({"PYTHONPATH": f"{site}:{src}", "SIGNAL_AT_RELEASE": str(int(signal.SIGTERM))})
+    wrapper = subprocess.Popen(
+        [sys.executable, "-m", "local_mutex", "full", f"{sys.executable} {script}", str(lock_dir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,  # never read until the end
+        env=env,
+    )
+    try:
+        assert wrapper.wait(30) == 0
+        assert lock_is_free(lock_file(lock_dir, "full"))
     finally:
         wrapper.kill()
         wrapper.communicate()

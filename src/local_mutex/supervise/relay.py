@@ -168,7 +168,10 @@ class SignalsHeld(StopHandlers):
 def _discard_pending(signals: tuple[int, ...]) -> None:
     """Drop what the kernel holds pending of these blocked signals: a signal whose action
     is set to ignore is discarded, pending or not. Each handler is then put back as it
-    was; one installed outside Python (unknown here) is left alone, and so is its signal."""
+    was; one installed outside Python (unknown here) is left alone, and so is its signal.
+    A dropped signal was still a request to stop: noted, so no last line waits for good."""
+    for sig in signal.sigpending() & set(signals):
+        note_stop(sig)
     for sig in signals:
         handler = signal.getsignal(sig)
         if handler is None or handler == signal.SIG_IGN:
