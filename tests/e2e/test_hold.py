@@ -670,7 +670,7 @@ def test_a_release_just_after_a_tmp_cleaner_waits_for_the_put_back(
     lock_dir: Path, cleanup: list[str]
 ) -> None:
     """The lock file deleted, and `release` before the holder's next look put one back:
-    it said there was no lock file here ("another --lock-dir?", exit 2), and the hold
+    it said there was no lock file here ("another lock dir?", exit 2), and the hold
     lived on. The holder is stopped here while the file is gone, so the release surely
     finds no file; it waits for the put-back and ends the hold."""
     cleanup.append("swift")

@@ -177,7 +177,7 @@ def test_release_in_the_wrong_lock_dir_says_where_it_looked(lock_dir: Path, tmp_
             r = run_cli(["release", "deploy", *args], env=env)
             err = _err(r)
             assert r.returncode == 2, (args, r.returncode, err)
-            assert str(elsewhere) in err and "another --lock-dir" in err, err
+            assert str(elsewhere) in err and "another lock dir" in err, err
             assert list(elsewhere.iterdir()) == []
             assert _status("deploy", lock_dir)[0] == 1  # the hold is untouched
         # The right dir, a name that was never used there: the same clear answer.

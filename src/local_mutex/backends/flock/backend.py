@@ -127,8 +127,8 @@ class FlockBackend:
         if not existing:
             where = "slot files" if slots else "lock file"
             raise InvalidLockDir(
-                f"no {where} for {label} in {self.lock_dir!r}; was the hold taken with "
-                "another --lock-dir?"
+                f"no {where} for {label} in {self.lock_dir!r}; was the hold taken in "
+                "another lock dir?"
             )
         refusal: Refused | None = None
         for candidate in existing:
