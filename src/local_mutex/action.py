@@ -10,11 +10,12 @@ CLI's verbs.
 from __future__ import annotations
 
 import os
+import time
 
 from .backends import POSTGRES_SCHEMES, Ending, open_backend, remote_address
 from .commands.options import is_plain_number
 from .errors import EXIT_IOERR, LocalMutexError, NotAcquired, ValidationError
-from .identity import ENV_GIT_TOKEN
+from .identity import ENV_GIT_TOKEN, utc_stamp
 from .lifecycle import run_locked
 from .names import name_bytes
 from .nesting import ENV_HELD
@@ -281,6 +282,8 @@ def _hold(inputs: ActionInputs, step: _Step, backend: Backend) -> int:
         ends = "until a release step or its ttl-seconds (no job process found to end it)"
     else:
         ends = "until a later step releases it or this job ends"
+    if inputs.ttl:
+        ends += f" (at the latest {utc_stamp(time.time() + inputs.ttl)}: ttl-seconds)"
     where = f"detached pid {info.pid}" if info.pid else info.lock_file
     step.reporter.notice(f"holding {info.name} in {where} {ends}")
     step.outcome = "held"

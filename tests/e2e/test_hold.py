@@ -155,6 +155,26 @@ def test_ttl_expiry_frees_it(lock_dir: Path) -> None:
     wait_for(lambda: _free("short", lock_dir), 15)
 
 
+def test_the_hold_notice_says_when_its_ttl_ends_it(lock_dir: Path) -> None:
+    """A hold with --ttl says by when it lets go by itself; one without says no time."""
+    import calendar
+    import re
+
+    before = time.time()
+    r = run_cli(["hold", "ttl-said", "--lock-dir", str(lock_dir), "--ttl", "600"], timeout=30)
+    after = time.time()
+    assert r.returncode == 0, r.stderr
+    err = r.stderr.decode()
+    found = re.search(r"in detached pid \d+ until (\S+Z) at the latest \(--ttl\); release", err)
+    assert found, err
+    ends = calendar.timegm(time.strptime(found.group(1), "%Y-%m-%dT%H:%M:%SZ"))
+    assert before + 600 - 1 <= ends <= after + 600 + 1, (found.group(1), before, after)
+    r = run_cli(["hold", "no-ttl", "--lock-dir", str(lock_dir)], timeout=30)
+    assert r.returncode == 0 and " until " not in r.stderr.decode(), r.stderr
+    for name in ("ttl-said", "no-ttl"):
+        assert run_cli(["release", name, "--lock-dir", str(lock_dir), "--force"]).returncode == 0
+
+
 def test_sigkill_of_the_holder_frees_it(lock_dir: Path) -> None:
     _hold("k", lock_dir)
     pid = _status("k", lock_dir)["holders"][0]["pid"]

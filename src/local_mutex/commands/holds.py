@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 from .._fastsignal import deferred_stops, quiet_stops
 from ..backends import Ending
@@ -14,7 +15,7 @@ from ..errors import (
     LocalMutexError,
     NestingError,
 )
-from ..identity import ENV_TOKEN
+from ..identity import ENV_TOKEN, utc_stamp
 from ..names import name_bytes, shell_quote
 from ..nesting import ENV_REMOTE
 from ..ui.output import STDOUT, closed_by_caller, out
@@ -148,8 +149,13 @@ def hold(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
 
     delivered(info)  # only now does the holder keep it: killed before this, it ends
     where = f"detached pid {info.pid}" if info.pid else info.lock_file
+    ttl = values.get("ttl")
+    until = ""
+    if isinstance(ttl, (int, float)) and ttl:
+        until = f" until {utc_stamp(time.time() + ttl)} at the latest (--ttl)"
     reporter.notice(
-        f"holding {info.name} in {where}; release with: {release_hint(name, parsed, address)}"
+        f"holding {info.name} in {where}{until}; release with: "
+        f"{release_hint(name, parsed, address)}"
     )
     return 0
 
