@@ -12,11 +12,13 @@ renamed into place under a kernel lock, so two runners' first use installs once 
 ever sees a half-written install. Only an install that no other user could have written is
 used (``_trusted``); where another user's holds the name, ours is ``<version>-<digest>-u<uid>``.
 
-This file must parse on any Python 3, so that an old interpreter gets the friendly error in
-``main`` instead of a SyntaxError: no f-strings, no variable annotations, no
-``from __future__ import annotations``, and annotations that name generic types are quoted
-(they are evaluated when a ``def`` runs, and ``list[str]`` needs Python 3.9).
+This file must parse on any Python, 2.7 included (a runner's ``python`` may be Python 2),
+so that an old interpreter gets the friendly error in ``main`` instead of a SyntaxError: no
+f-strings, no annotations (signatures are typed in ``# type:`` comments), ``print`` from
+``__future__``, nothing before the version check that Python 2 or 3.0 lacks.
 """
+
+from __future__ import print_function  # noqa: UP010 - Python 2 must parse this file
 
 import errno
 import fcntl
@@ -33,7 +35,8 @@ class BootstrapError(Exception):
     pass
 
 
-def install_key() -> str:
+def install_key():
+    # type: () -> str
     """``<version>-<digest of the package files>``: a new commit of the action reinstalls."""
     # crc32 of names and contents: a cache key, not a security boundary (the cache is the
     # runner user's own), and zlib costs this warm path far less than hashlib.
@@ -49,7 +52,8 @@ def install_key() -> str:
     return version + "-" + format(digest, "08x") + format(size, "x")
 
 
-def _package_files() -> "list[str]":
+def _package_files():
+    # type: () -> list[str]
     """Every file of the package, subpackages included, relative and sorted."""
     found = []
     for root, dirs, files in os.walk(PACKAGE_SRC):
@@ -61,7 +65,8 @@ def _package_files() -> "list[str]":
     return sorted(found)
 
 
-def cache_roots(env: "dict[str, str]") -> "list[str]":
+def cache_roots(env):
+    # type: (dict[str, str]) -> list[str]
     import tempfile
 
     roots = []
@@ -80,7 +85,8 @@ def cache_roots(env: "dict[str, str]") -> "list[str]":
 _owners = {0, os.geteuid()}
 
 
-def trust_the_runner(env: "dict[str, str]") -> None:
+def trust_the_runner(env):
+    # type: (dict[str, str]) -> None
     for where in ("RUNNER_TEMP", "GITHUB_WORKSPACE"):
         try:
             _owners.add(os.stat(env[where]).st_uid)
@@ -89,7 +95,8 @@ def trust_the_runner(env: "dict[str, str]") -> None:
             continue
 
 
-def _usable(root: str) -> bool:
+def _usable(root):
+    # type: (str) -> bool
     umask = os.umask(0o022)  # a directory others may write would not be used (``_safe_path``)
     try:
         os.makedirs(root, exist_ok=True)
@@ -106,7 +113,8 @@ def _usable(root: str) -> bool:
 # for a sticky directory among the ancestors: /tmp), or one reached through such a
 # directory. Group-writable is left to the group (runners that share one under umask 002
 # trust it on purpose).
-def _trusted(path: str, st: "os.stat_result", ancestor: bool = False) -> bool:
+def _trusted(path, st, ancestor=False):
+    # type: (str, os.stat_result, bool) -> bool
     import stat
 
     if st.st_uid not in _owners or stat.S_ISLNK(st.st_mode):
@@ -114,7 +122,8 @@ def _trusted(path: str, st: "os.stat_result", ancestor: bool = False) -> bool:
     return not st.st_mode & stat.S_IWOTH or (ancestor and bool(st.st_mode & stat.S_ISVTX))
 
 
-def _safe_path(root: str) -> bool:
+def _safe_path(root):
+    # type: (str) -> bool
     """``root`` and every directory above it belong to ``_owners``, and are nobody else's to
     write, but for sticky ones (nobody can rename our entries in those)."""
     path = os.path.realpath(root)
@@ -130,7 +139,8 @@ def _safe_path(root: str) -> bool:
         path = parent
 
 
-def _trusted_install(final: str) -> bool:
+def _trusted_install(final):
+    # type: (str) -> bool
     """A complete install, every file and directory of it belonging to ``_owners``."""
     if not os.path.exists(os.path.join(final, COMPLETE)):
         return False
@@ -146,13 +156,15 @@ def _trusted_install(final: str) -> bool:
     return True
 
 
-def _candidates(root: str, key: str) -> "list[str]":
+def _candidates(root, key):
+    # type: (str, str) -> list[str]
     """Where this version's install may be: the shared name, and ours alone for when
     another user installed under the shared one."""
     return [os.path.join(root, key), os.path.join(root, key + "-u" + str(os.geteuid()))]
 
 
-def ensure_installed(env: "dict[str, str]") -> str:
+def ensure_installed(env):
+    # type: (dict[str, str]) -> str
     """The install directory for this version, installing it first if needed."""
     trust_the_runner(env)
     key = install_key()
@@ -170,7 +182,8 @@ def ensure_installed(env: "dict[str, str]") -> str:
     )
 
 
-def _install(root: str, key: str) -> str:
+def _install(root, key):
+    # type: (str, str) -> str
     import shutil
     import tempfile
 
@@ -213,7 +226,8 @@ def _install(root: str, key: str) -> str:
         os.close(lock_fd)
 
 
-def _populate(tmp: str, final: str) -> None:
+def _populate(tmp, final):
+    # type: (str, str) -> None
     import shutil
 
     lib = os.path.join(tmp, "lib")
@@ -247,11 +261,13 @@ def _populate(tmp: str, final: str) -> None:
         f.write(sys.executable + "\n")
 
 
-def _sh_quote(text: str) -> str:
+def _sh_quote(text):
+    # type: (str) -> str
     return "'" + text.replace("'", "'\\''") + "'"
 
 
-def _ensure_click(final: str) -> None:
+def _ensure_click(final):
+    # type: (str) -> None
     """--help and shell completion need click; nothing else does."""
     try:
         import click  # noqa: F401
@@ -274,7 +290,8 @@ def _ensure_click(final: str) -> None:
         )
 
 
-def _install_click(final: str, lib: str) -> bool:
+def _install_click(final, lib):
+    # type: (str, str) -> bool
     lock_fd = os.open(
         os.path.join(final, ".click.lock"),
         os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -309,7 +326,8 @@ def _install_click(final: str, lib: str) -> bool:
         os.close(lock_fd)
 
 
-def setup(env: "dict[str, str]", final: str) -> int:
+def setup(env, final):
+    # type: (dict[str, str], str) -> int
     sys.path.insert(0, os.path.join(final, "lib"))
     _ensure_click(final)
     from local_mutex.ui.github import format_outputs
@@ -345,8 +363,9 @@ def setup(env: "dict[str, str]", final: str) -> int:
     return 0
 
 
-def main(argv: "list[str]") -> int:
-    if sys.version_info < (3, 9):  # noqa: UP036 - bootstrap may run on any python3
+def main(argv):
+    # type: (list[str]) -> int
+    if sys.version_info < (3, 9):  # noqa: UP036 - bootstrap may run on any python
         print(
             "::error::local-mutex needs Python >= 3.9, "
             + str(sys.executable)
@@ -354,6 +373,10 @@ def main(argv: "list[str]") -> int:
             + sys.version.split()[0],
             file=sys.stderr,
         )
+        output = os.environ.get("GITHUB_OUTPUT")
+        if output and argv[1:2] == ["action"]:  # as when there is no interpreter at all
+            with open(output, "a") as f:
+                f.write("acquired=false\n")
         return 2
     mode = argv[1] if len(argv) > 1 else ""
     env = dict(os.environ)

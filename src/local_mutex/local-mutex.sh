@@ -25,7 +25,7 @@ if not os.path.isdir(os.path.join(parent, "local_mutex")):
 sys.path.insert(0, parent)
 try:
     from local_mutex.cli import main, run_and_exit
-except KeyboardInterrupt:
-    raise SystemExit(130) from None
+except KeyboardInterrupt:  # no traceback to hide: SystemExit prints none
+    raise SystemExit(130)
 run_and_exit(main)
 ' "$self" "$@"

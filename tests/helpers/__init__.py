@@ -103,10 +103,10 @@ def start_each(args: Sequence[str], items: bytes) -> subprocess.Popen[bytes]:
 
 
 def pyenv_python(version: str) -> str | None:
-    """The newest pyenv interpreter of ``version`` (e.g. "3.6"), if this machine has one."""
+    """The newest pyenv interpreter of ``version`` (e.g. "3.6", "2.7"), if this machine has one."""
     root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
     found = sorted(
-        root.glob(f"{version}.*/bin/python3"),
+        root.glob(f"{version}.*/bin/python{version[0]}"),
         key=lambda p: tuple(int(x) for x in p.parts[-3].split(".") if x.isdigit()),
     )
     return str(found[-1]) if found else None
@@ -121,11 +121,12 @@ def needs_pyenv(version: str) -> pytest.MarkDecorator:
     )
 
 
-def old_pythons() -> list[Any]:
+def old_pythons(*, python2: bool = True) -> list[Any]:
     """Parameters for each interpreter older than ours, skipped where pyenv has none."""
     import pytest
 
-    return [pytest.param(v, marks=needs_pyenv(v)) for v in ("3.6", "3.7", "3.8")]
+    versions = ("2.7", "3.6", "3.7", "3.8") if python2 else ("3.6", "3.7", "3.8")
+    return [pytest.param(v, marks=needs_pyenv(v)) for v in versions]
 
 
 def version_of(python: str) -> str:
