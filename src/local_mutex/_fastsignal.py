@@ -8,6 +8,7 @@ package uses (compare handlers with ``==``, never ``is``).
 
 from __future__ import annotations
 
+import _thread
 import sys
 
 from .errors import Interrupted
@@ -35,6 +36,7 @@ __all__ = [
     "note_stop",
     "quiet_stops",
     "signal",
+    "stoppable_write",
     "stops_taken",
 ]
 
@@ -48,6 +50,35 @@ stops_taken: list[int] = []
 
 def note_stop(signum: int) -> None:
     stops_taken.append(signum)
+
+
+class StopDuringWrite(BaseException):
+    """A stop signal came while this thread was blocked writing a line of ours."""
+
+
+_writers: set[int] = set()  # threads inside a ``stoppable_write`` (only the main one takes signals)
+
+
+class stoppable_write:  # noqa: N801 - used like a function
+    """``with stoppable_write():`` around a write of ours that may block (a pipe nobody
+    reads): a stop signal whose handler only notes it cuts the write short, and the line
+    is dropped. Without this the write is retried after the handler (PEP 475) and blocks
+    on, deaf to the stop it was just told of."""
+
+    def __enter__(self) -> None:
+        self.me = _thread.get_ident()
+        _writers.add(self.me)
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> bool:
+        _writers.discard(self.me)
+        return kind is not None and issubclass(kind, StopDuringWrite)
+
+
+def break_write(signum: int) -> None:
+    """From a stop signal's handler that does not raise: end a ``stoppable_write`` of this
+    thread that is under way (and blocked: a handler runs only once a call returns)."""
+    if _thread.get_ident() in _writers:
+        raise StopDuringWrite(signum)
 
 
 def main_thread() -> bool:
@@ -91,6 +122,7 @@ class StopHandlers:
     def _take(self, signum: int, frame: FrameType | None) -> None:
         note_stop(signum)
         self.handle(signum, frame)
+        break_write(signum)
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self.previous.items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from .._fastsignal import deferred_stops, quiet_stops
+from .._fastsignal import deferred_stops, quiet_stops, stoppable_write
 from ..backends import Ending
 from ..errors import (
     EXIT_IOERR,
@@ -135,7 +135,8 @@ def hold(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
         # (a remote's hold would last until a forced release).
         with stops:
             info = using(parsed, env, reporter, work, translate=_nothing_held)
-            out(info.token)  # stdout only: logs (stderr, annotations) are read by many
+            if not stops.pending:  # told to stop: the hold is ended below, token unprinted
+                _print_token(info.token)
     except Failed as exc:  # reported; if it came after the hold was taken, end it
         return _end_undelivered(parsed, env, reporter, name, taken, "failed", exc.code)
     except OSError as exc:  # a closed pipe, a full disk: nobody has the token
@@ -158,6 +159,13 @@ def hold(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
         f"{release_hint(name, parsed, address)}"
     )
     return 0
+
+
+def _print_token(token: str) -> None:
+    """stdout only: logs (stderr, annotations) are read by many. A stop signal cuts short
+    a write already blocked (a stdout nobody reads): ``stops.pending`` then ends the hold."""
+    with stoppable_write():
+        out(token)
 
 
 def _end_undelivered(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from .._fastsignal import StopHandlers, note_stop, signal
+from .._fastsignal import StopHandlers, break_write, note_stop, signal
 from ..errors import Interrupted
 from .supervisor import FORWARDED
 
@@ -38,6 +38,12 @@ class Relay:
         self._theirs = -1
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
+        try:
+            self._take(signum)
+        finally:
+            break_write(signum)
+
+    def _take(self, signum: int) -> None:
         note_stop(signum)
         if self.done:
             self.pending.append(signum)  # after the command: for ourselves, after release

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .._fastsignal import stops_taken
+from .._fastsignal import stoppable_write, stops_taken
 from ..identity import utc_stamp
 
 TYPE_CHECKING = False
@@ -209,15 +209,16 @@ class Reporter:
         if not writable_when_stopping(stream):
             return
         try:
-            buffer = getattr(stream, "buffer", None)
-            if buffer is not None:
-                # Names are arbitrary bytes (kept in surrogateescape form): write verbatim.
-                stream.flush()
-                buffer.write(line.encode("utf-8", "surrogateescape"))
-                buffer.flush()
-            else:
-                stream.write(line)
-                stream.flush()
+            with stoppable_write():  # blocked, then told to stop: the line is dropped
+                buffer = getattr(stream, "buffer", None)
+                if buffer is not None:
+                    # Names are arbitrary bytes (kept in surrogateescape form): verbatim.
+                    stream.flush()
+                    buffer.write(line.encode("utf-8", "surrogateescape"))
+                    buffer.flush()
+                else:
+                    stream.write(line)
+                    stream.flush()
         except (OSError, ValueError):  # ValueError: a stream closed in this process
             pass
 

@@ -61,8 +61,12 @@ class Progress:
         thread.start()
 
         def stop() -> None:
+            from .._fastsignal import stops_taken
+            from .lines import STOPPING_WRITE_WAIT
+
             finished.set()
-            thread.join()
+            # Told to stop: a line blocked on a stderr nobody reads must not keep us here.
+            thread.join(STOPPING_WRITE_WAIT if stops_taken else None)
 
         self.stop = stop
 
