@@ -12,11 +12,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from helpers import CLI, Procs, clean_env
 from helpers import procwatch as pw
 
 SESSION_TAG = "LM_TEST_SESSION"
+
+# Every property test, unless it says otherwise: the same examples each run (a failure in
+# CI is one a rerun shows), and no per-example deadline a stalled CI worker could break.
+settings.register_profile(
+    "local-mutex", derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("local-mutex")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -797,6 +797,13 @@ def test_a_run_that_put_its_file_back_leaves_nothing_running(
     assert pw.children(keeper.pid) == []
 
 
+def _sleeps_so_far(pid: int) -> int:
+    """How often the process's main thread has slept of its own accord (a poll, a wait)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    line = next(x for x in status.splitlines() if x.startswith("voluntary_ctxt_switches:"))
+    return int(line.split()[1])
+
+
 @pytest.mark.skipif(not hasattr(resource, "prlimit"), reason="lowers a running keeper's limit")
 @pytest.mark.parametrize("put_back_before", [False, True], ids=["first deletion", "second"])
 def test_a_keeper_out_of_descriptors_says_it_cannot_put_the_file_back(
@@ -834,8 +841,11 @@ def test_a_keeper_out_of_descriptors_says_it_cannot_put_the_file_back(
     time.sleep(0.5)  # five more looks: said once, not at each
     assert procs.stderr(keeper).count(said) == 1, procs.stderr(keeper)
     # The file back without our help, then gone again: said again.
+    looked = _sleeps_so_far(keeper.pid)
     away.rename(path)
-    time.sleep(1.0)  # the keeper's looks see it back (every 0.1 s; 1 s on a busy machine)
+    # The keeper's looks (every 0.1 s, each after a sleep) see it back: a few sleeps later.
+    wait_for(lambda: _sleeps_so_far(keeper.pid) >= looked + 3, 10, "the keeper looked again")
+    time.sleep(0.3)
     path.unlink()
     wait_for(lambda: procs.stderr(keeper).count(said) == 2, 10, "said again")
     resource.prlimit(keeper.pid, resource.RLIMIT_NOFILE, limits)
@@ -1474,9 +1484,9 @@ def test_a_descendant_that_left_the_group_is_stopped_when_the_top_process_is_kil
 
 
 def _kill_top_and_check(p: subprocess.Popen[bytes], marks: Path) -> None:
-    wait_for(marks / "top", 30, "the command's top process")
-    escaped = int((marks / "escaped").read_text())
-    os.kill(int((marks / "top").read_text()), signal.SIGKILL)
+    top = read_pid(marks / "top", 30)  # wholly written: `echo $$ >` creates it empty first
+    escaped = read_pid(marks / "escaped")
+    os.kill(top, signal.SIGKILL)
     assert p.wait(30) == 137
     deadline = time.monotonic() + 10
     while pw.alive(escaped) and time.monotonic() < deadline:
@@ -1516,9 +1526,11 @@ def test_a_daemon_started_at_once_is_stopped_with_the_command(lock_dir: Path, ma
     and the stop -- here the run ceiling -- ends it before the release."""
     pid_file = marks / "daemon"
     daemon = f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 60' >/dev/null 2>&1"
-    cmd = f"({daemon} &); sleep 60"
-    out = run_cli(["--timeout", "0.5", "--kill-after", "1", "dd", cmd, str(lock_dir)])
+    # The stop waits for the daemon's pid (a loaded machine may start it late).
+    cmd = f"({daemon} &); while [ ! -s {pid_file} ]; do sleep 0.01; done; sleep 60"
+    out = run_cli(["--timeout", "2", "--kill-after", "1", "dd", cmd, str(lock_dir)])
     assert out.returncode == 124, out.stderr
+    assert pid_file.exists() and pid_file.read_text().strip(), "the daemon never started"
     escaped = int(pid_file.read_text())
     survived = pw.alive(escaped)
     if survived:

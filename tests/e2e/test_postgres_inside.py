@@ -80,6 +80,8 @@ class Job:
         )
         proc = self.spawn(tag, "run", "--reentrant", self.name, cmd)
         wait_for(self.tmp / f"{tag}.started", what=f"{tag} to start inside the hold")
+        # Not taken like anyone's lock (a hold that ended first): a clear failure at once.
+        assert "running inside it" in self.err(tag), self.err(tag)
         return proc
 
     def log(self) -> list[str]:
@@ -160,7 +162,7 @@ def test_release_waits_until_the_run_inside_has_ended(job: Callable[..., Job]) -
 
 def test_a_hold_past_its_ttl_outlasts_the_run_inside(job: Callable[..., Job]) -> None:
     """The TTL ends the hold only once the run inside it has ended."""
-    j = job("inside-ttl", "--ttl", "1")
+    j = job("inside-ttl", "--ttl", "3")
     first = j.inside("a")
     wait_for(j.ending, what="the holder to reach its TTL")
     j.outlasts(first)
@@ -208,7 +210,7 @@ def test_nested_calls_inside_a_run_inside_a_hold_that_is_ending_run_inside(
     """The hold's TTL came while a run was inside; the run's command then calls
     local-mutex for the same lock, with --reentrant and without. Both run inside the
     run (its descendants), never waiting for the hold's end that waits for them."""
-    j = job("inside-nested", "--ttl", "1")
+    j = job("inside-nested", "--ttl", "3")
     go, log = j.tmp / "a.go", j.tmp / "log"
     cmd = (
         f"touch {j.tmp}/a.started; while [ ! -e {go} ]; do sleep 0.02; done; "
@@ -217,6 +219,7 @@ def test_nested_calls_inside_a_run_inside_a_hold_that_is_ending_run_inside(
     )
     first = j.spawn("a", "run", "--reentrant", j.name, cmd)
     wait_for(j.tmp / "a.started", what="a to start inside the hold")
+    assert "running inside it" in j.err("a"), j.err("a")
     wait_for(j.ending, what="the holder to reach its TTL")
     go.touch()
     assert first.wait(timeout=30) == 0, j.err("a")
@@ -238,7 +241,7 @@ def test_a_holder_told_to_stop_while_it_waits_for_the_runs_inside_waits_on(
 ) -> None:
     """SIGTERM to the holder once its TTL came: it ends the hold only after the run inside
     (it did so at once, and another run started beside the command)."""
-    j = job("inside-term", "--ttl", "1")
+    j = job("inside-term", "--ttl", "3")
     first = j.inside("a")
     wait_for(j.ending, what="the holder to reach its TTL")
     holder = json.loads(j.cli("status", j.name, "--json").stdout)["holders"][0]["pid"]
@@ -334,7 +337,7 @@ def test_a_release_that_waited_while_the_ttl_ended_the_hold_ends_nothing_else(
     """The TTL comes while a run is inside, then a release: both wait for the run. The
     holder goes first and ends the hold; the release, once through, must not end whoever
     has the lock by then (the next holder, here queued before it)."""
-    j = job("inside-ttl-release", "--ttl", "1")
+    j = job("inside-ttl-release", "--ttl", "3")
     first = j.inside("a")
     wait_for(j.ending, what="the holder to reach its TTL")
     nxt = j.tmp / "next"
@@ -424,7 +427,7 @@ def test_a_hold_that_waited_for_its_lock_still_outlasts_the_run_inside_at_its_tt
 
         freer = threading.Thread(target=let_go_once_waited_for)
         freer.start()
-        j = job(name, "--wait", "3", "--ttl", "1")  # takes it once the blocker lets go
+        j = job(name, "--wait", "3", "--ttl", "3")  # takes it once the blocker lets go
         freer.join()
     first = j.inside("a")
     wait_for(j.ending, what="the holder to reach its TTL")
