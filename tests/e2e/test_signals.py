@@ -16,6 +16,7 @@ import pytest
 
 from helpers import (
     CLI,
+    FILL_STDERR,
     Procs,
     clean_env,
     full_pipe,
@@ -25,6 +26,7 @@ from helpers import (
     read_pid,
     run_cli,
     sleeps_in,
+    start_filling_stderr,
     wait_for,
 )
 from helpers import procwatch as pw
@@ -45,20 +47,6 @@ def test_sigkill_to_the_keeper_stops_the_command_before_the_lock_frees(
     holder.wait(5)
     wait_for(lambda: lock_is_free(path), 20)
     assert not _alive(command), "the lock was free while the command still ran"
-
-
-FILL_STDERR = """
-import fcntl, os
-flags = fcntl.fcntl(2, fcntl.F_GETFL)
-fcntl.fcntl(2, fcntl.F_SETFL, flags | os.O_NONBLOCK)
-for chunk in (b"x" * 512, b"x"):  # to the last byte: a write under PIPE_BUF is all or none
-    try:
-        while True:
-            os.write(2, chunk)
-    except BlockingIOError:
-        pass
-fcntl.fcntl(2, fcntl.F_SETFL, flags)
-"""
 
 
 def test_a_report_that_cannot_be_written_does_not_make_the_wrapper_deaf(
@@ -168,16 +156,7 @@ def test_a_stop_ends_a_run_whose_command_filled_the_unread_stderr(
     (to the keeper): the supervisor's line saying it stopped the command blocked on the
     full pipe, and it held the lock until someone read the pipe -- for good, under a
     parent that never does."""
-    script = marks / "fill.py"
-    script.write_text(
-        FILL_STDERR + f"open({str(marks / 'full')!r}, 'w').close()\nimport time\ntime.sleep(60)\n"
-    )
-    run = subprocess.Popen(
-        [*CLI, "full", f"exec {sys.executable} {script}", str(lock_dir)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,  # never read
-        env=clean_env(),
-    )
+    run = start_filling_stderr(lock_dir, marks, "full")
     try:
         wait_for(marks / "full")
         run.send_signal(sig)

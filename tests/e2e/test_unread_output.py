@@ -8,31 +8,25 @@ blocks one such write for real, then sends a single SIGTERM.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import CLI, clean_env, hold_until, lock_file, lock_is_free, wait_for
+from helpers import (
+    CLI,
+    clean_env,
+    fill_to_the_last_byte,
+    hold_until,
+    lock_file,
+    lock_is_free,
+    start_filling_stderr,
+    wait_for,
+)
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads wchan")
-
-
-def _fill(fd: int) -> None:
-    """Fill the pipe to its last byte (a write under PIPE_BUF is all or none)."""
-    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-    fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
-    for chunk in (b"x" * 512, b"x"):
-        try:
-            while True:
-                os.write(fd, chunk)
-        except BlockingIOError:
-            pass
-    fcntl.fcntl(fd, fcntl.F_SETFL, flags)
 
 
 def _a_thread_writes_to_a_pipe(pid: int) -> bool:
@@ -87,7 +81,9 @@ def test_a_still_waiting_line_blocked_on_stderr_does_not_hold_a_stopped_waiter(
 
         try:
             wait_for(said_waiting, 30, "the waiting line")
-            _fill(write_end)  # and read no more: the next "still waiting" line blocks
+            fill_to_the_last_byte(
+                write_end
+            )  # and read no more: the next "still waiting" line blocks
             wait_for(lambda: _a_thread_writes_to_a_pipe(waiter.pid), 30, "a blocked line")
             waiter.send_signal(signal.SIGTERM)
             assert _ended(waiter) == 128 + signal.SIGTERM
@@ -108,7 +104,7 @@ def test_each_blocked_on_a_failed_items_line_ends_on_one_stop(lock_dir: Path, ma
     the stop came; the batch's handler only notes a stop, so the write went on blocking.
     Stopped, the batch ends with that item's status (the stop came after it ended)."""
     read_end, write_end = os.pipe()
-    _fill(write_end)
+    fill_to_the_last_byte(write_end)
     ran = marks / "ran"
     command = f'echo "$LOCAL_MUTEX_ITEM" >> {ran}; exit 1'
     batch = subprocess.Popen(
@@ -134,34 +130,11 @@ def test_each_blocked_on_a_failed_items_line_ends_on_one_stop(lock_dir: Path, ma
         os.close(read_end)
 
 
-FILL_AND_STAY = """
-import fcntl, os, sys, time
-flags = fcntl.fcntl(2, fcntl.F_GETFL)
-fcntl.fcntl(2, fcntl.F_SETFL, flags | os.O_NONBLOCK)
-for chunk in (b"x" * 512, b"x"):
-    try:
-        while True:
-            os.write(2, chunk)
-    except BlockingIOError:
-        pass
-fcntl.fcntl(2, fcntl.F_SETFL, flags)
-open(sys.argv[1], "w").close()
-time.sleep(60)
-"""
-
-
 def test_a_keeper_blocked_on_a_warning_ends_with_its_command(lock_dir: Path, marks: Path) -> None:
     """The command filled the unread stderr; its lock file was deleted, and the keeper's
     warning that it put one back blocked. SIGTERM was passed on and ended the command, yet
     the keeper never got past the write -- and kept the lock."""
-    script = marks / "fill.py"
-    script.write_text(FILL_AND_STAY)
-    run = subprocess.Popen(
-        [*CLI, "gone", f"exec {sys.executable} {script} {marks / 'full'}", str(lock_dir)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,  # never read
-        env=clean_env(),
-    )
+    run = start_filling_stderr(lock_dir, marks, "gone")
     try:
         wait_for(marks / "full", 30)
         path = lock_file(lock_dir, "gone")
@@ -179,7 +152,7 @@ def test_a_hold_blocked_printing_its_token_ends_the_hold_on_one_stop(lock_dir: P
     """stdout is a pipe nobody reads: the token cannot get out. SIGTERM must end the hold
     (nobody has its token) and the caller, not leave both waiting."""
     read_end, write_end = os.pipe()
-    _fill(write_end)
+    fill_to_the_last_byte(write_end)
     caller = subprocess.Popen(
         [*CLI, "hold", "--lock-dir", str(lock_dir), "tok"],
         stdout=write_end,

@@ -137,6 +137,46 @@ def version_of(python: str) -> str:
     ).stdout.strip()
 
 
+def fill_to_the_last_byte(fd: int) -> None:
+    """Fill the pipe ``fd`` writes to, to its last byte (a write under PIPE_BUF is all or
+    none, so 512-byte chunks, then single bytes): the next line written to it blocks."""
+    import fcntl
+
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+    for chunk in (b"x" * 512, b"x"):
+        try:
+            while True:
+                os.write(fd, chunk)
+        except BlockingIOError:
+            pass
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+
+
+# A command that fills its stderr (a pipe nobody reads) as ``fill_to_the_last_byte`` does.
+FILL_STDERR = f"""
+import os, sys
+sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+from helpers import fill_to_the_last_byte
+fill_to_the_last_byte(2)
+"""
+
+
+def start_filling_stderr(lock_dir: Path, marks: Path, name: str) -> subprocess.Popen[bytes]:
+    """A run of NAME whose command fills the unread stderr, touches ``marks/full`` and
+    sleeps 60 s (exec'd: the command is that process)."""
+    script = marks / "fill.py"
+    script.write_text(
+        FILL_STDERR + f"open({str(marks / 'full')!r}, 'w').close()\nimport time\ntime.sleep(60)\n"
+    )
+    return subprocess.Popen(
+        [*CLI, name, f"exec {sys.executable} {script}", str(lock_dir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,  # never read
+        env=clean_env(),
+    )
+
+
 def full_pipe() -> tuple[int, int]:
     """(read end, write end) of a pipe whose buffer is full: a write to it blocks."""
     read_end, write_end = os.pipe()
