@@ -26,6 +26,14 @@ settings.register_profile(
 )
 settings.load_profile("local-mutex")
 
+# Started under nohup (or as a shell's `&` job), this process and all it starts would have
+# SIGHUP (SIGINT) ignored, and local-mutex keeps a caller's ignored signals ignored: the
+# stop-signal tests would test nohup. They get the defaults, as from a terminal.
+if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def nothing_left_running() -> Iterator[None]:
