@@ -8,7 +8,6 @@ package uses (compare handlers with ``==``, never ``is``).
 
 from __future__ import annotations
 
-import _thread
 import sys
 
 from .errors import Interrupted
@@ -16,6 +15,7 @@ from .errors import Interrupted
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import signal
+    from collections.abc import Callable
     from types import FrameType
     from typing import TypeVar
 
@@ -36,7 +36,7 @@ __all__ = [
     "note_stop",
     "quiet_stops",
     "signal",
-    "stoppable_write",
+    "stoppable",
     "stops_taken",
 ]
 
@@ -56,29 +56,27 @@ class StopDuringWrite(BaseException):
     """A stop signal came while this thread was blocked writing a line of ours."""
 
 
-_writers: set[int] = set()  # threads inside a ``stoppable_write`` (only the main one takes signals)
+def stoppable(call: Callable[..., object], *args: object) -> None:
+    """``call(*args)`` -- a write of ours that may block -- cut short by a stop signal whose
+    handler only notes it (``break_write``): the line is dropped. The exception is raised
+    only in ``_call``'s frame, so it can never land outside the ``try`` here."""
+    try:
+        _call(call, *args)
+    except StopDuringWrite:
+        pass
 
 
-class stoppable_write:  # noqa: N801 - used like a function
-    """``with stoppable_write():`` around a write of ours that may block (a pipe nobody
-    reads): a stop signal whose handler only notes it cuts the write short, and the line
-    is dropped. Without this the write is retried after the handler (PEP 475) and blocks
-    on, deaf to the stop it was just told of."""
-
-    def __enter__(self) -> None:
-        self.me = _thread.get_ident()
-        _writers.add(self.me)
-
-    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> bool:
-        _writers.discard(self.me)
-        return kind is not None and issubclass(kind, StopDuringWrite)
+def _call(call: Callable[..., object], *args: object) -> None:
+    call(*args)
 
 
-def break_write(signum: int) -> None:
-    """From a stop signal's handler that does not raise: end a ``stoppable_write`` of this
-    thread that is under way (and blocked: a handler runs only once a call returns)."""
-    if _thread.get_ident() in _writers:
-        raise StopDuringWrite(signum)
+def break_write(signum: int, frame: FrameType | None) -> None:
+    """From a stop signal's handler that does not raise: end a ``stoppable`` call that is
+    under way (blocked in a C write called from ``_call``)."""
+    while frame is not None:
+        if frame.f_code is _call.__code__:
+            raise StopDuringWrite(signum)
+        frame = frame.f_back
 
 
 def main_thread() -> bool:
@@ -122,7 +120,7 @@ class StopHandlers:
     def _take(self, signum: int, frame: FrameType | None) -> None:
         note_stop(signum)
         self.handle(signum, frame)
-        break_write(signum)
+        break_write(signum, frame)
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self.previous.items():

@@ -283,7 +283,7 @@ def _hold(inputs: ActionInputs, step: _Step, backend: Backend) -> int:
     else:
         ends = "until a later step releases it or this job ends"
     if inputs.ttl:
-        ends += f" (at the latest {utc_stamp(time.time() + inputs.ttl)}: ttl-seconds)"
+        ends += f"; its ttl-seconds end it at {utc_stamp(time.time() + inputs.ttl)} at the latest"
     where = f"detached pid {info.pid}" if info.pid else info.lock_file
     step.reporter.notice(f"holding {info.name} in {where} {ends}")
     step.outcome = "held"

@@ -130,7 +130,7 @@ def test_waited_annotates_a_step_that_waited(tmp_path: Path) -> None:
     )
     _expect(r.succeeded and "after-the-wait" in r.step_lines, "the second step ran", r)
     assert "holding ann-busy in detached pid " in r.output, r.output
-    assert ": ttl-seconds)" in r.output and "(at the latest 20" in r.output, r.output
+    assert "; its ttl-seconds end it at 20" in r.output and "Z at the latest" in r.output, r.output
     waited = [x for x in r.output.splitlines() if "released ann-busy at" in x]
     _expect(len(waited) == 1 and "(waited 0.0s" not in waited[0], "the step waited", r)
     assert annotated(r, "waiting for lock ann-busy at "), r.output

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from .._fastsignal import deferred_stops, quiet_stops, stoppable_write
+from .._fastsignal import deferred_stops, quiet_stops, stoppable
 from ..backends import Ending
 from ..errors import (
     EXIT_IOERR,
@@ -135,8 +135,7 @@ def hold(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
         # (a remote's hold would last until a forced release).
         with stops:
             info = using(parsed, env, reporter, work, translate=_nothing_held)
-            if not stops.pending:  # told to stop: the hold is ended below, token unprinted
-                _print_token(info.token)
+            _print_token(info.token, stops.pending)
     except Failed as exc:  # reported; if it came after the hold was taken, end it
         return _end_undelivered(parsed, env, reporter, name, taken, "failed", exc.code)
     except OSError as exc:  # a closed pipe, a full disk: nobody has the token
@@ -161,10 +160,15 @@ def hold(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
     return 0
 
 
-def _print_token(token: str) -> None:
-    """stdout only: logs (stderr, annotations) are read by many. A stop signal cuts short
-    a write already blocked (a stdout nobody reads): ``stops.pending`` then ends the hold."""
-    with stoppable_write():
+def _print_token(token: str, stops: list[int]) -> None:
+    """stdout only: logs (stderr, annotations) are read by many. Told to stop (``stops``),
+    before or while the write blocks (a stdout nobody reads), it is not printed: the hold
+    is ended, as nobody has its token."""
+    stoppable(_unless_stopped, token, stops)
+
+
+def _unless_stopped(token: str, stops: list[int]) -> None:
+    if not stops:  # looked at inside ``stoppable``: a stop from here on cuts the write
         out(token)
 
 

@@ -41,7 +41,7 @@ class Relay:
         try:
             self._take(signum)
         finally:
-            break_write(signum)
+            break_write(signum, frame)
 
     def _take(self, signum: int) -> None:
         note_stop(signum)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .._fastsignal import stoppable_write, stops_taken
+from .._fastsignal import stoppable, stops_taken
 from ..identity import utc_stamp
 
 TYPE_CHECKING = False
@@ -206,19 +206,15 @@ class Reporter:
         stream = self.stream if self.stream is not None else sys.stderr
         if stream is None:  # no stderr at all (closed, and no stand-in could be opened)
             return
-        if not writable_when_stopping(stream):
-            return
         try:
-            with stoppable_write():  # blocked, then told to stop: the line is dropped
-                buffer = getattr(stream, "buffer", None)
-                if buffer is not None:
-                    # Names are arbitrary bytes (kept in surrogateescape form): verbatim.
-                    stream.flush()
-                    buffer.write(line.encode("utf-8", "surrogateescape"))
-                    buffer.flush()
-                else:
-                    stream.write(line)
-                    stream.flush()
+            # A stop signal from here on either cuts the write short (``stoppable``) or came
+            # before the look for room that the write makes first: never a blocked write.
+            buffer = getattr(stream, "buffer", None)
+            if buffer is not None:
+                # Names are arbitrary bytes (kept in surrogateescape form): verbatim.
+                stoppable(_write_bytes, stream, buffer, line.encode("utf-8", "surrogateescape"))
+            else:
+                stoppable(_write_text, stream, line)
         except (OSError, ValueError):  # ValueError: a stream closed in this process
             pass
 
@@ -315,3 +311,16 @@ class Reporter:
         code = getattr(exc, "exit_code", None)
         self.error(str(exc) or type(exc).__name__)
         return code if isinstance(code, int) else 1
+
+
+def _write_bytes(stream: Any, buffer: Any, data: bytes) -> None:
+    if writable_when_stopping(stream):
+        stream.flush()
+        buffer.write(data)
+        buffer.flush()
+
+
+def _write_text(stream: Any, line: str) -> None:
+    if writable_when_stopping(stream):
+        stream.write(line)
+        stream.flush()
