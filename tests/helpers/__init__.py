@@ -105,10 +105,13 @@ def start_each(args: Sequence[str], items: bytes) -> subprocess.Popen[bytes]:
 def pyenv_python(version: str) -> str | None:
     """The newest pyenv interpreter of ``version`` (e.g. "3.6", "2.7"), if this machine has one."""
     root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
-    found = sorted(
-        root.glob(f"{version}.*/bin/python{version[0]}"),
-        key=lambda p: tuple(int(x) for x in p.parts[-3].split(".") if x.isdigit()),
-    )
+    try:  # $PYENV_ROOT may be another user's (root's, for a test run as nobody)
+        found = sorted(
+            root.glob(f"{version}.*/bin/python{version[0]}"),
+            key=lambda p: tuple(int(x) for x in p.parts[-3].split(".") if x.isdigit()),
+        )
+    except OSError:
+        return None
     return str(found[-1]) if found else None
 
 

@@ -97,9 +97,14 @@ def act_command(project: Path, cache: Path, env: dict[str, str] | None = None) -
     return cmd
 
 
-def act_env() -> dict[str, str]:
-    # Keep the host's own Actions or local-mutex settings out of the simulated runner.
-    return clean_env()
+def act_env(tmp: Path) -> dict[str, str]:
+    """The act process's environment, which host-mode steps inherit: the host's own Actions
+    or local-mutex settings kept out, and a lock dir of the test's own for a step that
+    names none (a lock input, a setup step or the workflow's env still decides), so no
+    test leaves lock files in the machine's /tmp (another user's run could not use them)."""
+    locks = tmp / "default-locks"
+    locks.mkdir(exist_ok=True)
+    return clean_env({"LOCAL_MUTEX_LOCK_DIR": str(locks)})
 
 
 def run_act(
@@ -114,7 +119,7 @@ def run_act(
     project = prepare(tmp, text, name)
     proc = subprocess.run(
         act_command(project, cache or tmp / f"{name}-cache", env),
-        env=act_env(),
+        env=act_env(tmp),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -134,7 +139,7 @@ def start_act(
     project = prepare(tmp, text, name)
     return subprocess.Popen(
         act_command(project, cache or tmp / f"{name}-cache", env),
-        env=act_env(),
+        env=act_env(tmp),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
