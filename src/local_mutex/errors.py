@@ -81,10 +81,21 @@ class Interrupted(LocalMutexError):
     taken but before the command started: it was let go again); the command never ran."""
 
     def __init__(
-        self, signum: int, *, before_start: bool = False, waiting_for: str | None = None
+        self,
+        signum: int,
+        *,
+        before_start: bool = False,
+        waiting_for: str | None = None,
+        holder_pid: int | None = None,
     ) -> None:
-        """``waiting_for``: what else was waited for (and so nothing was done)."""
-        if waiting_for is not None:
+        """``waiting_for``: what else was waited for (and so nothing was done);
+        ``holder_pid``: ``hold``'s detached holder got the signal while it waited."""
+        if holder_pid is not None:
+            text = (
+                f"stopped waiting for the lock: its holder process (pid {holder_pid}) "
+                f"received signal {signum}; nothing is held"
+            )
+        elif waiting_for is not None:
             text = f"stopped waiting for {waiting_for}: received signal {signum}; nothing was done"
         else:
             when = "before the command started" if before_start else "waiting for the lock"

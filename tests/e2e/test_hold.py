@@ -1477,6 +1477,32 @@ def test_a_hold_stopped_while_it_waits_says_nothing_was_held(
     assert holder.wait(20) == 0
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_holder_signalled_while_it_waits_is_a_stop_not_a_failure_to_start(
+    procs: Procs, lock_dir: Path, marks: Path, sig: signal.Signals
+) -> None:
+    """Its pid is in ``status`` as a waiter, so someone may ``kill`` it: the caller said
+    "the holder process ended (status 1)" and exited 125 (the holder's traceback went to
+    /dev/null), or "(status -9)"."""
+    holder = procs.start(["busy", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    waiting = procs.start(["hold", "busy", "--lock-dir", str(lock_dir)])
+    wait_for(lambda: _status("busy", lock_dir)["waiters"], 20, "the hold queued")
+    waiter = _status("busy", lock_dir)["waiters"][0]["pid"]
+    assert waiter != waiting.pid  # the detached holder, as status shows it
+    os.kill(waiter, sig)
+    assert waiting.wait(20) == 128 + sig
+    assert procs.stdout(waiting) == ""  # no token
+    assert procs.stderr(waiting).splitlines()[-1] == (
+        f"local-mutex: stopped waiting for the lock: its holder process (pid {waiter}) "
+        f"received signal {int(sig)}; nothing is held"
+    )
+    assert _status("busy", lock_dir)["holders"][0]["pid"] != waiter
+    (marks / "h.go").touch()
+    assert holder.wait(20) == 0
+    assert lock_is_free(lock_file(lock_dir, "busy"))
+
+
 def test_a_hold_that_waits_says_so_and_leaves_no_stream_of_ours_open(
     procs: Procs, lock_dir: Path, marks: Path
 ) -> None:

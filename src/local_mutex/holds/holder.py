@@ -21,7 +21,14 @@ from .._json import dumps, loads_object
 from ..backends import open_backend
 from ..backends.flock.lock import FlockLock
 from ..backends.flock.share import SUPPORTED, Sharing
-from ..errors import LockLost, NotAcquired, RecordNotWritten, Unavailable, ValidationError
+from ..errors import (
+    Interrupted,
+    LockLost,
+    NotAcquired,
+    RecordNotWritten,
+    Unavailable,
+    ValidationError,
+)
 from ..identity import job_identity, new_token, token_hash, utc_stamp
 from ..lifecycle import Held
 from ..runspec import Options
@@ -40,8 +47,13 @@ _CALLER_LOOK_MS = 200
 
 
 def _say(fd: int, text: str) -> None:
-    os.write(fd, text.encode("utf-8", "surrogateescape"))
-    os.close(fd)
+    """Our one answer to the caller; a caller killed meanwhile (EPIPE) hears nothing."""
+    try:
+        os.write(fd, text.encode("utf-8", "surrogateescape"))
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _stop(signum: int, frame: object) -> None:
@@ -87,6 +99,12 @@ def main() -> int:
         finally:
             taken.append(True)
             _let_go_of_stderr()
+    except Interrupted as exc:  # a signal to us, not to our caller (``kill`` of our pid)
+        _say(ready, f"stopped {exc.signum}")
+        return exc.exit_code
+    except SystemExit:  # ``_stop``: SIGTERM before the wait itself began
+        _say(ready, f"stopped {int(signal.SIGTERM)}")
+        return 128 + signal.SIGTERM
     except NotAcquired as exc:
         _say(
             ready,

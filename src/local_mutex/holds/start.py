@@ -15,7 +15,14 @@ from .. import _proc
 from .._fastsignal import interruptible
 from .._json import dumps, loads_object
 from ..backends.base import HoldInfo
-from ..errors import NotAcquired, RecordNotWritten, SpawnError, Unavailable, ValidationError
+from ..errors import (
+    Interrupted,
+    NotAcquired,
+    RecordNotWritten,
+    SpawnError,
+    Unavailable,
+    ValidationError,
+)
 from ..names import display, validate_name
 
 TYPE_CHECKING = False
@@ -137,6 +144,11 @@ def start_hold(
         return HoldInfo(display(raw), where, proc.pid, token, float(waited), ack_write)
     os.close(ack_write)
     proc.wait()
+    if kind == "stopped" or (not answer and proc.returncode < 0):
+        # Signalled while it waited (``kill`` of its pid, an OOM kill): not by our caller,
+        # whose own stop ends above.
+        signum = int(rest) if rest.isdigit() else -proc.returncode
+        raise Interrupted(signum, holder_pid=proc.pid)
     detail = loads_object(rest) or {}
     text = str(detail.get("message") or f"the holder process ended (status {proc.returncode})")
     if kind == "busy":
