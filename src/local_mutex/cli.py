@@ -56,7 +56,7 @@ def main(argv: "Sequence[str] | None" = None) -> int:
 
         _startup.load()  # very likely a plain run: its modules in one read
     from .backends import remote_address
-    from .commands.argv import asks_version, parse, verb_first, wants_help
+    from .commands.argv import asks_version, help_args, parse, verb_first, wants_help
     from .commands.options import VERBS, UsageError
 
     if args and args[0].startswith("-"):
@@ -90,7 +90,7 @@ def main(argv: "Sequence[str] | None" = None) -> int:
             )
             return EXIT_IOERR
         try:
-            return show(args)
+            return show(args if completing else help_args(args))
         except (KeyError, ValueError) as exc:
             if not completing:
                 raise

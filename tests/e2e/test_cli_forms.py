@@ -243,6 +243,8 @@ def test_an_unquoted_command_in_each_gets_the_hint(lock_dir: Path, tmp_path: Pat
         (["relase", "./ran.sh"], "did you mean release?"),
         (["stauts", "./ran.sh"], "did you mean status?"),
         (["hodl", "./ran.sh"], "did you mean hold?"),
+        (["statuss", "./ran.sh"], "did you mean status?"),  # the last letter doubled
+        (["holdd", "./ran.sh"], "did you mean hold?"),
         (["unlock", "./ran.sh"], "did you mean release?"),
         (["relase", "--", "./ran.sh"], "did you mean release?"),
         (["--", "touch", "ran"], "to run the program under a lock: local-mutex NAME -- touch"),
@@ -274,6 +276,7 @@ def test_a_one_word_command_that_meant_something_else_does_not_run(
         ["test", "./ran.sh"],
         ["stats", "./ran.sh"],
         ["released", "./ran.sh"],
+        ["holds", "./ran.sh"],  # a letter added at the end that doubles none
         ["Status", "./ran.sh"],
         ["relase", "--", "sh", "ran.sh"],
         ["--", "-x", "./ran.sh"],
@@ -287,6 +290,41 @@ def test_names_near_a_verb_but_not_a_misspelling_run(
     (tmp_path / "ran.sh").chmod(0o755)
     r = run_cli(words, cwd=tmp_path, env={"LOCAL_MUTEX_LOCK_DIR": str(lock_dir)})
     assert r.returncode == 0 and (tmp_path / "ran").exists(), r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "usage"),
+    [
+        (["--version", "--help"], "Usage: local-mutex [OPTIONS] NAME"),
+        (["status", "--help", "--version"], "Usage: local-mutex status [OPTIONS] NAME"),
+        (["status", "--slots", "--help"], "Usage: local-mutex status [OPTIONS] NAME"),
+        (["release", "--slots", "-h"], "Usage: local-mutex release [OPTIONS] NAME"),
+        (["--frob", "--help"], "Usage: local-mutex run [OPTIONS] NAME"),
+        (["--quiet=1", "--help"], "Usage: local-mutex run [OPTIONS] NAME"),
+    ],
+)
+def test_help_asked_for_is_shown_whatever_else_the_line_holds(args: list[str], usage: str) -> None:
+    """click parsed the whole line and refused in its own multi-line error what our
+    parser takes (``--version`` with a verb) or would refuse in one line; and a flag
+    ``--slots`` took the ``--help`` after it for its value."""
+    r = run_cli(args)
+    out = r.stdout.decode()
+    assert r.returncode == 0 and out.startswith(usage), (out, r.stderr)
+    assert not r.stderr
+
+
+def test_version_after_a_one_word_command_is_refused_not_answered(
+    lock_dir: Path, tmp_path: Path
+) -> None:
+    """It printed the version and exited 0: the caller took the command for run."""
+    r = run_cli(
+        ["n", "touch", "--version"],
+        cwd=tmp_path,
+        env={"LOCAL_MUTEX_LOCK_DIR": str(lock_dir)},
+    )
+    err = r.stderr.decode()
+    assert r.returncode == 2 and "after the one-word command 'touch'" in err, err
+    assert b"version" not in r.stdout and not os.listdir(lock_dir)
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,14 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from local_mutex.commands.argv import Parsed, asks_version, parse, verb_first, wants_help
+from local_mutex.commands.argv import (
+    Parsed,
+    asks_version,
+    help_args,
+    parse,
+    verb_first,
+    wants_help,
+)
 from local_mutex.commands.clicktree import tree
 from local_mutex.commands.options import (
     EACH,
@@ -228,7 +235,8 @@ def test_each_cluster() -> None:
     p = parse(EACH, ["-q0k", "t", "c"])
     assert p.flag("quiet") and p.flag("null") and p.flag("keep_going")
     assert "no such option" in refused(RUN, ["-qk", "n", "c"])  # run has no -k
-    assert "no such option" in refused(EACH, ["-q=1", "t", "c"])
+    assert refused(EACH, ["-q=1", "t", "c"]) == "-q takes no value"  # not "-q is each's"
+    assert refused(RUN, ["-q=1", "n", "c"]) == "-q takes no value"
 
 
 # --- -- before and after NAME -------------------------------------------------------------
@@ -547,10 +555,34 @@ def test_positionals_table_covers_every_verb() -> None:
         (["-hq"], True),  # a cluster of short flags, as click reads it
         (["--helpful"], False),
         ([], False),
+        (["status", "--slots", "--help"], True),  # a flag of status: no value to skip
+        (["release", "--slots", "-h"], True),
+        (["--slots", "status", "--help"], True),
+        (["n", "--slots", "-h", "c x"], False),  # run's --slots takes a value (refused)
+        (["n", "", "-h"], True),  # an empty command ("$CMD" unset) is no one-word command
     ],
 )
 def test_wants_help(args: list[str], expected: bool) -> None:
     assert wants_help(args) is expected
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--help"], ["--help"]),
+        (["--version", "--help"], ["--help"]),
+        (["-h", "--version"], ["--help"]),
+        (["status", "--help", "--version"], ["status", "--help"]),
+        (["status", "--slots", "--help"], ["status", "--help"]),
+        (["n", "--frob", "--help"], ["run", "--help"]),
+        (["--json", "--help"], ["run", "--help"]),
+        (["-hq", "--timeout"], ["run", "--help"]),
+    ],
+)
+def test_help_is_the_verbs_alone(args: list[str], expected: list[str]) -> None:
+    """click parses what it is given, and refuses what our parser takes (``--version``,
+    another verb's option) in a multi-line error of its own: it gets the verb alone."""
+    assert help_args(args) == expected
 
 
 # --- drift between the option table and the click tree --------------------------------------
@@ -736,12 +768,34 @@ def test_verb_after_leading_options_moves_first() -> None:
         (["status", "n", "--version"], True),
         (["--message", "--version", "n", "c x"], False),  # a value
         (["n", "--", "prog", "--version"], False),  # the program's
+        (["n", "./mk", "--version"], False),  # after a one-word command: whose? (refused)
+        (["each", "t", "./mk", "--version"], False),
+        (["n", "make all", "--version"], True),
+        (["status", "--slots", "--version"], True),
     ],
 )
 def test_asks_version(args: list[str], expected: bool) -> None:
     """Eager, as click's ``--version`` (and our ``--help``): said wherever it stands as an
     option; ``--version extra`` said "no such option: '--version'"."""
     assert asks_version(args) is expected
+
+
+def test_an_unknown_option_after_a_quoted_command_is_just_unknown() -> None:
+    """Not the one-word command's hint, whose ``-- 'echo hi' --frob`` runs no such thing."""
+    assert refused(RUN, ["n", "echo hi", "--frob"]) == (
+        "no such option: '--frob' (see local-mutex run --help)"
+    )
+    assert refused(RUN, ["n", "echo hi", "--wiat", "5"]).startswith(
+        "no such option: '--wiat' (did you mean --wait?)"
+    )
+    assert "one quoted argument" in refused(RUN, ["n", "make", "--frob"])  # one word: whose?
+
+
+def test_options_after_an_empty_command_are_ours() -> None:
+    """``local-mutex NAME "$CMD" -q`` with CMD unset: not a one-word command's option."""
+    p = parse(RUN, ["n", "", "-q"])
+    assert p.flag("quiet") and p.positionals == ["n", ""]
+    assert parse(EACH, ["t", "", "-q"]).flag("quiet")
 
 
 def test_a_hold_given_a_command_says_a_hold_runs_none() -> None:

@@ -109,8 +109,10 @@ def _option_words(args: Sequence[str]) -> Iterator[tuple[int, str, bool]]:
     """(index, word, is it an option) for each word before ``--``, an option's value
     skipped (``--message -h`` holds no ``-h``)."""
     takes_value = {f for o in OPTIONS if o.kind != "flag" for f in o.flags}
-    # A flag for some verbs, a value for others (``--slots``): before a verb, a flag.
+    # A flag for some verbs, a value for others (``--slots``): as the verb takes it once
+    # it is known (``status --slots --help``); before a verb, a flag.
     flag_too = {f for o in OPTIONS if o.kind == "flag" for f in o.flags} & takes_value
+    verb = None  # the first word that is not an option names it (else: run)
     skip = False
     for i, arg in enumerate(args):
         if skip:
@@ -120,9 +122,16 @@ def _option_words(args: Sequence[str]) -> Iterator[tuple[int, str, bool]]:
             return
         is_option = arg.startswith("-") and arg != "-"
         yield i, arg, is_option
-        skip = is_option and arg in takes_value
-        if skip and arg in flag_too and i + 1 < len(args) and args[i + 1] in VERBS:
-            skip = False
+        if not is_option:
+            verb = verb or (arg if arg in VERBS else RUN)
+            continue
+        skip = arg in takes_value
+        if skip and arg in flag_too:
+            if verb is not None:
+                option = _lookup(verb).get(arg)  # None: not the verb's (parse says so)
+                skip = option is not None and option.kind != "flag"
+            elif i + 1 < len(args) and args[i + 1] in VERBS:
+                skip = False
 
 
 def wants_help(args: Sequence[str]) -> bool:
@@ -140,9 +149,25 @@ def wants_help(args: Sequence[str]) -> bool:
 
 
 def asks_version(args: Sequence[str]) -> bool:
-    """``--version`` as an option (not an option's value, nor after ``--``): eager, as
-    ``--help`` is, whatever else the line holds."""
-    return any(arg == "--version" for _, arg, is_option in _option_words(args) if is_option)
+    """``--version`` as an option (not an option's value, nor after ``--``, nor after a
+    one-word command, as for ``--help``): eager, whatever else the line holds."""
+    words: list[str] = []
+    for _, arg, is_option in _option_words(args):
+        if not is_option:
+            words.append(arg)
+        elif arg == "--version":
+            return not _after_one_word_command(words)
+    return False
+
+
+def help_args(args: Sequence[str]) -> list[str]:
+    """What click gets for the help asked for: the verb's (run's for the verb-free form),
+    nothing else -- click refuses what we take (``--version``) in an error of its own."""
+    words = [arg for _, arg, is_option in _option_words(args) if not is_option]
+    if words:
+        return [words[0] if words[0] in VERBS else RUN, "--help"]
+    bare = {"-h", "--help", "--version"}
+    return ["--help"] if set(args) <= bare else [RUN, "--help"]
 
 
 def _after_one_word_command(words: Sequence[str]) -> bool:
@@ -154,7 +179,8 @@ def _after_one_word_command(words: Sequence[str]) -> bool:
         words = words[1:]
     # NAME COMMAND LOCK_DIR (the seed's form) is whole: what follows is local-mutex's.
     whole = len(words) == 3 and os.path.isabs(words[2])
-    return len(words) >= 2 and not _has_space(words[1]) and not whole
+    # An empty one ("$CMD" unset) is none: options after it are ours; it is refused as empty.
+    return len(words) >= 2 and bool(words[1]) and not _has_space(words[1]) and not whole
 
 
 def verb_first(args: Sequence[str]) -> list[str]:
@@ -251,6 +277,9 @@ def _short_cluster(
     arg: str, known: dict[str, Option], parsed: Parsed, verb: str, rest: Sequence[str]
 ) -> None:
     """``-qk``: several short flags in one word."""
+    option = known.get(arg[:2])
+    if arg[2] == "=" and option is not None and option.kind == "flag":  # as ``--quiet=1``
+        raise UsageError(f"{arg[:2]} takes no value")
     for letter in arg[1:]:
         option = known.get(f"-{letter}")
         if option is None or option.kind != "flag":
@@ -261,19 +290,18 @@ def _short_cluster(
 
 
 def _unknown(verb: str, arg: str, parsed: Parsed, rest: Sequence[str]) -> UsageError:
-    if verb in (RUN, EACH) and len(parsed.positionals) >= 2:
+    words = parsed.positionals
+    if verb in (RUN, EACH) and len(words) >= 2 and words[1] and not _has_space(words[1]):
         # Every word after the command's first is the command's: the hint keeps them all.
+        # (After a quoted command it is one of ours, mistyped.)
         return UsageError(
             _quote_hint(verb, parsed, f"unknown option {arg!r} after the command", arg, *rest)
         )
     if arg in ("-h", "--help"):  # after `-- NAME`: the caller took the -- for the end
         return UsageError(f"{arg} after -- is no request for help: see local-mutex {verb} --help")
-    from .suggest import option_meant
+    from .suggest import no_such_option
 
-    hint = option_meant(arg, verb, _lookup(verb))
-    return UsageError(
-        f"no such option: {arg!r}{f' ({hint})' if hint else ''} (see local-mutex {verb} --help)"
-    )
+    return no_such_option(arg, verb, _lookup(verb))
 
 
 def _quote_hint(verb: str, parsed: Parsed, problem: str, *more: str) -> str:

@@ -21,9 +21,9 @@ _FLOCK = {
 
 def _typo(word: str, verb: str) -> bool:
     """Is ``word`` a slip in typing ``verb``: two neighbours swapped (``stauts``), a letter
-    doubled (``releease``), or one left out of a long verb (``relase``)? Never a letter
-    put for another, added at the end or left out of a short verb: those make the words
-    people name locks (``hood``, ``released``, ``stats``)."""
+    doubled (``releease``, ``statuss``), or one left out of a long verb (``relase``)?
+    Never a letter put for another, another letter added at the end or one left out of a
+    short verb: those make the words people name locks (``hood``, ``holds``, ``stats``)."""
     if len(word) == len(verb):
         diff = [i for i in range(len(word)) if word[i] != verb[i]]
         return (
@@ -35,8 +35,7 @@ def _typo(word: str, verb: str) -> bool:
         return any(verb[:i] + verb[i + 1 :] == word for i in range(1, len(verb) - 1))
     if len(word) == len(verb) + 1:
         return any(
-            word[:i] + word[i + 1 :] == verb and word[i] == word[i - 1]
-            for i in range(1, len(word) - 1)
+            word[:i] + word[i + 1 :] == verb and word[i] == word[i - 1] for i in range(1, len(word))
         )
     return False
 
@@ -70,6 +69,13 @@ def option_meant(flag: str, verb: str, known: dict[str, Option]) -> str | None:
         name, [f for f in known if f.startswith("--")] if name.startswith("--") else [], 1, 0.7
     )
     return f"did you mean {spelled[0]}?" if spelled else None
+
+
+def no_such_option(flag: str, verb: str, known: dict[str, Option]) -> UsageError:
+    hint = option_meant(flag, verb, known)
+    return UsageError(
+        f"no such option: {flag!r}{f' ({hint})' if hint else ''} (see local-mutex {verb} --help)"
+    )
 
 
 def refuse_a_misreading(name: str, command: str, dashed: bool) -> None:
