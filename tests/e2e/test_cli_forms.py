@@ -269,6 +269,21 @@ def test_a_one_word_command_that_meant_something_else_does_not_run(
     assert r.returncode == 0 and (tmp_path / "ran").exists(), r.stderr
 
 
+def test_the_lines_said_to_run_instead_keep_the_options_typed(
+    lock_dir: Path, tmp_path: Path
+) -> None:
+    """``--wait 5 -- ls run`` was told to run ``local-mutex NAME -- ls run``: no ceiling."""
+    env = {"LOCAL_MUTEX_LOCK_DIR": str(lock_dir)}
+    r = run_cli(["--wait", "5", "--", "ls", "run"], cwd=tmp_path, env=env)
+    err = r.stderr.decode()
+    assert r.returncode == 2 and "local-mutex --wait 5 NAME -- ls run;" in err, err
+    assert err.rstrip().endswith("for a lock named 'ls': local-mutex run --wait 5 ls run"), err
+    r = run_cli(["-q", "--message", "a b", "relase", "./x"], cwd=tmp_path, env=env)
+    err = r.stderr.decode()
+    assert err.rstrip().endswith("local-mutex run -q --message 'a b' relase ./x"), err
+    assert not os.listdir(lock_dir)
+
+
 @pytest.mark.parametrize(
     "words",
     [

@@ -253,7 +253,7 @@ def parse(verb: str, args: Sequence[str], implicit: bool = False) -> Parsed:
         if one_word and (dashed or _maybe_a_verb(parsed.positionals[0])):  # which was meant?
             from .suggest import refuse_a_misreading
 
-            refuse_a_misreading(parsed.positionals[0], command, dashed)
+            refuse_a_misreading(parsed.positionals[0], command, dashed, parsed.typed)
     return parsed
 
 

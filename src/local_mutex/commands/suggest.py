@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from .options import BORROWED, OPTIONS, TYPED_AMISS, VERBS, Option, UsageError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
 # flock(1)'s options, as its users type them out of habit.
 _FLOCK = {
     "-w": "flock's -w is --wait SECONDS here",
@@ -78,32 +82,34 @@ def no_such_option(flag: str, verb: str, known: dict[str, Option]) -> UsageError
     )
 
 
-def refuse_a_misreading(name: str, command: str, dashed: bool) -> None:
+def refuse_a_misreading(name: str, command: str, dashed: bool, typed: Sequence[str] = ()) -> None:
     """``local-mutex NAME COMMAND`` with a one-word COMMAND that most likely meant something
     else: a verb misspelt (``relase ./deploy.sh`` would run the deploy), or a program after
     a ``--`` that only ends the options (cpu-mutex's ``-- vitest run`` would lock "vitest"
-    and run "run"). ``run`` takes such words as they are."""
+    and run "run"). ``run`` takes such words as they are. The lines said to run instead
+    keep the options ``typed``."""
+    from ..names import shell_quote
+
+    options = "".join(f" {shell_quote(word)}" for word in typed)
     meant = None if dashed else verb_meant(name)
     if meant is not None:
         raise UsageError(
             f"{name!r} is no verb here: did you mean {meant}? Nothing ran; for a lock named "
-            f"{name!r} running {command!r}: {_as_is(name, command)}"
+            f"{name!r} running {command!r}: {_as_is(name, command, options)}"
         )
     if dashed and not name.startswith("-") and name not in VERBS:
         import shutil  # only after a `--` before NAME: a plain run never pays for it
 
         if shutil.which(name):
-            from ..names import shell_quote
-
             raise UsageError(
                 f"a -- before NAME only ends the options: {name!r} would be the lock's name "
                 f"and {command!r} the command. Nothing ran; to run the program under a lock: "
-                f"local-mutex NAME -- {shell_quote(name)} {shell_quote(command)}; for a lock "
-                f"named {name!r}: {_as_is(name, command)}"
+                f"local-mutex{options} NAME -- {shell_quote(name)} {shell_quote(command)}; for "
+                f"a lock named {name!r}: {_as_is(name, command, options)}"
             )
 
 
-def _as_is(name: str, command: str) -> str:
+def _as_is(name: str, command: str, options: str) -> str:
     from ..names import shell_quote
 
-    return f"local-mutex run {shell_quote(name)} {shell_quote(command)}"
+    return f"local-mutex run{options} {shell_quote(name)} {shell_quote(command)}"
