@@ -272,10 +272,10 @@ def _hold(inputs: ActionInputs, step: _Step, backend: Backend) -> int:
         step.reporter.error(f"{what}; ended the hold")
         step.outcome = "not held: its token could not be written"
         return EXIT_IOERR
-    step.outputs.update({"acquired": "true", "waited-seconds": f"{info.waited:.3f}"})
     from .holds.start import delivered, job_anchor
 
     delivered(info)  # the job's end ends it too (its anchor), whoever has the token
+    step.outputs.update({"acquired": "true", "waited-seconds": f"{info.waited:.3f}"})
     if backend.persistent_holds:
         ends = "until a release step (remote holds do not end with the job)"
     elif job_anchor(step.env) is None:  # no job process among our ancestors to end it with

@@ -87,13 +87,16 @@ class Interrupted(LocalMutexError):
         before_start: bool = False,
         waiting_for: str | None = None,
         holder_pid: int | None = None,
+        taken: bool = False,
     ) -> None:
         """``waiting_for``: what else was waited for (and so nothing was done);
-        ``holder_pid``: ``hold``'s detached holder got the signal while it waited."""
+        ``holder_pid``: ``hold``'s detached holder got the signal while it waited (or, if
+        ``taken``, as it took the lock, before the hold was its to keep)."""
         if holder_pid is not None:
+            when = "as it took the lock" if taken else "while it waited for the lock"
             text = (
-                f"stopped waiting for the lock: its holder process (pid {holder_pid}) "
-                f"received signal {signum}; nothing is held"
+                f"its holder process (pid {holder_pid}) received signal {signum} {when}; "
+                "nothing is held"
             )
         elif waiting_for is not None:
             text = f"stopped waiting for {waiting_for}: received signal {signum}; nothing was done"

@@ -281,6 +281,15 @@ def test_the_lines_said_to_run_instead_keep_the_options_typed(
     r = run_cli(["-q", "--message", "a b", "relase", "./x"], cwd=tmp_path, env=env)
     err = r.stderr.decode()
     assert err.rstrip().endswith("local-mutex run -q --message 'a b' relase ./x"), err
+    # The seed's LOCK_DIR word, and a value that reads as an option only with its '='.
+    other = tmp_path / "other"
+    other.mkdir()
+    r = run_cli(["--message=--x", "statuss", "./x", str(other)], cwd=tmp_path, env=env)
+    err = r.stderr.decode()
+    said = f"local-mutex run --message=--x --lock-dir {other} statuss ./x"
+    assert err.rstrip().endswith(said), err
+    r = run_cli(said.split()[1:], cwd=tmp_path, env=env)  # as said: it runs, in that dir
+    assert r.returncode == 127 and os.listdir(other), r.stderr  # ./x: no such program
     assert not os.listdir(lock_dir)
 
 

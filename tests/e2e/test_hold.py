@@ -1494,12 +1494,43 @@ def test_a_holder_signalled_while_it_waits_is_a_stop_not_a_failure_to_start(
     assert waiting.wait(20) == 128 + sig
     assert procs.stdout(waiting) == ""  # no token
     assert procs.stderr(waiting).splitlines()[-1] == (
-        f"local-mutex: stopped waiting for the lock: its holder process (pid {waiter}) "
-        f"received signal {int(sig)}; nothing is held"
+        f"local-mutex: its holder process (pid {waiter}) received signal {int(sig)} "
+        "while it waited for the lock; nothing is held"
     )
     assert _status("busy", lock_dir)["holders"][0]["pid"] != waiter
     (marks / "h.go").touch()
     assert holder.wait(20) == 0
+    assert lock_is_free(lock_file(lock_dir, "busy"))
+
+
+def test_a_holder_killed_as_it_took_the_lock_is_not_said_to_hold(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """Killed (an OOM kill) after it said it held the lock, before ``hold`` handed it the
+    token: the hold said "holding busy in detached pid N" and exited 0, nothing held."""
+    holder = procs.start(["busy", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    waiting = procs.start(["hold", "busy", "--lock-dir", str(lock_dir)])
+    wait_for(lambda: _status("busy", lock_dir)["waiters"], 20, "the hold queued")
+    taker = _status("busy", lock_dir)["waiters"][0]["pid"]
+    with stopped(waiting.pid):  # it cannot pass the token on meanwhile
+        (marks / "h.go").touch()
+        assert holder.wait(20) == 0
+
+        def took() -> bool:
+            holders = _status("busy", lock_dir)["holders"]
+            return bool(holders) and holders[0]["pid"] == taker
+
+        wait_for(took, 20, "the holder took the lock")
+        os.kill(taker, signal.SIGKILL)
+        # A zombie (its parent is stopped): its descriptors are closed. (Killed in the
+        # instant after the token went out, it would just be a holder that died.)
+        wait_for(lambda: pw.state(taker) in ("Z", None), 20, "the holder a zombie")
+    assert waiting.wait(20) == 128 + signal.SIGKILL, procs.stderr(waiting)
+    assert procs.stderr(waiting).splitlines()[-1] == (
+        f"local-mutex: its holder process (pid {taker}) received signal 9 as it took the "
+        "lock; nothing is held"
+    )
     assert lock_is_free(lock_file(lock_dir, "busy"))
 
 

@@ -242,7 +242,7 @@ def parse(verb: str, args: Sequence[str], implicit: bool = False) -> Parsed:
                 inline = args[i]
                 i += 1
             parsed.values[option.dest] = _convert(option, flag, inline)
-            parsed.typed += [flag, inline]
+            parsed.typed += [arg] if eq else [flag, inline]  # --key-prefix=--x: one word
         parsed.given.add(option.dest)
     _check_shape(verb, parsed)
     if implicit:
@@ -253,7 +253,9 @@ def parse(verb: str, args: Sequence[str], implicit: bool = False) -> Parsed:
         if one_word and (dashed or _maybe_a_verb(parsed.positionals[0])):  # which was meant?
             from .suggest import refuse_a_misreading
 
-            refuse_a_misreading(parsed.positionals[0], command, dashed, parsed.typed)
+            lock_dir = parsed.positionals[2:3] if parsed.argv is None else []  # LOCK_DIR
+            typed = [*parsed.typed, *(["--lock-dir", *lock_dir] if lock_dir else [])]
+            refuse_a_misreading(parsed.positionals[0], command, dashed, typed)
     return parsed
 
 

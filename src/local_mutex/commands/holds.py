@@ -13,6 +13,7 @@ from ..errors import (
     Interrupted,
     InvalidLockDir,
     LocalMutexError,
+    LockLost,
     NestingError,
 )
 from ..identity import ENV_TOKEN, utc_stamp
@@ -147,7 +148,10 @@ def hold(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
         return _end_undelivered(parsed, env, reporter, name, taken, why, 128 + sig)
     from ..holds.start import delivered
 
-    delivered(info)  # only now does the holder keep it: killed before this, it ends
+    try:
+        delivered(info)  # only now does the holder keep it: killed before this, it ends
+    except (Interrupted, LockLost) as exc:  # killed meanwhile: the token printed ends nothing
+        return reporter.failure(exc)
     where = f"detached pid {info.pid}" if info.pid else info.lock_file
     ttl = values.get("ttl")
     until = ""

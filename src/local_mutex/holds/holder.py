@@ -67,18 +67,18 @@ def main() -> int:
     spec: dict[str, Any] = loads_object(os.environ.pop(ENV_SPEC, "")) or {}
     ready = int(os.environ.pop(ENV_READY_FD, "-1"))
     ack = int(os.environ.pop(ENV_ACK_FD, "-1"))
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    env = dict(os.environ)
-    token = new_token()
-    ttl = spec.get("ttl")
-    extra: dict[str, Any] = {"hold": True, "token_sha256": token_hash(token)}
-    extra.update(job_identity(env) or {})
-    if ttl:
-        extra["expires_at"] = utc_stamp(time.time() + ttl)
     sharing: Sharing | None = None
-    try:
+    try:  # from the handler on, a SIGTERM is answered (before it, it kills: as good)
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        env = dict(os.environ)
+        token = new_token()
+        ttl = spec.get("ttl")
+        extra: dict[str, Any] = {"hold": True, "token_sha256": token_hash(token)}
+        extra.update(job_identity(env) or {})
+        if ttl:
+            extra["expires_at"] = utc_stamp(time.time() + ttl)
         backend = open_backend(env=env, **spec.get("backend", {}))
         sharing = _sharing(backend, token, env)  # before the record tells where it is
         held = Held(

@@ -17,6 +17,7 @@ from .._json import dumps, loads_object
 from ..backends.base import HoldInfo
 from ..errors import (
     Interrupted,
+    LockLost,
     NotAcquired,
     RecordNotWritten,
     SpawnError,
@@ -48,6 +49,9 @@ _ANSWERS: dict[str, type[Exception]] = {
     "record": RecordNotWritten,
 }
 
+# Holders that said they hold the lock, until their token is delivered: how each ended, if
+# it did meanwhile (``delivered``).
+_undelivered: dict[int, Any] = {}
 # How long a holder stopped while taking the lock may take to let go of it.
 _END_WAIT = 5.0
 
@@ -141,6 +145,7 @@ def start_hold(
     if kind == "ok":
         token, waited, where = rest.split(" ", 2)
         where = where or lock_file
+        _undelivered[proc.pid] = proc  # collected, it could reap the holder unseen
         return HoldInfo(display(raw), where, proc.pid, token, float(waited), ack_write)
     os.close(ack_write)
     proc.wait()
@@ -165,13 +170,29 @@ def start_hold(
 def delivered(info: HoldInfo) -> None:
     """Tell the holder that the token reached its reader (printed, an output written):
     only then is the hold its to keep. Until then -- this process killed with the token
-    still in its hands -- nobody could ever end the hold with it, so the holder ends it."""
+    still in its hands -- nobody could ever end the hold with it, so the holder ends it.
+    Raises Interrupted or LockLost if the holder was killed meanwhile: nothing is held."""
     fd, info.ack_fd = info.ack_fd, None
+    proc = _undelivered.pop(info.pid, None) if info.pid is not None else None
     if fd is None:
         return
     try:
         os.write(fd, DELIVERED)
-    except OSError:
-        pass  # the holder is gone: nothing is held
+    except OSError:  # its end closed: it has exited (only its exit closes it before this)
+        _ended_before_delivery(info.pid, proc)
     finally:
         os.close(fd)
+
+
+def _ended_before_delivery(pid: int | None, proc: Any) -> None:
+    """The holder is gone since it said it held the lock. Ended as asked (a release by
+    whoever read the token already, its TTL, its job's end): so be it. Killed (an OOM
+    kill), or ended by a lost lock: nothing is held, and the caller must not say it is."""
+    status = None if proc is None else proc.wait()  # exited already: its end is closed
+    if status is not None and status < 0:
+        raise Interrupted(-status, holder_pid=pid, taken=True)
+    if status != 0:
+        code = "" if status is None else f" (status {status})"
+        raise LockLost(
+            f"its holder process (pid {pid}) ended as it took the lock{code}; nothing is held"
+        )
