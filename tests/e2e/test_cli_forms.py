@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -288,7 +289,7 @@ def test_the_lines_said_to_run_instead_keep_the_options_typed(
     err = r.stderr.decode()
     said = f"local-mutex run --message=--x --lock-dir {other} statuss ./x"
     assert err.rstrip().endswith(said), err
-    r = run_cli(said.split()[1:], cwd=tmp_path, env=env)  # as said: it runs, in that dir
+    r = run_cli(shlex.split(said)[1:], cwd=tmp_path, env=env)  # as said: it runs, there
     assert r.returncode == 127 and os.listdir(other), r.stderr  # ./x: no such program
     assert not os.listdir(lock_dir)
 
