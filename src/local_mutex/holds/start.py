@@ -29,6 +29,7 @@ from ..names import display, validate_name
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
+    from subprocess import Popen
     from typing import Any
 
 ENV_SPEC = "LOCAL_MUTEX_HOLD_SPEC"
@@ -51,7 +52,7 @@ _ANSWERS: dict[str, type[Exception]] = {
 
 # Holders that said they hold the lock, until their token is delivered: how each ended, if
 # it did meanwhile (``delivered``).
-_undelivered: dict[int, Any] = {}
+_undelivered: dict[int, Popen[bytes]] = {}
 # How long a holder stopped while taking the lock may take to let go of it.
 _END_WAIT = 5.0
 
@@ -184,7 +185,7 @@ def delivered(info: HoldInfo) -> None:
         os.close(fd)
 
 
-def _ended_before_delivery(pid: int | None, proc: Any) -> None:
+def _ended_before_delivery(pid: int | None, proc: Popen[bytes] | None) -> None:
     """The holder is gone since it said it held the lock. Ended as asked (a release by
     whoever read the token already, its TTL, its job's end): so be it. Killed (an OOM
     kill), or ended by a lost lock: nothing is held, and the caller must not say it is."""
