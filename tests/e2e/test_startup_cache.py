@@ -165,6 +165,7 @@ def test_an_edit_whose_mtime_was_put_back_is_still_seen(root: Path, tmp_path: Pa
     [
         "truncated",
         "garbage",
+        "another shape",
         "empty",
         "foreign interpreter",
         "source replaced",
@@ -179,7 +180,10 @@ def test_a_damaged_or_foreign_cache_is_not_used(root: Path, tmp_path: Path, dama
     if damage == "truncated":
         cache.write_bytes(data[: len(data) // 2])
     elif damage == "garbage":
-        cache.write_bytes(os.urandom(4096))
+        # Fixed bytes, not random ones: some random 4 KB take marshal 30-45 s to refuse.
+        cache.write_bytes(b"\xfe not a cache \x00" * 256)
+    elif damage == "another shape":
+        cache.write_bytes(marshal.dumps({"format": header[0], "entries": len(entries)}))
     elif damage == "empty":
         cache.write_bytes(b"")
     elif damage == "foreign interpreter":
