@@ -801,3 +801,22 @@ def test_options_after_an_empty_command_are_ours() -> None:
 def test_a_hold_given_a_command_says_a_hold_runs_none() -> None:
     msg = refused(HOLD, ["deploy", "./deploy.sh"])
     assert "takes NAME, got 2 arguments" in msg and "a hold runs no command" in msg
+
+
+@pytest.mark.parametrize(
+    ("verb", "args", "option"),
+    [
+        (HOLD, ["--", "-x", "--no-wait"], "--no-wait"),
+        (STATUS, ["--", "-x", "-q"], "-q"),
+        (RELEASE, ["--", "-x", "--force"], "--force"),
+    ],
+)
+def test_an_option_after_the_dashes_that_end_options_is_pointed_at(
+    verb: str, args: list[str], option: str
+) -> None:
+    """``--`` lets a name start with ``-``; an option after it is one more operand, and the
+    count alone ("got 2 arguments") would not say why."""
+    msg = refused(verb, args)
+    assert "got 2 arguments" in msg and f"({option} came after --" in msg
+    assert parse(verb, [option, "--", "-x"]).positionals == ["-x"]  # where it goes
+    assert "came after" not in refused(verb, ["--", "-x", "-y"])  # a name, as far as we know

@@ -149,8 +149,7 @@ def wants_help(args: Sequence[str]) -> bool:
 
 
 def asks_version(args: Sequence[str]) -> bool:
-    """``--version`` as an option (not an option's value, nor after ``--``, nor after a
-    one-word command, as for ``--help``): eager, whatever else the line holds."""
+    """``--version`` where ``wants_help`` would take ``--help``; eager, as help is."""
     words: list[str] = []
     for _, arg, is_option in _option_words(args):
         if not is_option:
@@ -184,9 +183,8 @@ def _after_one_word_command(words: Sequence[str]) -> bool:
 
 
 def verb_first(args: Sequence[str]) -> list[str]:
-    """``local-mutex -q status NAME`` means ``status -q NAME``: options may come before the
-    verb too. The first word that is not an option names the verb, if it is one; a lock
-    named like a verb goes after ``--`` (``local-mutex -q -- status CMD``)."""
+    """``local-mutex -q status NAME`` means ``status -q NAME``: the first word that is not
+    an option is the verb, if one (a lock named so goes after ``--``: ``-q -- status CMD``)."""
     for i, arg, is_option in _option_words(args):
         if not is_option:
             return [arg, *args[:i], *args[i + 1 :]] if arg in VERBS else list(args)
@@ -385,8 +383,7 @@ def _check_shape(verb: str, parsed: Parsed) -> None:
             parsed.given.add("lock_dir")
         if verb == RUN and count > 3:
             problem = f"{count} arguments where NAME COMMAND [LOCK_DIR] go"
-            # A command with spaces was quoted: the words after it are no part of it.
-            quoted = _has_space(parsed.positionals[1])
+            quoted = _has_space(parsed.positionals[1])  # the words after it are not its own
             raise UsageError(problem if quoted else _quote_hint(verb, parsed, problem))
         return
     slots_count = count > len(wanted) and parsed.positionals[0].isdigit()
@@ -395,6 +392,9 @@ def _check_shape(verb: str, parsed: Parsed) -> None:
     if count != len(wanted):
         need = " ".join(wanted) or "no arguments"
         text = f"local-mutex {verb} takes {need}, got {count} argument{'s' if count != 1 else ''}"
-        if verb == HOLD and count == 2:  # a command: that is run's, inside or not
+        stray = [w for w in parsed.positionals if w.partition("=")[0] in _lookup(verb)]
+        if stray:  # only a -- makes an option a positional: `hold -- -x --no-wait`
+            text += f" ({stray[0]} came after --, which ends the options: put it before)"
+        elif verb == HOLD and count == 2:  # a command: that is run's, inside or not
             text += " (a hold runs no command: hold, run what needs it, release; or run NAME CMD)"
         raise UsageError(text)
