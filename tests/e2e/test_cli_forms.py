@@ -294,6 +294,35 @@ def test_the_lines_said_to_run_instead_keep_the_options_typed(
     assert not os.listdir(lock_dir)
 
 
+def _as_bash_reads(line: str) -> list[str]:
+    """The words of a line pasted into bash (``$'...'`` included)."""
+    script = f'set -- {line}; printf "%s\\0" "$@"'
+    out = subprocess.run(["bash", "-c", script], capture_output=True, check=True).stdout
+    return out.decode("utf-8", "surrogateescape").split("\0")[:-1]
+
+
+def test_a_suggested_line_with_control_characters_pastes_as_typed(
+    lock_dir: Path, tmp_path: Path
+) -> None:
+    """Its words in ``$'...'``: the printer escapes a raw newline (one line stays one), and
+    a pasted ``'a\\nb'`` would give a backslash and an n."""
+    env = {"LOCAL_MUTEX_LOCK_DIR": str(lock_dir)}
+    r = run_cli(["--message", "a\nb", "statuss", "x"], cwd=tmp_path, env=env)
+    err = r.stderr.decode()
+    assert r.returncode == 2 and err.count("\n") == 1, err
+    said = err.rstrip().rpartition(": ")[2]
+    assert said == "local-mutex run --message $'a\\nb' statuss x", err
+    assert _as_bash_reads(said) == ["local-mutex", "run", "--message", "a\nb", "statuss", "x"]
+    # An unquoted command: the quoted form keeps sh's quoting inside (dash reads no $'...').
+    r = run_cli(["n", "printf\x1b", "b\nc"], cwd=tmp_path, env=env)
+    err = r.stderr.decode()
+    assert r.returncode == 2 and err.count("\n") == 1, err
+    quoted, _, dashed = err.partition("one quoted argument (")[2].partition(") or follow -- (")
+    assert _as_bash_reads(quoted) == ["local-mutex", "n", "'printf\x1b' 'b\nc'"]
+    assert _as_bash_reads(dashed.rstrip()[:-1]) == ["local-mutex", "n", "--", "printf\x1b", "b\nc"]
+    assert not os.listdir(lock_dir)
+
+
 @pytest.mark.parametrize(
     "words",
     [

@@ -306,23 +306,23 @@ def _unknown(verb: str, arg: str, parsed: Parsed, rest: Sequence[str]) -> UsageE
 
 def _quote_hint(verb: str, parsed: Parsed, problem: str, *more: str) -> str:
     from ..names import shell_quote
+    from .suggest import paste_quote
 
-    # Each word quoted as it was one argument, so the suggestion runs what was typed: with
-    # the options given, and the name after `--` where it could read as an option or verb.
-    words = " ".join(shell_quote(w) for w in [*parsed.positionals[1:], *more])
-    name = parsed.positionals[0]
+    # The line runs what was typed: each word as one, the options too, and a `--` before
+    words, name = [*parsed.positionals[1:], *more], parsed.positionals[0]  # a verb's name
     head = " ".join(
         [
             "local-mutex",
             *(["each"] if verb == EACH else []),
-            *(shell_quote(w) for w in parsed.typed),
+            *(paste_quote(w) for w in parsed.typed),
             *(["--"] if name.startswith("-") or name in VERBS else []),
-            shell_quote(name),
+            paste_quote(name),
         ]
     )
     return (
-        f"{problem}; the command must be one quoted argument ({head} {shell_quote(words)}) "
-        f"or follow -- ({head} -- {words})"
+        f"{problem}; the command must be one quoted argument ({head} "  # read by sh -c:
+        f"{paste_quote(' '.join(map(shell_quote, words)))}) or follow -- ({head} -- "
+        f"{' '.join(map(paste_quote, words))})"
     )
 
 

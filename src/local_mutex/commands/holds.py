@@ -17,7 +17,7 @@ from ..errors import (
     NestingError,
 )
 from ..identity import ENV_TOKEN, utc_stamp
-from ..names import name_bytes, shell_quote
+from ..names import name_bytes
 from ..nesting import ENV_REMOTE
 from ..ui.output import STDOUT, closed_by_caller, out
 from . import Failed, reporter_for, using
@@ -93,19 +93,21 @@ def backend_spec(backend: Backend, values: Mapping[str, Any]) -> dict[str, Any]:
 def release_hint(name: str, parsed: Parsed, address: str) -> str:
     """The command that ends this hold, minus its token (stdout only) and any password
     (``address`` is the backend's printable address, passwords masked)."""
+    from .suggest import paste_quote
+
     options = []
     for dest in ("lock_dir", "remote", "key_prefix"):
         value = parsed.text(dest)
         if value is not None and dest in parsed.given:
             shown = address if dest == "remote" else value
-            options += ["--" + dest.replace("_", "-"), shell_quote(shown)]
+            options += ["--" + dest.replace("_", "-"), paste_quote(shown)]
     if parsed.count("slots"):
         options.append("--slots")
     # In the environment, not --token: a command line is anybody's to read (ps).
     release = [f"{ENV_TOKEN}=<the token printed above>", "local-mutex", "release"]
     if name.startswith("-"):  # it reads as an option: after a `--`, as on the way in
-        return " ".join([*release, *options, "--", shell_quote(name)])
-    return " ".join([*release, shell_quote(name), *options])
+        return " ".join([*release, *options, "--", paste_quote(name)])
+    return " ".join([*release, paste_quote(name), *options])
 
 
 def hold(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
@@ -231,10 +233,12 @@ def release(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
     except Failed as exc:
         return exc.code
     if slots_held:
+        from .suggest import paste_quote
+
         reporter.warning(
             f"{name} is not held, but its slots are, by no hold of this job or token: "
             f"nothing released (a hold of the slots is released with its token in "
-            f"${ENV_TOKEN}, or local-mutex release --slots --force {shell_quote(name)})"
+            f"${ENV_TOKEN}, or local-mutex release --slots --force {paste_quote(name)})"
         )
         return 0
     report_release(reporter, name, done)

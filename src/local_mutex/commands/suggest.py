@@ -7,7 +7,7 @@ from .options import BORROWED, OPTIONS, TYPED_AMISS, VERBS, Option, UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
 # flock(1)'s options, as its users type them out of habit.
 _FLOCK = {
@@ -21,6 +21,31 @@ _FLOCK = {
     "-o": "the lock stays with the command's processes until all are gone: no option needed",
     "-E": "a lock not taken in time exits 75: no option needed",
 }
+_DOLLAR_SHORT = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def paste_quote(text: str) -> str:
+    """``text`` as one word of a line people paste into their shell. Where it holds what
+    the line's printer would escape (a newline, an escape), bash's ``$'...'`` (zsh's, ksh's,
+    POSIX sh's since 2024): quoted plainly, the pasted line would carry the escape's
+    backslash. Only for that outer line: a COMMAND quoted inside it goes to /bin/sh, which
+    (dash) may not read ``$'...'``, and keeps its characters as they are."""
+    from ..names import shell_quote
+    from ..ui.lines import printable
+
+    if printable(text) == text:
+        return shell_quote(text)
+    return "$'" + "".join(_dollar_escaped(c, printable) for c in text) + "'"
+
+
+def _dollar_escaped(c: str, printable: Callable[[str], str]) -> str:
+    if c in _DOLLAR_SHORT:
+        return _DOLLAR_SHORT[c]
+    if printable(c) == c:
+        return c
+    if "\udc80" <= c <= "\udcff":  # an argument's raw byte, which no code point stands for
+        return f"\\x{ord(c) - 0xDC00:02x}"
+    return f"\\x{ord(c):02x}" if ord(c) < 0x80 else f"\\u{ord(c):04x}"
 
 
 def _typo(word: str, verb: str) -> bool:
@@ -88,9 +113,7 @@ def refuse_a_misreading(name: str, command: str, dashed: bool, typed: Sequence[s
     a ``--`` that only ends the options (cpu-mutex's ``-- vitest run`` would lock "vitest"
     and run "run"). ``run`` takes such words as they are. The lines said to run instead
     keep the options ``typed``."""
-    from ..names import shell_quote
-
-    options = "".join(f" {shell_quote(word)}" for word in typed)
+    options = "".join(f" {paste_quote(word)}" for word in typed)
     meant = None if dashed else verb_meant(name)
     if meant is not None:
         raise UsageError(
@@ -104,12 +127,10 @@ def refuse_a_misreading(name: str, command: str, dashed: bool, typed: Sequence[s
             raise UsageError(
                 f"a -- before NAME only ends the options: {name!r} would be the lock's name "
                 f"and {command!r} the command. Nothing ran; to run the program under a lock: "
-                f"local-mutex{options} NAME -- {shell_quote(name)} {shell_quote(command)}; for "
+                f"local-mutex{options} NAME -- {paste_quote(name)} {paste_quote(command)}; for "
                 f"a lock named {name!r}: {_as_is(name, command, options)}"
             )
 
 
 def _as_is(name: str, command: str, options: str) -> str:
-    from ..names import shell_quote
-
-    return f"local-mutex run{options} {shell_quote(name)} {shell_quote(command)}"
+    return f"local-mutex run{options} {paste_quote(name)} {paste_quote(command)}"
