@@ -110,6 +110,34 @@ def test_hold_then_run_waits_until_release(
     assert runner.wait(20) == 0 and (tmp_path / "ran").exists()
 
 
+@pytest.mark.parametrize("what", ["message", "name", "command"])
+def test_a_holder_record_too_long_to_read_is_cut_so_the_hold_can_be_released(
+    procs: Procs, lock_dir: Path, tmp_path: Path, what: str
+) -> None:
+    """Readers read 64 KiB of a record, and JSON writes an emoji in 12 bytes: a record
+    written whole made a hold nobody could release (it was "not a hold"), --force too."""
+    long = "\U0001f600" * 5600  # 22 KB of text, 67 KB of JSON
+    if what == "command":  # a run's: status still names its holder from the record
+        script = f": '{long}'; touch {tmp_path}/in; sleep 60"
+        runner = procs.start(["-q", "big", script, str(lock_dir)])
+        wait_for((tmp_path / "in").exists, 20)
+        holder = _status("big", lock_dir)["holders"][0]
+        assert holder["source"] == "record" and holder["command"].startswith(": '\U0001f600")
+        assert holder["command"].endswith("…") and len(holder["command"]) < len(long)
+        runner.send_signal(signal.SIGTERM)
+        assert runner.wait(20) == 128 + signal.SIGTERM
+        return
+    name = long if what == "name" else "big"
+    token = _hold(name, lock_dir, *(["--message", long] if what == "message" else []))
+    holder = _status(name, lock_dir)["holders"][0]
+    assert holder["source"] == "record" and holder["command"] == "local-mutex hold"
+    if what == "message":
+        assert holder["message"].startswith("\U0001f600" * 100) and holder["message"][-1] == "…"
+    r = run_cli(["release", name, "--lock-dir", str(lock_dir), "--token", token])
+    assert r.returncode == 0, r.stderr
+    assert _free(name, lock_dir)
+
+
 def test_second_hold_without_waiting_is_75(lock_dir: Path, cleanup: list[str]) -> None:
     cleanup.append("once")
     _hold("once", lock_dir)
