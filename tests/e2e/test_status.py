@@ -216,6 +216,93 @@ def test_list_names_the_lock_files_it_leaves_out(lock_dir: Path, tmp_path: Path)
     assert r.returncode == 2 and b"is a symlink; refusing to follow it" in r.stderr
 
 
+def test_list_leaves_out_what_run_refuses_and_does_not_trust_its_record(
+    lock_dir: Path, tmp_path: Path
+) -> None:
+    """A hard link at a lock path, or (to whoever does not opt in) another user's file:
+    ``run`` and ``status`` refuse it, and whoever wrote it wrote its record -- ``list``
+    showed its holder as the record told, or the file as an ordinary free lock."""
+    assert run_cli(["fine", "true", str(lock_dir)]).returncode == 0
+    linked = lock_file(lock_dir, "linked")
+    os.link(_touched(tmp_path / "theirs"), linked)
+    planted = lock_file(lock_dir, "planted")
+    record = {"v": 1, "name": "planted", "pid": os.getpid(), "command": "make deploy"}
+    planted.write_text(json.dumps(record) + "\n")
+    foreign = os.geteuid() == 0
+    if foreign:  # our temporary dir: another uid's file needs no other user's process
+        os.chown(planted, 65534, 65534)
+    r = run_cli(["list", "--all", "--lock-dir", str(lock_dir), "--json"], timeout=20)
+    assert r.returncode == 0, r.stderr
+    listed = [s["lock_file"] for s in json.loads(r.stdout)]
+    warned = sorted(r.stderr.decode().splitlines(), key=lambda w: str(planted) in w)
+    assert len(warned) == 1 + foreign, warned
+    assert warned[0].startswith(f"local-mutex: lock file {str(linked)!r} has 2 links")
+    assert warned[0].endswith("refusing to write to it; not listed")
+    if foreign:
+        assert listed == [str(lock_file(lock_dir, "fine"))]
+        assert f"{str(planted)!r} is owned by uid 65534" in warned[1]
+        assert warned[1].endswith("to trust it; not listed")
+        opted = ["list", "--all", "--allow-other-owner", "--lock-dir", str(lock_dir), "--json"]
+        r = run_cli(opted)
+        assert str(planted) in [s["lock_file"] for s in json.loads(r.stdout)]
+        assert r.stderr.count(b"not listed") == 1
+    r = run_cli(["linked", "true", str(lock_dir)])
+    assert r.returncode == 2 and b"has 2 links" in r.stderr
+
+
+def _touched(path: Path) -> Path:
+    path.touch()
+    return path
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/fd"), reason="needs /proc")
+def test_list_answers_while_a_tmp_cleaner_deletes_lock_files(lock_dir: Path) -> None:
+    """A file deleted between the dir's scan and its stat made the whole list exit 3,
+    "cannot read lock dir ...: No such file or directory"."""
+    for i in range(3000):
+        (lock_dir / f"local-mutex-{i:064x}.lock").touch()
+    cleaner = subprocess.Popen(
+        [sys.executable, "-c", CLEAN_SLOWLY, str(lock_dir)], stdout=subprocess.PIPE
+    )
+    try:
+        assert cleaner.stdout is not None and cleaner.stdout.readline() == b"cleaning\n"
+        codes = [run_cli(["list", "--lock-dir", str(lock_dir)]) for _ in range(3)]
+    finally:
+        cleaner.kill()
+        cleaner.wait()
+    assert [(r.returncode, r.stderr) for r in codes] == [(0, b"")] * 3
+
+
+# Deletes the lock files one by one, from the end of the dir's order, until killed.
+CLEAN_SLOWLY = """
+import os, sys, time
+names = sorted(os.listdir(sys.argv[1]), reverse=True)
+print("cleaning", flush=True)
+for name in names:
+    os.unlink(os.path.join(sys.argv[1], name))
+    time.sleep(0.0002)
+"""
+
+
+def test_status_of_a_name_answers_for_its_lock_whatever_is_at_a_slot_path(
+    lock_dir: Path,
+) -> None:
+    """A directory (or another user's file) planted at a slot path blocks ``--slots``
+    runs of the name, not its plain lock: ``status NAME`` exited 2 and said nothing of it."""
+    slot = lock_dir / (lock_file(lock_dir, "deploy").name[: -len(".lock")] + ".slot0.lock")
+    slot.mkdir()
+    r = run_cli(["status", "deploy", "--lock-dir", str(lock_dir)])
+    assert r.returncode == 0 and r.stdout.startswith(b"deploy: free"), r.stderr
+    assert r.stderr.decode() == (
+        f"local-mutex: lock file {str(slot)!r} is not a regular file; refusing to use it; "
+        "slot not counted\n"
+    )
+    r = run_cli(["status", "--slots", "deploy", "--lock-dir", str(lock_dir)])
+    assert r.returncode == 2 and r.stderr.endswith(b"refusing to use it\n"), r.stderr
+    r = run_cli(["--slots", "2", "deploy", "true", str(lock_dir)])
+    assert r.returncode == 2 and b"slot0.lock' is not a regular file" in r.stderr
+
+
 def test_status_bad_input(lock_dir: Path, tmp_path: Path) -> None:
     r = run_cli(["status", "", "--lock-dir", str(lock_dir)])
     assert r.returncode == 2 and b"lock name is empty" in r.stderr

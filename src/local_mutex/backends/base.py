@@ -97,8 +97,9 @@ if TYPE_CHECKING:
         # Holds that outlive their holder process (git branches) versus holds kept by a
         # detached holder process (flock, postgres).
         persistent_holds: bool
-        # What the last ``list_locks`` left out and why (a lock file or branch nobody can
-        # take until a person removes it): the CLI warns of each, so none hides unseen.
+        # What the last ``list_locks`` (or a flock ``status``: a name's slot files) left out
+        # and why (a file or branch nobody can take until a person removes it): the CLI
+        # warns of each, so none hides unseen.
         unlisted: Sequence[str]
 
         def lock(self, name: bytes) -> Lock: ...

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import CannotTell, Unavailable
+from ..errors import CannotTell, Unavailable, UnsafeLockFile
 from ..names import name_bytes
 from ..ui.output import answer, answer_json, describe_history, describe_status
 from . import Failed, reporter_for, using
@@ -31,16 +31,22 @@ def status(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
     reporter = reporter_for(parsed, env)
     name = parsed.positionals[0]
     try:
-        st = using(
+        st, unlisted = using(
             parsed,
             env,
             reporter,
-            lambda b: b.status(name_bytes(name)),
+            lambda b: (b.status(name_bytes(name)), b.unlisted),
             reading=True,
             translate=_cannot_tell,
         )
     except Failed as exc:
         return exc.code
+    # A slot file a `--slots` run refuses: so does `status --slots`; the plain lock is
+    # another file, answered, with a warning.
+    if unlisted and parsed.flag("slotted"):
+        return reporter.failure(UnsafeLockFile(unlisted[0]))
+    for why in unlisted:
+        reporter.warning(f"{why}; slot not counted")
     # --slots asks about the name's counting semaphore, a lock apart from the plain one.
     slots = len(st.slots) if parsed.flag("slotted") else None
     data = st.as_dict()

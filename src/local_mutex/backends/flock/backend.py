@@ -6,7 +6,7 @@ import os
 import stat
 import time
 
-from ...errors import InvalidLockDir, Refused, Unsupported
+from ...errors import InvalidLockDir, Refused, UnsafeLockFile, Unsupported
 from ...identity import ENV_TOKEN, owned
 from ...names import display, lock_filename, validate_name
 from .lock import FlockLock
@@ -66,10 +66,15 @@ class FlockBackend:
 
         path = self.path_of(name)
         st = status_of_path(path, display(name), allow_other_owner=self.allow_other_owner)
-        st.slots = [
-            status_of_path(p, display(name), allow_other_owner=self.allow_other_owner)
-            for p in existing_slots(path)
-        ]
+        unlisted: list[str] = []
+        for slot in existing_slots(path):
+            try:
+                st.slots.append(
+                    status_of_path(slot, display(name), allow_other_owner=self.allow_other_owner)
+                )
+            except UnsafeLockFile as exc:  # blocks `--slots` runs, not the plain lock
+                unlisted.append(str(exc))
+        self.unlisted = unlisted
         if st.slots:  # waiting for a slot, after the plain lock's own waiters
             add_gate_queue(st.waiters, gate_path(path))
         return st
@@ -78,7 +83,12 @@ class FlockBackend:
         from .state import list_locks
 
         unlisted: list[str] = []
-        found = list_locks(self.lock_dir, include_free=include_free, unlisted=unlisted)
+        found = list_locks(
+            self.lock_dir,
+            include_free=include_free,
+            unlisted=unlisted,
+            allow_other_owner=self.allow_other_owner,
+        )
         self.unlisted = unlisted
         return found
 

@@ -259,23 +259,37 @@ def _held_deleted(
 
 
 def list_locks(
-    directory: str, *, include_free: bool = False, unlisted: list[str] | None = None
+    directory: str,
+    *,
+    include_free: bool = False,
+    unlisted: list[str] | None = None,
+    allow_other_owner: bool = False,
 ) -> list[LockStatus]:
     """Every local-mutex lock file in the directory that is held (or all of them); what
-    is no regular file goes to ``unlisted``, said why (nobody can lock its name)."""
+    ``run`` would refuse to use (not a regular file, more than one link, another user's)
+    goes to ``unlisted``, said why: nobody (or not this user) can lock its name, and its
+    record is not to be trusted."""
     try:
         entries = [e for e in os.scandir(directory) if _is_lock_name(e.name)]
-        infos = [(e, e.stat(follow_symlinks=False)) for e in entries]
     except OSError as exc:
         raise CannotTell(f"cannot read lock dir {directory!r}: {exc.strerror}") from None
+    infos = []
+    for entry in entries:
+        try:
+            infos.append((entry, entry.stat(follow_symlinks=False)))
+        except FileNotFoundError:  # deleted since the scan (a tmp cleaner): not there
+            continue
+        except OSError as exc:
+            raise CannotTell(f"cannot read lock dir {directory!r}: {exc.strerror}") from None
     locks = read_proc_locks()
     out = []
     boot = _proc.boot_time()
     for entry, st in infos:
         path = os.path.join(directory, entry.name)
-        if not stat.S_ISREG(st.st_mode):
+        refusal = refusal_for(st, path, allow_other_owner)
+        if refusal is not None:
             if unlisted is not None:
-                unlisted.append(f"{refusal_for(st, path, True)}; not listed")
+                unlisted.append(f"{refusal}; not listed")
             continue
         if locks is None:
             probed = _probe(path, None)
