@@ -107,3 +107,45 @@ def test_a_holder_that_just_took_the_lock_is_named_by_its_record(
     finally:
         (marks / "end").touch()
         holder.wait(30)
+
+
+STALE_THEN_HOLD = """
+import fcntl, json, os, sys, time
+path, marks, dead = sys.argv[1], sys.argv[2], int(sys.argv[3])
+fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+record = {"v": 1, "name": "st", "pid": dead, "command": "old job", "cwd": "/srv",
+          "user": "0", "since_epoch": time.time()}
+os.pwrite(fd, (json.dumps(record) + "\\n").encode(), 0)  # as a SIGKILLed holder left it
+fcntl.flock(fd, fcntl.LOCK_SH)  # a holder that keeps no record (shared, or flock(1))
+open(marks + "/held", "w").close()
+while not os.path.exists(marks + "/end"):
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize("proc", ["with /proc", "without /proc"])
+def test_a_waiter_never_names_the_holder_a_dead_holders_record_names(
+    lock_dir: Path, marks: Path, proc: str
+) -> None:
+    """The record a SIGKILLed holder left means nothing once another holds the lock:
+    ``status`` knew it, the waiting line named its dead process ("held by 0 ('old job',
+    in /srv, ...)", the 0 being its user)."""
+    import sys
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid reaped: no process has it (for the moment this test needs)
+    path = lock_file(lock_dir, "st")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", STALE_THEN_HOLD, str(path), str(marks), str(dead.pid)]
+    )
+    env = {"LOCAL_MUTEX_NO_PROC": "1"} if proc == "without /proc" else {}
+    try:
+        wait_for(marks / "held")
+        r = run_cli(["--no-wait", "st", "true", str(lock_dir)], env=env)
+        assert r.returncode == 75, r.stderr
+        assert b"old job" not in r.stderr and b"/srv" not in r.stderr, r.stderr
+        r = run_cli(["status", "st", "--lock-dir", str(lock_dir)], env=env)
+        assert r.returncode == 1 and b"old job" not in r.stdout, r.stdout
+    finally:
+        (marks / "end").touch()
+        holder.wait(30)

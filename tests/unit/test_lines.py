@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from local_mutex.ui.lines import printable
+from local_mutex.ui.lines import describe_holder, printable
 
 
 @pytest.mark.parametrize(
@@ -25,3 +25,13 @@ from local_mutex.ui.lines import printable
 )
 def test_printable(raw: str, shown: str) -> None:
     assert printable(raw) == shown
+
+
+def test_a_holders_text_is_escaped_once() -> None:
+    """``repr`` of text ``one_line`` had escaped doubled the backslashes (``\\\\x1b``) and
+    wrote a name's raw bytes as ``\\udcff``; a holder known only by its user read as a pid."""
+    holder = {"pid": 7, "command": "sleep 2 # \udcff\x1b[32m", "message": "m\x1b[31mred"}
+    said = describe_holder(holder, now=0.0)
+    assert said == "pid 7 ('sleep 2 # \udcff\\x1b[32m', message 'm\\x1b[31mred')"
+    assert describe_holder({"user": "0", "host": "h"}) == "user 0 (on h)"
+    assert describe_holder({}) == "?"

@@ -100,12 +100,12 @@ def describe_holder(holder: Mapping[str, Any], now: float | None = None) -> str:
         return one_line(str(holder[key]), 400)
 
     pid = holder.get("pid")
-    parts = [
-        f"pid {field('pid')}" if pid is not None else (field("user") if holder.get("user") else "?")
-    ]
+    # Without a pid (a remote's holder), its user: "user 0", not a "0" that reads as a pid.
+    who = f"user {field('user')}" if holder.get("user") else "?"
+    parts = [f"pid {field('pid')}" if pid is not None else who]
     details = []
     if holder.get("command"):
-        details.append(repr(one_line(str(holder["command"]))))
+        details.append(_quoted(holder["command"]))
     for key, word in (("cwd", "in"), ("host", "on"), ("runner", "runner"), ("job", "job")):
         if holder.get(key):
             details.append(f"{word} {field(key)}")
@@ -115,12 +115,18 @@ def describe_holder(holder: Mapping[str, Any], now: float | None = None) -> str:
         if -1e12 < held < 1e12:
             details.append(f"since {utc_stamp(since)}, for {duration(max(held, 0.0))}")
     if holder.get("message"):
-        details.append(f"message {one_line(str(holder['message']))!r}")
+        details.append(f"message {_quoted(holder['message'])}")
     if holder.get("run_url"):
         details.append(field("run_url"))
     if details:
         parts.append("(" + ", ".join(details) + ")")
     return " ".join(parts)
+
+
+def _quoted(text: object) -> str:
+    """In quotes, escaped once: ``repr`` of text ``one_line`` escaped already doubled its
+    backslashes (``\\x1b``), and wrote a name's raw bytes as ``\udcff``."""
+    return f"'{one_line(str(text))}'"
 
 
 def writable_when_stopping(stream: IO[str]) -> bool:

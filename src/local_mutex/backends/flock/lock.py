@@ -249,9 +249,10 @@ class FlockLock:
 
     def busy_holder(self) -> dict[str, Any] | None:
         """The kernel's holder (the one its record names: a run inside a hold holds the
-        hold's lock too), else the record sans pid. A holder that took the lock a moment ago
-        gets that moment to write its record: without it, it is known by its command line
-        alone (the action's is the interpreter running its bootstrap)."""
+        hold's lock too), as ``status`` names it, or None. A holder that took the lock a
+        moment ago gets that moment to write its record: without it, it is known by its
+        command line alone (the action's is the interpreter running its bootstrap). Never
+        the record alone: one a SIGKILLed holder left names a process long gone."""
         from .state import kernel_holders  # only paid for when the lock is busy
 
         for _ in range(_RECORD_LOOKS):
@@ -260,10 +261,7 @@ class FlockLock:
             if named or not holders or holders[0].mode != "exclusive":
                 break
             time.sleep(_RECORD_LOOK_EVERY)
-        if holders:
-            return (named or holders)[0].as_dict()
-        rec = record.read_record(self.path)
-        return None if rec is None else {k: v for k, v in rec.items() if k != "pid"}
+        return (named or holders)[0].as_dict() if holders else None
 
     # -- while held ----------------------------------------------------------------------
 
