@@ -139,6 +139,13 @@ class NoRoom(LocalMutexError):
     exit_code = EXIT_IOERR
 
 
+class ItemsUnreadable(LocalMutexError):
+    """``each`` could not read its items (stdin closed, not open for reading, an I/O
+    error); the items read before it ran."""
+
+    exit_code = EXIT_IOERR
+
+
 class Unavailable(LocalMutexError):
     """A remote could not be reached, or refused for a reason other than a lost race;
     nothing was left half-taken."""

@@ -472,3 +472,47 @@ def test_an_item_with_a_nul_byte_is_refused_before_its_lock(lock_dir: Path) -> N
     assert "item 'a\\x00b': it holds a NUL byte" in err, err
     assert "1 item ran, 1 could not run, 1 failed (first: 'a\\x00b', exit 2)" in err, err
     assert "supervisor" not in err
+
+
+def test_items_from_a_pipe_made_non_blocking_are_all_run(lock_dir: Path, marks: Path) -> None:
+    """O_NONBLOCK is the pipe's, shared by every process on it (Node.js sets it): an empty
+    read said "try again", taken for the end of the items -- the batch ended at what had
+    come, exit 0, and the rest never ran."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    each = subprocess.Popen(
+        [*CLI, "each", "--lock-dir", str(lock_dir), "nb{}", f'touch "{marks}/$LOCAL_MUTEX_ITEM"'],
+        stdin=r,
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+    )
+    os.close(r)
+    try:
+        os.write(w, b"a\n")
+        wait_for(marks / "a")  # it ran a, and found the pipe empty after it
+        os.write(w, b"b\nc\n")
+    finally:
+        os.close(w)
+    _, err = each.communicate(timeout=30)
+    assert each.returncode == 0, err
+    assert sorted(os.listdir(marks)) == ["a", "b", "c"]
+    assert err.decode().startswith("local-mutex: each: 3 items ran"), err
+
+
+@pytest.mark.parametrize("stdin", ["write-only", "closed"])
+def test_items_that_cannot_be_read_are_said_so(lock_dir: Path, stdin: str) -> None:
+    """A stdin open for writing only gave a traceback (EBADF); a closed one (/dev/null
+    stands in for it) ran no items and exited 0, as if none had been given."""
+    redirect = "0>/dev/null" if stdin == "write-only" else "0<&-"
+    args = [*CLI, "each", "--lock-dir", str(lock_dir), "p{}", "true"]
+    r = subprocess.run(
+        ["sh", "-c", f'exec "$@" {redirect}', "sh", *args],
+        capture_output=True,
+        env=clean_env(),
+        timeout=30,
+    )
+    why = " from stdin: Bad file descriptor" if stdin == "write-only" else ": stdin is closed"
+    assert r.returncode == 74, r.stderr
+    said = r.stderr.decode().splitlines()
+    assert said[0] == f"local-mutex: cannot read items{why}" and len(said) == 2, said
+    assert said[1].startswith("local-mutex: each: 0 items ran, stopped early in "), said

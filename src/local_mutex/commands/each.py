@@ -7,7 +7,6 @@ reach the shell text: the command reads its item from $LOCAL_MUTEX_ITEM.
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 from .._fastsignal import deferred_stops, interruptible
@@ -15,6 +14,7 @@ from ..errors import (
     EXIT_NOT_ACQUIRED,
     Interrupted,
     InvalidTemplate,
+    ItemsUnreadable,
     LocalMutexError,
     NotAcquired,
     SpawnError,
@@ -24,6 +24,7 @@ from ..errors import (
 from ..lifecycle import run_locked
 from ..names import display, name_bytes
 from ..ui.lines import duration
+from ..ui.output import STDIN, closed_by_caller
 from . import Failed, reporter_for, using
 from .options import UsageError
 from .run import command_of, options_of
@@ -117,6 +118,29 @@ def read_items(stream: object, *, null: bool) -> Iterator[str]:
     yield from _item(b"".join(pending), null)
 
 
+class StdinItems:
+    """stdin read through its descriptor. BufferedReader takes a pipe another process made
+    non-blocking (Node.js does; the flag is the pipe's, shared) for its end when it is
+    merely empty -- the batch ended early, exit 0; here it is waited on. A read that fails
+    is ItemsUnreadable, not a traceback."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd  # None: the caller closed it (``<&-``; /dev/null stands in, no items)
+
+    def read1(self, size: int) -> bytes:
+        if self.fd is None:
+            raise ItemsUnreadable("cannot read items: stdin is closed")
+        while True:
+            try:
+                return os.read(self.fd, size)
+            except BlockingIOError:
+                import select
+
+                select.select([self.fd], [], [])  # sleeps until there is more, or the end
+            except OSError as exc:
+                raise ItemsUnreadable(f"cannot read items from stdin: {exc.strerror}") from None
+
+
 def _item(raw: bytes, null: bool) -> Iterator[str]:
     if not null and raw.endswith(b"\r"):
         raw = raw[:-1]
@@ -170,7 +194,9 @@ def run_each(
             try:
                 with interruptible():
                     item = next(pending, None)
-            except Interrupted as exc:
+            except (Interrupted, ItemsUnreadable) as exc:
+                if isinstance(exc, ItemsUnreadable) and reporter is not None:
+                    reporter.error(str(exc))
                 result.status, result.stopped = exc.exit_code, True
                 return result
             if item is None:
@@ -253,10 +279,12 @@ def each(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
     except LocalMutexError as exc:
         return reporter.failure(exc)
 
+    null = parsed.flag("null")
+
     def work(backend: Backend) -> EachResult:
         return run_each(
             backend,
-            read_items(sys.stdin.buffer, null=parsed.flag("null")),
+            read_items(StdinItems(None if STDIN in closed_by_caller else STDIN), null=null),
             parsed.positionals[0],
             command,
             opts,

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 # closed stdout is an error (74), and ``hold`` refuses to take a hold whose token nobody
 # could read.
 closed_by_caller: set[int] = set()
-STDOUT = 1
+STDIN, STDOUT = 0, 1
 
 
 def out(text: str) -> None:
