@@ -85,6 +85,17 @@ def _check_seconds(label: str, value: float | None, *, zero: bool) -> None:
         raise ValidationError(f"{label} {value!r} is not between {low} and {MAX_SECONDS:g} seconds")
 
 
+# A message is for people reading a waiting line. Longer, a hold's could not reach its
+# holder process (E2BIG: 128 KiB an environment string, JSON takes up to 12 bytes a
+# character), while a run's was taken whole.
+MAX_MESSAGE = 8192
+
+
+def check_message(message: str | None) -> None:
+    if message is not None and len(message) > MAX_MESSAGE:
+        raise ValidationError(f"--message is {len(message)} characters long; at most {MAX_MESSAGE}")
+
+
 class Options:
     """How to take the lock and run: the options every verb and the action share."""
 
@@ -124,6 +135,7 @@ class Options:
         _check_seconds("wait", wait, zero=True)
         _check_seconds("timeout", timeout, zero=False)
         _check_seconds("kill_after", kill_after, zero=True)
+        check_message(message)
         self.wait, self.timeout, self.kill_after = wait, timeout, kill_after
         self.shared, self.slots, self.reentrant = shared, slots, reentrant
         self.stdin_devnull, self.message, self.token = stdin_devnull, message, token

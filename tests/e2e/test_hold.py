@@ -116,7 +116,7 @@ def test_a_holder_record_too_long_to_read_is_cut_so_the_hold_can_be_released(
 ) -> None:
     """Readers read 64 KiB of a record, and JSON writes an emoji in 12 bytes: a record
     written whole made a hold nobody could release (it was "not a hold"), --force too."""
-    long = "\U0001f600" * 5600  # 22 KB of text, 67 KB of JSON
+    long = "\U0001f600" * 8192  # the longest --message: 32 KB of text, 98 KB of JSON
     if what == "command":  # a run's: status still names its holder from the record
         script = f": '{long}'; touch {tmp_path}/in; sleep 60"
         runner = procs.start(["-q", "big", script, str(lock_dir)])
@@ -136,6 +136,12 @@ def test_a_holder_record_too_long_to_read_is_cut_so_the_hold_can_be_released(
     r = run_cli(["release", name, "--lock-dir", str(lock_dir), "--token", token])
     assert r.returncode == 0, r.stderr
     assert _free(name, lock_dir)
+    if what == "message":  # longer: a hold's spec could not reach its holder (E2BIG, 125)
+        for verb in ("hold", "run"):
+            command = ["true"] if verb == "run" else []
+            r = run_cli([verb, "--message", long + "x", "--lock-dir", str(lock_dir), "m", *command])
+            assert r.returncode == 2, r.stderr
+            assert r.stderr == b"local-mutex: --message is 8193 characters long; at most 8192\n"
 
 
 def test_second_hold_without_waiting_is_75(lock_dir: Path, cleanup: list[str]) -> None:

@@ -25,6 +25,7 @@ from ..errors import (
     ValidationError,
 )
 from ..names import display, validate_name
+from ..runspec import check_message
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -94,6 +95,7 @@ def start_hold(
     raw = validate_name(name)
     if ttl is not None and ttl <= 0:
         raise ValidationError("--ttl must be more than 0 seconds")
+    check_message(message)
     spec = {
         "name": display(raw),
         "backend": dict(backend_spec),
