@@ -125,7 +125,7 @@ def describe_holder(holder: Mapping[str, Any], now: float | None = None) -> str:
 
 def _quoted(text: object) -> str:
     """In quotes, escaped once: ``repr`` of text ``one_line`` escaped already doubled its
-    backslashes (``\\x1b``), and wrote a name's raw bytes as ``\udcff``."""
+    backslashes (``\\x1b``), and wrote a name's raw bytes as ``\\udcff``."""
     return f"'{one_line(str(text))}'"
 
 
