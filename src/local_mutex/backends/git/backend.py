@@ -124,9 +124,7 @@ class GitBackend:
         """A lock commit that stays until released (or its ``ttl`` runs out)."""
         lock = self.lock(name)
         lock.token = new_token()
-        waited = lock.take(
-            wait, reporter, lease=ttl, message=message or "hold", extra={"hold": True}
-        )
+        waited = lock.take(wait, reporter, lease=ttl, message=message or "", extra={"hold": True})
         return HoldInfo(lock.label, lock.lock_file, None, lock.token, waited)
 
     def release_hold(self, name: bytes, ending: Ending) -> Released:
@@ -196,17 +194,23 @@ def _story(entries: list[tuple[int, RemoteState]]) -> list[dict[str, Any]]:
         ):
             what = "renew"
         previous = st
-        host = st.body.get("host")
         rows.append(
             {
                 "time": utc_stamp(when),
                 "event": what,
                 "actor": st.actor,
                 "message": st.message,
-                "host": host if isinstance(host, str) else None,
+                "host": _string(st.body, "host"),
+                "command": _string(st.body, "command"),
+                "cwd": _string(st.body, "cwd"),
                 "holder_id": holder or None,
                 "oid": st.oid,
                 "run_url": st.body.get("github_actions_workflow_run_url") or None,
             }
         )
     return rows
+
+
+def _string(body: Mapping[str, Any], key: str) -> str | None:
+    value = body.get(key)
+    return value if isinstance(value, str) else None

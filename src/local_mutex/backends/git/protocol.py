@@ -206,6 +206,7 @@ def describe(state: RemoteState) -> str:
     body = state.body
     if body.get("host"):
         parts.append(f"on {_text(body['host'])}")
+    parts += _running(body)
     if state.message:
         parts.append(f"message {state.message!r}")
     if state.expires_at is not None:
@@ -213,3 +214,12 @@ def describe(state: RemoteState) -> str:
     if body.get("github_actions_workflow_run_url"):
         parts.append(_text(body["github_actions_workflow_run_url"]))
     return ", ".join(parts)
+
+
+def _running(body: Mapping[str, Any]) -> list[str]:
+    """A run's command and cwd, as a local lock's holder shows them (escaped once)."""
+    from ...ui.lines import one_line
+
+    command, cwd = body.get("command"), body.get("cwd")
+    said = [f"'{one_line(command)}'"] if isinstance(command, str) and command else []
+    return said + ([f"in {one_line(cwd, 400)}"] if isinstance(cwd, str) and cwd else [])
