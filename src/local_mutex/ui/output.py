@@ -132,5 +132,7 @@ def describe_history(rows: list[dict[str, Any]], name: str, where: str) -> str:
             said.append(f"'{one_line(str(row['command']))}'")
         if row.get("cwd"):
             said.append(f"in {one_line(str(row['cwd']), 400)}")
+        if row.get("error"):  # a commit whose body could not be trusted: its first line only
+            said.append(f"body not read: {one_line(str(row['error']), 400)}")
         lines.append(f"{time}  {event:<8} {actor}{host}" + (": " + ", ".join(said) if said else ""))
     return "\n".join(lines)
