@@ -174,9 +174,13 @@ def _take(
     lock.stop_grace = opts.kill_after + STOP_MARGIN
     progress = progress_interval(env, reporter) if reporter is not None else None
     wait = None if opts.wait is None else max(opts.wait - spent, 0.0)
+    if opts.message:
+        extra = {"message": opts.message, **(extra or {})}
     take = Take(
         shared=opts.shared, slots=opts.slots, wait=wait, reporter=reporter, progress=progress
     )
+    # Who will hold it, for a lock that carries it (git: in the lock commit, no push after).
+    take.record = holder_record(lock.label, command, shared=opts.shared, env=env, extra=extra)
     try:
         waited = lock.acquire(take) + spent
     except NotAcquired as exc:
@@ -185,8 +189,7 @@ def _take(
         # The look for our hold took all of --wait (its end was under way): say so.
         text = f"lock {lock.label} not acquired within --wait {opts.wait:g}: {exc}"
         raise NotAcquired(text, exc.holder, exc.waited + spent) from None
-    if opts.message:
-        extra = {"message": opts.message, **(extra or {})}
+    # Anew: ``since`` is when it was taken, not when it was asked for.
     holder = holder_record(lock.label, command, shared=opts.shared, env=env, extra=extra)
     try:
         lock.write_record(holder)

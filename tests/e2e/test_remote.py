@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -297,3 +298,59 @@ def test_list_takes_the_key_prefix_every_other_verb_takes(tmp_path: Path) -> Non
         r = run_cli(["list", "--all", "--json", "--remote", url, *prefix])
         assert r.returncode == 0, r.stderr
         assert [s["name"] for s in json.loads(r.stdout)] == names
+
+
+def test_a_runs_message_command_and_cwd_are_in_its_lock_commit(
+    remote: str, procs: Procs, marks: Path, tmp_path: Path
+) -> None:
+    """They were kept for the run's first lease renewal (a third of the lease, 20 s by
+    default): until then -- for a shorter run, for good -- status, the waiting lines and
+    history said message 'run', with no command or cwd."""
+    (tmp_path / "hold.sh").write_text(hold_until(marks))
+    cmd = "sh hold.sh"
+    run = procs.start(
+        ["run", "--remote", remote, "--message", "deploying v2", "gm", cmd], cwd=tmp_path
+    )
+    try:
+        wait_for(marks / "h.held")
+        holder = _status("gm", remote)["holders"][0]  # type: ignore[index]
+        waiter = run_cli(["--no-wait", "--remote", remote, "gm", "true"])
+    finally:
+        (marks / "h.go").touch()
+    assert run.wait(60) == 0, procs.stderr(run)
+    cwd = os.path.realpath(tmp_path)
+    assert (holder["message"], holder["command"], holder["cwd"]) == ("deploying v2", cmd, cwd)
+    said = waiter.stderr.decode()
+    assert waiter.returncode == 75 and "message 'deploying v2'" in said, said
+    assert f"{cmd!r}, in {cwd}, " in said, said
+    rows = json.loads(run_cli(["history", "gm", "--remote", remote, "--json"]).stdout)
+    assert [(r["event"], r["message"]) for r in rows] == [
+        ("lock", "deploying v2"),
+        ("unlock", "deploying v2"),
+    ]
+    assert (rows[0]["command"], rows[0]["cwd"]) == (cmd, cwd)
+    shown = run_cli(["history", "gm", "--remote", remote]).stdout.decode()
+    assert (
+        f" lock     {rows[0]['actor']} on " in shown
+        and f": deploying v2, {cmd!r}, in {cwd}\n" in shown
+    )
+
+
+def test_no_message_given_is_no_message_shown(remote: str, tmp_path: Path) -> None:
+    """A run or a hold without --message was shown as message 'run' or 'hold', words the
+    user never said. What the run ran is shown instead, escaped once."""
+    assert run_cli(["run", "--remote", remote, "r", "true \x1b"], cwd=tmp_path).returncode == 0
+    rows = json.loads(run_cli(["history", "r", "--remote", remote, "--json"]).stdout)
+    assert [r["message"] for r in rows] == ["", ""]
+    assert [r.get("command") for r in rows] == ["true \x1b", None]  # where 'run' was
+    lines = run_cli(["history", "r", "--remote", remote]).stdout.decode().splitlines()
+    cwd = os.path.realpath(tmp_path)
+    assert lines[0].endswith(f" on {rows[0]['host']}: 'true \\x1b', in {cwd}"), lines
+    assert lines[1].endswith(f" on {rows[1]['host']}"), lines
+    assert run_cli(["hold", "h", "--remote", remote]).returncode == 0
+    r = run_cli(["status", "h", "--remote", remote, "--json"])
+    assert json.loads(r.stdout)["holders"][0]["message"] is None
+    status = run_cli(["status", "h", "--remote", remote])
+    waiter = run_cli(["--no-wait", "--remote", remote, "h", "true"])
+    assert status.returncode == 1 and waiter.returncode == 75
+    assert b"message" not in status.stdout + waiter.stderr, (status.stdout, waiter.stderr)

@@ -340,6 +340,45 @@ def test_one_branch_with_an_untrustworthy_body_does_not_hide_the_others(
     assert r.returncode == 2 and b"has a lease end that is not a time" in r.stderr, r.stderr
 
 
+def test_history_shows_a_commit_it_cannot_trust_and_every_other(tmp_path: Path) -> None:
+    """One commit on a lock branch whose body cannot be trusted made ``history`` exit 2,
+    printing nothing -- for good, since the branch's history cannot be rewritten. It is
+    shown as unreadable (its first line, escaped, and why), the other entries as ever."""
+    repo = tmp_path / "r.git"
+    git = ["git", "-c", "user.name=x", "-c", "user.email=x@x", "--git-dir", str(repo)]
+
+    def out(*args: str, text: str | None = None) -> str:
+        return subprocess.run(
+            [*git, *args], input=text, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    out("init", "-q", "--bare")
+    url = f"file://{repo}"
+    assert run_cli(["run", "--remote", url, "h", "true"]).returncode == 0
+    tip, tree = out("rev-parse", "refs/heads/lock__h"), "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+    said = 'lock by other-tool: x\x1b[2J\n\n{"state": "lock", "expires_at": 1e400}'
+    bad = out("commit-tree", tree, "-p", tip, text=said)
+    after = out("commit-tree", tree, "-p", bad, text='unlock by other-tool: y\n\n{"message": "y"}')
+    out("update-ref", "refs/heads/lock__h", after)
+    r = run_cli(["history", "h", "--remote", url, "--json"])
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [(e["event"], e["actor"], e["message"]) for e in rows] == [
+        ("lock", rows[0]["actor"], ""),
+        ("unlock", rows[0]["actor"], ""),
+        ("unreadable", "other-tool", "x\x1b[2J"),
+        ("unlock", "other-tool", "y"),
+    ]
+    why = f"branch refs/heads/lock__h ({bad[:12]}) has a lease end that is not a time: 'inf'"
+    assert [e["error"] for e in rows] == [None, None, why, None]
+    assert (rows[2]["oid"], rows[2]["host"], rows[2]["holder_id"]) == (bad, None, None)
+    r = run_cli(["history", "h", "--remote", url])
+    lines = r.stdout.decode().splitlines()
+    assert r.returncode == 0 and len(lines) == 4, r
+    assert lines[2].endswith(f"  unreadable other-tool: x\\x1b[2J, body not read: {why}")
+    assert lines[3].endswith("  unlock   other-tool: y")
+
+
 def test_each_keep_going_goes_on_past_an_item_the_remote_failed(
     remote: Remote, tmp_path: Path
 ) -> None:

@@ -15,6 +15,7 @@ from ..nesting import ENV_REMOTE
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
+    from typing import Any
 
     from ..ui.lines import Reporter
     from .base import Backend
@@ -30,7 +31,7 @@ ADDRESSES = (
 class Take:
     """How to take a lock: what ``Lock.acquire`` is asked for."""
 
-    __slots__ = ("progress", "reporter", "shared", "slots", "wait")
+    __slots__ = ("progress", "record", "reporter", "shared", "slots", "wait")
 
     def __init__(
         self,
@@ -43,6 +44,9 @@ class Take:
     ) -> None:
         self.shared, self.slots, self.wait = shared, slots, wait
         self.reporter, self.progress = reporter, progress
+        # Who will hold it (``identity.holder_record``), known before it is taken: a backend
+        # whose lock itself says who holds it (a git lock commit) publishes it with the lock.
+        self.record: Mapping[str, Any] | None = None
 
 
 class Ending:

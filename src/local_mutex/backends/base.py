@@ -44,7 +44,8 @@ if TYPE_CHECKING:
         def acquire(self, take: Take) -> float:
             """Take the lock, announcing the wait through ``take.reporter``; return the seconds
             waited. Raises NotAcquired (wait ran out), Interrupted (a stop signal arrived),
-            Unsupported (shared/slots where the backend has none), Unavailable."""
+            Unsupported (shared/slots where the backend has none), Unavailable. A lock that
+            itself says who holds it (a git lock commit) takes it with ``take.record``."""
 
         def write_record(self, record: Mapping[str, Any]) -> None:
             """Publish who holds it (pid, command, cwd, host, job, ...). Raises

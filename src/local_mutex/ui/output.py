@@ -7,7 +7,7 @@ import sys
 
 from .._json import dumps
 from ..errors import EXIT_IOERR
-from .lines import describe_holder, printable
+from .lines import describe_holder, one_line, printable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -127,5 +127,12 @@ def describe_history(rows: list[dict[str, Any]], name: str, where: str) -> str:
     for row in rows:
         time, event, actor, message = (printable(str(row[k])) for k in FIELDS)
         host = f" on {printable(str(row['host']))}" if row.get("host") else ""
-        lines.append(f"{time}  {event:<8} {actor}{host}: {message}")
+        said = [message] if message else []
+        if row.get("command"):  # a run's, as a local holder's: 'make', in /src (escaped once)
+            said.append(f"'{one_line(str(row['command']))}'")
+        if row.get("cwd"):
+            said.append(f"in {one_line(str(row['cwd']), 400)}")
+        if row.get("error"):  # a commit whose body could not be trusted: its first line only
+            said.append(f"body not read: {one_line(str(row['error']), 400)}")
+        lines.append(f"{time}  {event:<8} {actor}{host}" + (": " + ", ".join(said) if said else ""))
     return "\n".join(lines)

@@ -10,7 +10,15 @@ from ..secrets import has_password, mask
 from .letgo import unlock
 from .lock import GitLock
 from .plumbing import GIT_TIMEOUT, Git
-from .protocol import DEFAULT_PREFIX, BadBody, NotALock, RemoteState, describe, parse_message
+from .protocol import (
+    DEFAULT_PREFIX,
+    BadBody,
+    NotALock,
+    RemoteState,
+    describe,
+    parse_message,
+    subject_only,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -104,12 +112,15 @@ class GitBackend:
         if oid is None:
             return []
         self.git.message(oid, lock.ref)  # NotALock for a tip that is no commit
-        entries = []
+        entries: list[tuple[int, RemoteState, str | None]] = []
         for commit, when, message in self.git.history(oid):
             try:
-                entries.append((when, parse_message(commit, message, lock.ref)))
+                entries.append((when, parse_message(commit, message, lock.ref), None))
             except NotALock:
                 continue
+            except BadBody as exc:
+                # Pushed by anyone, and there for good: shown as unread, not the end of it.
+                entries.append((when, subject_only(commit, message), str(exc)))
         return _story(entries)
 
     def hold_persistent(
@@ -124,9 +135,7 @@ class GitBackend:
         """A lock commit that stays until released (or its ``ttl`` runs out)."""
         lock = self.lock(name)
         lock.token = new_token()
-        waited = lock.take(
-            wait, reporter, lease=ttl, message=message or "hold", extra={"hold": True}
-        )
+        waited = lock.take(wait, reporter, lease=ttl, message=message or "", extra={"hold": True})
         return HoldInfo(lock.label, lock.lock_file, None, lock.token, waited)
 
     def release_hold(self, name: bytes, ending: Ending) -> Released:
@@ -179,13 +188,15 @@ def _bare_status(state: RemoteState, where: str, name: str) -> LockStatus:
     return LockStatus(where, name, "held", "git", "exclusive", [holder])
 
 
-def _story(entries: list[tuple[int, RemoteState]]) -> list[dict[str, Any]]:
+def _story(entries: list[tuple[int, RemoteState, str | None]]) -> list[dict[str, Any]]:
     rows = []
     previous: RemoteState | None = None
-    for when, st in reversed(entries):  # oldest first: a story reads forwards
+    for when, st, error in reversed(entries):  # oldest first: a story reads forwards
         what = st.state or "?"
         holder = st.holder_id
-        if st.body.get("takeover_of"):
+        if error is not None:
+            what = "unreadable"
+        elif st.body.get("takeover_of"):
             what = "takeover"
         elif (
             what == "lock"
@@ -196,17 +207,24 @@ def _story(entries: list[tuple[int, RemoteState]]) -> list[dict[str, Any]]:
         ):
             what = "renew"
         previous = st
-        host = st.body.get("host")
         rows.append(
             {
                 "time": utc_stamp(when),
                 "event": what,
                 "actor": st.actor,
                 "message": st.message,
-                "host": host if isinstance(host, str) else None,
+                "host": _string(st.body, "host"),
+                "command": _string(st.body, "command"),
+                "cwd": _string(st.body, "cwd"),
                 "holder_id": holder or None,
                 "oid": st.oid,
                 "run_url": st.body.get("github_actions_workflow_run_url") or None,
+                "error": error,
             }
         )
     return rows
+
+
+def _string(body: Mapping[str, Any], key: str) -> str | None:
+    value = body.get(key)
+    return value if isinstance(value, str) else None

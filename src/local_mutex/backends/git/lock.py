@@ -44,6 +44,8 @@ RELEASE_TIMEOUT = 10.0
 # Past --wait, how long the git call under way may still take: a take that was answered in
 # time (a push to a distant server takes a second or two) is not cut off; a hung one is.
 _WAIT_GRACE = 5.0
+# What of a holder record a lock commit carries (the rest is in its body already, or local).
+_PUBLISHED = ("command", "cwd", "user", "message")
 
 
 class GitLock:
@@ -137,7 +139,11 @@ class GitLock:
                 f"command ({self.stop_grace:g}s with --kill-after) well before the lease "
                 f"runs out; give at least {LEASE_PER_STOP * self.stop_grace:g}s"
             )
-        waited = self.take(take.wait, take.reporter, lease=lease, message=None, extra={})
+        # Who holds it goes in the lock commit itself: shown at once, with no push of its own.
+        self.write_record(take.record or {})
+        message = str(self.record.get("message") or "")  # none given: none invented
+        fields = {k: v for k, v in self.record.items() if k != "message"}
+        waited = self.take(take.wait, take.reporter, lease=lease, message=message, extra=fields)
         self.lease = lease
         late = time.monotonic() - self.acked_sent
         if time.monotonic() >= self._stop_by(lease):
@@ -157,10 +163,10 @@ class GitLock:
         reporter: Reporter | None,
         *,
         lease: float | None,
-        message: str | None,
+        message: str,
         extra: Mapping[str, Any],
     ) -> float:
-        """Take it with this lease (None: until released) and these body fields."""
+        """Take it with this lease (None: until released), message and body fields."""
         start = time.monotonic()
         limit = None if wait is None else start + max(wait, 0.0) + _WAIT_GRACE
         self.git.deadline = limit  # every git call of the take ends by then, a hung one too
@@ -176,7 +182,7 @@ class GitLock:
                         f"held on {self.backend.address} by {describe(current)}" if busy else None
                     )
                     reporter.waiting(self.label, None, detail=detail)
-                ours, slept = self._take(current, start, wait, lease, message or "run", extra)
+                ours, slept = self._take(current, start, wait, lease, message, extra)
                 if reporter is not None and (busy or slept):
                     reporter.acquired(self.label, time.monotonic() - start)
         except (Interrupted, KeyboardInterrupt, Unavailable) as exc:
@@ -272,10 +278,8 @@ class GitLock:
     # -- while held ----------------------------------------------------------------------
 
     def write_record(self, record: Mapping[str, Any]) -> None:
-        """Published with the next renewal (a push of its own would double the cost)."""
-        self.record = {
-            k: v for k, v in record.items() if k in ("command", "cwd", "user", "message")
-        }
+        """Kept for the renewals: ``acquire`` put it in the lock commit (no push of its own)."""
+        self.record = {k: v for k, v in record.items() if k in _PUBLISHED}
 
     def keep_fds(self) -> tuple[int, ...]:
         return ()

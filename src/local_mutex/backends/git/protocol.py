@@ -152,17 +152,15 @@ class RemoteState:
 def parse_message(oid: str, text: str, ref: str) -> RemoteState:
     """A commit of the protocol; NotALock when the first line is not ``lock by …`` or
     ``unlock by …``; BadBody when its JSON body cannot be trusted."""
-    first, _, rest = text.partition("\n")
-    head = first.strip()
-    kind, sep, after = head.partition(" by ")
-    if kind not in ("lock", "unlock") or not sep:
+    subject = _subject(text)
+    if subject is None:
         raise NotALock(
             f"branch {ref} ({oid[:12]}) is not a lock: its newest commit is not a lock "
             "commit; refusing to take, rewrite or delete it"
         )
-    actor, _, message = after.partition(":")
+    kind, actor, message = subject
     body: dict[str, Any] = {}
-    raw = rest.strip()
+    raw = text.partition("\n")[2].strip()
     if raw:
         try:
             loaded = loads(raw, max_depth=MAX_DEPTH, max_size=MAX_BODY)
@@ -189,9 +187,25 @@ def parse_message(oid: str, text: str, ref: str) -> RemoteState:
             f"branch {ref} ({oid[:12]}) has a lease end that is not a time: "
             f"{_text(body['expires_at'])[:40]!r}"
         )
-    actor_s = _text(body.get("actor")) or actor.strip()
-    message_s = _text(body["message"]) if "message" in body else message.strip()
+    actor_s = _text(body.get("actor")) or actor
+    message_s = _text(body["message"]) if "message" in body else message
     return RemoteState(oid, state, actor_s, message_s, body)
+
+
+def _subject(text: str) -> tuple[str, str, str] | None:
+    """(kind, actor, message) of a first line ``<lock|unlock> by <actor>: <message>``."""
+    kind, sep, after = text.partition("\n")[0].strip().partition(" by ")
+    if kind not in ("lock", "unlock") or not sep:
+        return None
+    actor, _, message = after.partition(":")
+    return kind, actor.strip(), message.strip()
+
+
+def subject_only(oid: str, text: str) -> RemoteState:
+    """A lock commit whose body cannot be trusted, as its first line alone says: no state,
+    no body (for ``history``, which must show it, not trust it)."""
+    _, actor, message = _subject(text) or ("", "", "")
+    return RemoteState(oid, None, actor, message)
 
 
 def format_message(state: str, actor: str, message: str, body: Mapping[str, Any]) -> str:
@@ -206,6 +220,7 @@ def describe(state: RemoteState) -> str:
     body = state.body
     if body.get("host"):
         parts.append(f"on {_text(body['host'])}")
+    parts += _running(body)
     if state.message:
         parts.append(f"message {state.message!r}")
     if state.expires_at is not None:
@@ -213,3 +228,12 @@ def describe(state: RemoteState) -> str:
     if body.get("github_actions_workflow_run_url"):
         parts.append(_text(body["github_actions_workflow_run_url"]))
     return ", ".join(parts)
+
+
+def _running(body: Mapping[str, Any]) -> list[str]:
+    """A run's command and cwd, as a local lock's holder shows them (escaped once)."""
+    from ...ui.lines import one_line
+
+    command, cwd = body.get("command"), body.get("cwd")
+    said = [f"'{one_line(command)}'"] if isinstance(command, str) and command else []
+    return said + ([f"in {one_line(cwd, 400)}"] if isinstance(cwd, str) and cwd else [])
