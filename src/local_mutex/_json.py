@@ -11,6 +11,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
     from typing import Any
 
 MAX_DEPTH = 32
@@ -36,6 +37,25 @@ def _str(text: str) -> str:
         else:  # control characters, non-ASCII, and surrogateescape'd raw bytes
             out.append(f"\\u{code:04x}")
     return '"' + "".join(out) + '"'
+
+
+def cut_to_fit(obj: Mapping[str, Any], limit: int, keys: Sequence[str]) -> dict[str, Any]:
+    """``obj`` with its text under ``keys`` cut in half, longest first, each with a "…",
+    until its ``dumps`` is at most ``limit`` characters (an escape takes up to 12 a
+    character); what still does not fit is left out. For what its readers read with a
+    bound (a holder record, a branch's body): written whole, it could not be read back --
+    a hold nobody could release, a branch nobody could take."""
+    out = dict(obj)
+    while len(dumps(out)) > limit:
+        long = [k for k in keys if isinstance(out.get(k), str) and len(out[k]) > _SHORTEST_CUT]
+        if not long:
+            return {k: v for k, v in out.items() if k not in keys}
+        key = max(long, key=lambda k: len(dumps(out[k])))
+        out[key] = out[key][: len(out[key]) // 2] + "…"
+    return out
+
+
+_SHORTEST_CUT = 64
 
 
 def dumps(value: Any) -> str:

@@ -354,3 +354,30 @@ def test_no_message_given_is_no_message_shown(remote: str, tmp_path: Path) -> No
     waiter = run_cli(["--no-wait", "--remote", remote, "h", "true"])
     assert status.returncode == 1 and waiter.returncode == 75
     assert b"message" not in status.stdout + waiter.stderr, (status.stdout, waiter.stderr)
+
+
+def test_a_lock_commit_too_long_to_read_is_cut_so_the_lock_works(
+    remote: str, procs: Procs, marks: Path, tmp_path: Path
+) -> None:
+    """Bodies are read up to 64 KiB: a run whose 100 KB command went into its lock commit
+    could not read its own branch back (exit 2, "not usable JSON"), and a newcomer took
+    the lock beside it; a hold's 8192-emoji message (98 KB of JSON) was as unreadable."""
+    (tmp_path / "hold.sh").write_text(hold_until(marks))
+    cmd = f": {'x' * 100_000}; sh hold.sh"
+    run = procs.start(["run", "--remote", remote, "big", cmd], cwd=tmp_path)
+    try:
+        wait_for(marks / "h.held")
+        holder = _status("big", remote)["holders"][0]  # type: ignore[index]
+        waiter = run_cli(["--no-wait", "--remote", remote, "big", "true"])
+    finally:
+        (marks / "h.go").touch()
+    assert run.wait(60) == 0, procs.stderr(run)
+    assert holder["command"].startswith(": xxx") and holder["command"].endswith("…")
+    assert waiter.returncode == 75, waiter.stderr
+    message = "\U0001f600" * 8192
+    token = run_cli(["hold", "h", "--remote", remote, "--message", message]).stdout.strip()
+    assert len(token) == 32
+    held = _status("h", remote)["holders"][0]  # type: ignore[index]
+    assert held["message"].startswith("\U0001f600" * 100) and held["message"].endswith("…")
+    r = run_cli(["release", "h", "--remote", remote, "--token", token.decode()])
+    assert r.returncode == 0, r.stderr

@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 import os
 
-from ..._json import dumps, loads_object
+from ..._json import cut_to_fit, dumps, loads_object
 from ...errors import RecordNotWritten
 from .lockdir import ours_or_roots
 
@@ -21,16 +21,15 @@ if TYPE_CHECKING:
 
 MAX_RECORD = 64 * 1024
 # What a holder says about itself in free text, cut (longest first) where the record would
-# be longer than readers read: a record nobody can read is a hold nobody can release.
-_CUT_FIRST = ("command", "message", "cwd", "run_url", "workflow", "job", "runner", "user")
-_SHORTEST_CUT = 64
+# be longer than readers read; a name longer than that is no name ``list`` can show anyway.
+_CUT_FIRST = ("command", "message", "cwd", "run_url", "workflow", "job", "runner", "user", "name")
 
 
 def write_record(fd: int, record: Mapping[str, Any], path: str) -> bool:
     """Replace the file's content with the record. False when the descriptor is read-only
     (a lock file another user owns: the lock works, the record cannot be published);
     RecordNotWritten when the write fails (a full disk, a file size limit)."""
-    line = _fitted(record)
+    line = (dumps(cut_to_fit(record, MAX_RECORD - 1, _CUT_FIRST)) + "\n").encode("ascii")
     try:
         # Over the old one, then cut to length: a reader (a newcomer asking whose a moved
         # file is) never finds the file empty, as between a truncate and the write.
@@ -47,29 +46,6 @@ def write_record(fd: int, record: Mapping[str, Any], path: str) -> bool:
             f"{exc.strerror}; let it go"
         ) from None
     return True
-
-
-def _fitted(record: Mapping[str, Any]) -> bytes:
-    """The record's line, at most ``MAX_RECORD`` bytes: its free text cut in half, longest
-    first, with a "…" (a JSON escape takes up to 12 bytes a character); then, for a name
-    longer than that, without the name (``list`` shows the file as unnamed)."""
-    fitted = dict(record)
-    line = (dumps(fitted) + "\n").encode("ascii")
-    while len(line) > MAX_RECORD:
-        texts = [k for k in _CUT_FIRST if _long(fitted.get(k))]
-        if texts:
-            longest = max(texts, key=lambda k: len(dumps(fitted[k])))
-            fitted[longest] = fitted[longest][: len(fitted[longest]) // 2] + "…"
-        elif "name" in fitted:
-            del fitted["name"]
-        else:  # not seen: what is left is numbers, flags and a path; the short ones, then
-            fitted = {k: v for k, v in fitted.items() if not _long(v)}
-        line = (dumps(fitted) + "\n").encode("ascii")
-    return line
-
-
-def _long(value: object) -> bool:
-    return isinstance(value, str) and len(value) > _SHORTEST_CUT
 
 
 def _writable(fd: int) -> bool:

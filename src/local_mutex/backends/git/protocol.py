@@ -16,7 +16,7 @@ import os
 import subprocess
 import time
 
-from ..._json import dumps, loads
+from ..._json import cut_to_fit, dumps, loads
 from ...errors import InvalidName, ValidationError
 from ...identity import utc_stamp
 
@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 DEFAULT_PREFIX = "lock__"
 MAX_BODY = 64 * 1024
 MAX_DEPTH = 8
+# A body's free text, cut to fit MAX_BODY (a 100 KB command made the lock commit one that
+# nobody could read, its own run included).
+_FREE_TEXT = ("command", "message", "cwd", "user", "github_actions_workflow_run_url")
 # Epoch seconds a lease may name: anything outside is not a time but an attack or a bug.
 _EPOCH_RANGE = (0.0, 1e11)
 
@@ -211,6 +214,8 @@ def subject_only(oid: str, text: str) -> RemoteState:
 def format_message(state: str, actor: str, message: str, body: Mapping[str, Any]) -> str:
     """The commit message; the first line stays one line whatever the actor or message."""
     full = {"message": message, "state": state, "actor": actor, **body}
+    full = cut_to_fit(full, MAX_BODY, _FREE_TEXT)  # as readers read it: 64 KiB at most
+    message = str(full.get("message", ""))
     head = f"{state} by {' '.join(actor.split()) or '?'}: {' '.join(message.split())}"
     return f"{head}\n{dumps(full)}\n"
 
@@ -221,8 +226,10 @@ def describe(state: RemoteState) -> str:
     if body.get("host"):
         parts.append(f"on {_text(body['host'])}")
     parts += _running(body)
-    if state.message:
-        parts.append(f"message {state.message!r}")
+    if state.message:  # one line, cut short, escaped once: as a local holder's
+        from ...ui.lines import one_line
+
+        parts.append(f"message '{one_line(state.message)}'")
     if state.expires_at is not None:
         parts.append("lease expires " + utc_stamp(state.expires_at))
     if body.get("github_actions_workflow_run_url"):
