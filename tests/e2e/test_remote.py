@@ -381,3 +381,17 @@ def test_a_lock_commit_too_long_to_read_is_cut_so_the_lock_works(
     assert held["message"].startswith("\U0001f600" * 100) and held["message"].endswith("…")
     r = run_cli(["release", "h", "--remote", remote, "--token", token.decode()])
     assert r.returncode == 0, r.stderr
+
+
+def test_a_message_with_raw_bytes_takes_a_remote_lock(remote: str, tmp_path: Path) -> None:
+    """An argument from a Latin-1 terminal holds lone surrogates, which the lock commit's
+    first line could not encode: a traceback, exit 1, nothing run (hold: the same)."""
+    message = os.fsdecode(b"caf\xe9")
+    r = run_cli(["--remote", remote, "--message", message, "g", "touch ran"], cwd=tmp_path)
+    assert r.returncode == 0 and (tmp_path / "ran").exists(), r.stderr
+    r = run_cli(["hold", "h", "--remote", remote, "--message", message])
+    assert r.returncode == 0, r.stderr
+    holder = _status("h", remote)["holders"][0]  # type: ignore[index]
+    assert holder["message"] == message  # the body keeps the byte
+    r = run_cli(["release", "h", "--remote", remote, "--token", r.stdout.decode().strip()])
+    assert r.returncode == 0, r.stderr

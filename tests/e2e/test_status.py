@@ -301,6 +301,10 @@ def test_status_of_a_name_answers_for_its_lock_whatever_is_at_a_slot_path(
     assert r.returncode == 2 and r.stderr.endswith(b"refusing to use it\n"), r.stderr
     r = run_cli(["--slots", "2", "deploy", "true", str(lock_dir)])
     assert r.returncode == 2 and b"slot0.lock' is not a regular file" in r.stderr
+    st = local_mutex.status("deploy", str(lock_dir))  # the API (and the action's check)
+    assert st.busy() is False
+    with pytest.raises(local_mutex.UnsafeLockFile, match=r"slot0\.lock' is not a regular file"):
+        st.busy(2)
 
 
 def test_status_bad_input(lock_dir: Path, tmp_path: Path) -> None:

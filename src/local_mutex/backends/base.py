@@ -98,9 +98,8 @@ if TYPE_CHECKING:
         # Holds that outlive their holder process (git branches) versus holds kept by a
         # detached holder process (flock, postgres).
         persistent_holds: bool
-        # What the last ``list_locks`` (or a flock ``status``: a name's slot files) left out
-        # and why (a file or branch nobody can take until a person removes it): the CLI
-        # warns of each, so none hides unseen.
+        # What the last ``list_locks`` left out and why (a lock file or branch nobody can
+        # take until a person removes it): the CLI warns of each, so none hides unseen.
         unlisted: Sequence[str]
 
         def lock(self, name: bytes) -> Lock: ...
@@ -229,6 +228,7 @@ class LockStatus(_Fields):
         "method",
         "mode",
         "name",
+        "refused_slots",
         "slot",
         "slots",
         "state",
@@ -253,6 +253,9 @@ class LockStatus(_Fields):
         self.slot: int | None = None  # for a slot: its index
         # What only this backend knows (a git branch's commit and lease, ...), or None.
         self.detail: dict[str, Any] | None = None
+        # Why slot files of the name were left out (a FIFO, another user's file): what a
+        # ``--slots`` run refuses, so ``busy(slots)`` does; the plain lock is another file.
+        self.refused_slots: list[str] = []
 
     @property
     def held(self) -> bool:
@@ -263,10 +266,15 @@ class LockStatus(_Fields):
         every one of the name's first N slots is. The two are separate locks."""
         if slots is None:
             return self.held
+        if self.refused_slots:
+            from ..errors import UnsafeLockFile
+
+            raise UnsafeLockFile(self.refused_slots[0])
         return 0 < slots <= len(self.slots) and all(s.held for s in self.slots[:slots])
 
     def as_dict(self) -> dict[str, Any]:
         out = super().as_dict()
+        del out["refused_slots"]  # said on stderr (a warning), or refused with --slots
         out["holders"] = [h.as_dict() for h in self.holders]
         out["waiters"] = [w.as_dict() for w in self.waiters]
         out["queue_length"] = len(self.waiters)

@@ -31,29 +31,29 @@ def status(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
     reporter = reporter_for(parsed, env)
     name = parsed.positionals[0]
     try:
-        st, unlisted = using(
+        st = using(
             parsed,
             env,
             reporter,
-            lambda b: (b.status(name_bytes(name)), b.unlisted),
+            lambda b: b.status(name_bytes(name)),
             reading=True,
             translate=_cannot_tell,
         )
     except Failed as exc:
         return exc.code
-    # A slot file a `--slots` run refuses: so does `status --slots`; the plain lock is
-    # another file, answered, with a warning.
-    if unlisted and parsed.flag("slotted"):
-        return reporter.failure(UnsafeLockFile(unlisted[0]))
-    for why in unlisted:
-        reporter.warning(f"{why}; slot not counted")
     # --slots asks about the name's counting semaphore, a lock apart from the plain one.
-    slots = len(st.slots) if parsed.flag("slotted") else None
+    slots = len(st.slots) + len(st.refused_slots) if parsed.flag("slotted") else None
     data = st.as_dict()
+    try:
+        busy = st.busy(slots)  # UnsafeLockFile: a slot file that `--slots` runs refuse
+    except UnsafeLockFile as exc:
+        return reporter.failure(exc)
+    for why in st.refused_slots:  # the plain lock is answered for, with a warning
+        reporter.warning(f"{why}; slot not counted")
     if st.state not in ("free", "held"):
         verdict = CannotTell.exit_code
     else:
-        verdict = EXIT_HELD if st.busy(slots) else EXIT_FREE
+        verdict = EXIT_HELD if busy else EXIT_FREE
     if parsed.flag("quiet"):  # as grep -q: the exit status is the answer
         return verdict
     if parsed.flag("json"):

@@ -66,15 +66,13 @@ class FlockBackend:
 
         path = self.path_of(name)
         st = status_of_path(path, display(name), allow_other_owner=self.allow_other_owner)
-        unlisted: list[str] = []
         for slot in existing_slots(path):
             try:
                 st.slots.append(
                     status_of_path(slot, display(name), allow_other_owner=self.allow_other_owner)
                 )
             except UnsafeLockFile as exc:  # blocks `--slots` runs, not the plain lock
-                unlisted.append(str(exc))
-        self.unlisted = unlisted
+                st.refused_slots.append(str(exc))
         if st.slots:  # waiting for a slot, after the plain lock's own waiters
             add_gate_queue(st.waiters, gate_path(path))
         return st

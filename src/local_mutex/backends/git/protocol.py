@@ -217,6 +217,9 @@ def format_message(state: str, actor: str, message: str, body: Mapping[str, Any]
     full = cut_to_fit(full, MAX_BODY, _FREE_TEXT)  # as readers read it: 64 KiB at most
     message = str(full.get("message", ""))
     head = f"{state} by {' '.join(actor.split()) or '?'}: {' '.join(message.split())}"
+    # A word's raw bytes (a Latin-1 terminal: ``caf\xe9``) are lone surrogates, which no
+    # commit message can hold: U+FFFD in the first line, the body keeps them escaped.
+    head = head.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     return f"{head}\n{dumps(full)}\n"
 
 
