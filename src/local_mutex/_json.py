@@ -40,19 +40,24 @@ def _str(text: str) -> str:
 
 
 def cut_to_fit(obj: Mapping[str, Any], limit: int, keys: Sequence[str]) -> dict[str, Any]:
-    """``obj`` with its text under ``keys`` cut in half, longest first, each with a "…",
-    until its ``dumps`` is at most ``limit`` characters (an escape takes up to 12 a
-    character); what still does not fit is left out. For what its readers read with a
-    bound (a holder record, a branch's body): written whole, it could not be read back --
-    a hold nobody could release, a branch nobody could take."""
+    """``obj`` with its text cut in half, longest first, each with a "…", until its
+    ``dumps`` is at most ``limit`` characters (an escape takes up to 12 a character): the
+    free text under ``keys`` first, then any (an environment variable gone wild). For what
+    its readers read with a bound (a holder record, a branch's body): written whole, it
+    could not be read back -- a hold nobody could release, a branch nobody could take.
+    Only an object of thousands of short fields stays longer."""
     out = dict(obj)
     while len(dumps(out)) > limit:
-        long = [k for k in keys if isinstance(out.get(k), str) and len(out[k]) > _SHORTEST_CUT]
+        long = [k for k in keys if _long(out.get(k))] or [k for k in out if _long(out[k])]
         if not long:
-            return {k: v for k, v in out.items() if k not in keys}
+            break
         key = max(long, key=lambda k: len(dumps(out[k])))
         out[key] = out[key][: len(out[key]) // 2] + "…"
     return out
+
+
+def _long(value: object) -> bool:
+    return isinstance(value, str) and len(value) > _SHORTEST_CUT
 
 
 _SHORTEST_CUT = 64

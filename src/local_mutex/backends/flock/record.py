@@ -30,6 +30,9 @@ def write_record(fd: int, record: Mapping[str, Any], path: str) -> bool:
     (a lock file another user owns: the lock works, the record cannot be published);
     RecordNotWritten when the write fails (a full disk, a file size limit)."""
     line = (dumps(cut_to_fit(record, MAX_RECORD - 1, _CUT_FIRST)) + "\n").encode("ascii")
+    if len(line) > MAX_RECORD:  # not seen: thousands of fields
+        clear_record(fd)
+        raise RecordNotWritten(f"took the lock but its holder record for {path!r} is too long")
     try:
         # Over the old one, then cut to length: a reader (a newcomer asking whose a moved
         # file is) never finds the file empty, as between a truncate and the write.
