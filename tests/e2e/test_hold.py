@@ -112,7 +112,7 @@ def test_hold_then_run_waits_until_release(
 
 @pytest.mark.parametrize("what", ["message", "name", "command"])
 def test_a_holder_record_too_long_to_read_is_cut_so_the_hold_can_be_released(
-    procs: Procs, lock_dir: Path, tmp_path: Path, what: str
+    procs: Procs, lock_dir: Path, tmp_path: Path, what: str, cleanup: list[str]
 ) -> None:
     """Readers read 64 KiB of a record, and JSON writes an emoji in 12 bytes: a record
     written whole made a hold nobody could release (it was "not a hold"), --force too."""
@@ -128,6 +128,7 @@ def test_a_holder_record_too_long_to_read_is_cut_so_the_hold_can_be_released(
         assert runner.wait(20) == 128 + signal.SIGTERM
         return
     name = long if what == "name" else "big"
+    cleanup.append(name)  # should the release below fail
     token = _hold(name, lock_dir, *(["--message", long] if what == "message" else []))
     holder = _status(name, lock_dir)["holders"][0]
     assert holder["source"] == "record" and holder["command"] == "local-mutex hold"
@@ -142,6 +143,10 @@ def test_a_holder_record_too_long_to_read_is_cut_so_the_hold_can_be_released(
             r = run_cli([verb, "--message", long + "x", "--lock-dir", str(lock_dir), "m", *command])
             assert r.returncode == 2, r.stderr
             assert r.stderr == b"local-mutex: --message is 8193 characters long; at most 8192\n"
+        # With a long name as well, the holder's spec is longer than one environment
+        # string may be (E2BIG: "cannot start the holder process", exit 125).
+        r = run_cli(["hold", "\U0001f600" * 3000, "--message", long, "--lock-dir", str(lock_dir)])
+        assert r.returncode == 2 and b"are too long together for a hold" in r.stderr, r.stderr
 
 
 def test_second_hold_without_waiting_is_75(lock_dir: Path, cleanup: list[str]) -> None:

@@ -32,6 +32,7 @@ def test_a_holders_text_is_escaped_once() -> None:
     wrote a name's raw bytes as ``\\udcff``; a holder known only by its user read as a pid."""
     holder = {"pid": 7, "command": "sleep 2 # \udcff\x1b[32m", "message": "m\x1b[31mred"}
     said = describe_holder(holder, now=0.0)
-    assert said == "pid 7 ('sleep 2 # \udcff\\x1b[32m', message 'm\\x1b[31mred')"
+    # ascii(): a lone surrogate in the report would crash a pytest-xdist worker instead.
+    assert said == "pid 7 ('sleep 2 # \udcff\\x1b[32m', message 'm\\x1b[31mred')", ascii(said)
     assert describe_holder({"user": "0", "host": "h"}) == "user 0 (on h)"
     assert describe_holder({}) == "?"

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 ENV_SPEC = "LOCAL_MUTEX_HOLD_SPEC"
+# Linux's MAX_ARG_STRLEN: the most one environment string ("NAME=value\0") may take.
+_MAX_ENV_STRING = 128 * 1024
 ENV_READY_FD = "LOCAL_MUTEX_HOLD_READY_FD"
 ENV_ACK_FD = "LOCAL_MUTEX_HOLD_ACK_FD"
 DELIVERED = b"delivered\n"
@@ -106,11 +108,17 @@ def start_hold(
         "anchor": job_anchor(env),
         "report": dict(report) if report is not None else None,
     }
+    said = dumps(spec)
+    if len(ENV_SPEC) + len(said) + 2 > _MAX_ENV_STRING:  # E2BIG: the holder would not start
+        raise ValidationError(
+            f"the lock's name and --message are too long together for a hold ({len(said)} "
+            f"bytes as JSON; a holder process takes {_MAX_ENV_STRING // 1024} KiB)"
+        )
     read_end, write_end = os.pipe()
     ack_read, ack_write = os.pipe()
     child_env = {
         **env,
-        ENV_SPEC: dumps(spec),
+        ENV_SPEC: said,
         ENV_READY_FD: str(write_end),
         ENV_ACK_FD: str(ack_read),
     }
