@@ -820,3 +820,23 @@ def test_an_option_after_the_dashes_that_end_options_is_pointed_at(
     assert "got 2 arguments" in msg and f"({option} came after --" in msg
     assert parse(verb, [option, "--", "-x"]).positionals == ["-x"]  # where it goes
     assert "came after" not in refused(verb, ["--", "-x", "-y"])  # a name, as far as we know
+
+
+def test_what_a_refusal_repeats_of_the_line_holds_no_secret() -> None:
+    """CI logs keep stderr: a --token's value or a --remote URL's password typed where it
+    does not belong was printed back in the hint, the suggested line or "no such option"."""
+    url = "https://u:s3cret@example.com/r.git"
+    token = "0123456789abcdef0123456789abcdef"
+    said = [
+        refused(HOLD, ["--", "x", f"--remote={url}"]),
+        refused(RELEASE, ["--", "x", f"--token={token}"]),
+        refused(RUN, [f"--token={token}", "n", "true"]),
+    ]
+    for args in (["--remote", url], [f"--remote={url}"]):
+        with pytest.raises(UsageError) as info:
+            parse(RUN, [*args, "statuss", "x"], implicit=True)
+        said.append(str(info.value))
+        assert "local-mutex run " in said[-1] and "u:***@example.com/r.git" in said[-1]
+    said.append(refused(RUN, ["--remote", url, "n", "echo", "hi"]))
+    assert "u:***@example.com" in said[-1]
+    assert not [s for s in said if "s3cret" in s or token in s], said

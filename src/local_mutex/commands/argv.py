@@ -306,7 +306,7 @@ def _unknown(verb: str, arg: str, parsed: Parsed, rest: Sequence[str]) -> UsageE
 
 def _quote_hint(verb: str, parsed: Parsed, problem: str, *more: str) -> str:
     from ..names import shell_quote
-    from .suggest import paste_quote
+    from .suggest import paste_quote, shown_options
 
     # The line runs what was typed: each word as one, the options too, and a `--` before
     words, name = [*parsed.positionals[1:], *more], parsed.positionals[0]  # a verb's name
@@ -314,7 +314,7 @@ def _quote_hint(verb: str, parsed: Parsed, problem: str, *more: str) -> str:
         [
             "local-mutex",
             *(["each"] if verb == EACH else []),
-            *(paste_quote(w) for w in parsed.typed),
+            *(paste_quote(w) for w in shown_options(parsed.typed)),
             *(["--"] if name.startswith("-") or name in VERBS else []),
             paste_quote(name),
         ]
@@ -394,7 +394,7 @@ def _check_shape(verb: str, parsed: Parsed) -> None:
         text = f"local-mutex {verb} takes {need}, got {count} argument{'s' if count != 1 else ''}"
         stray = [w for w in parsed.positionals if w.partition("=")[0] in _lookup(verb)]
         if stray:  # only a -- makes an option a positional: `hold -- -x --no-wait`
-            text += f" ({stray[0]} came after --, which ends the options: put it before)"
+            text += f" ({stray[0].partition('=')[0]} came after --, which ends the options)"
         elif verb == HOLD and count == 2:  # a command: that is run's, inside or not
             text += " (a hold runs no command: hold, run what needs it, release; or run NAME CMD)"
         raise UsageError(text)

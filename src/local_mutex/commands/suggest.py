@@ -24,6 +24,24 @@ _FLOCK = {
 _DOLLAR_SHORT = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 
+def shown_options(typed: Sequence[str]) -> list[str]:
+    """The options as typed, for a line printed to a log: a --token's value left out and a
+    --remote URL's password masked (CI logs keep what a hint says)."""
+    from ..backends.secrets import mask
+
+    shown: list[str] = []
+    for word in typed:
+        flag, eq, value = word.partition("=")
+        before = shown[-1] if shown else ""
+        if before == "--token" or (flag == "--token" and eq):
+            shown.append(f"{flag}{eq}<token>" if eq else "<token>")
+        elif before == "--remote" or (flag == "--remote" and eq):
+            shown.append(f"{flag}{eq}{mask(value)}" if eq else mask(word))
+        else:
+            shown.append(word)
+    return shown
+
+
 def paste_quote(text: str) -> str:
     """``text`` as one word of a line people paste into their shell. Where it holds what
     the line's printer would escape (a newline, an escape), bash's ``$'...'`` (zsh's, ksh's,
@@ -102,8 +120,9 @@ def option_meant(flag: str, verb: str, known: dict[str, Option]) -> str | None:
 
 def no_such_option(flag: str, verb: str, known: dict[str, Option]) -> UsageError:
     hint = option_meant(flag, verb, known)
+    said = flag.partition("=")[0] if flag.startswith("--") else flag  # --token=SECRET: no
     return UsageError(
-        f"no such option: {flag!r}{f' ({hint})' if hint else ''} (see local-mutex {verb} --help)"
+        f"no such option: {said!r}{f' ({hint})' if hint else ''} (see local-mutex {verb} --help)"
     )
 
 
@@ -113,7 +132,7 @@ def refuse_a_misreading(name: str, command: str, dashed: bool, typed: Sequence[s
     a ``--`` that only ends the options (cpu-mutex's ``-- vitest run`` would lock "vitest"
     and run "run"). ``run`` takes such words as they are. The lines said to run instead
     keep the options ``typed``."""
-    options = "".join(f" {paste_quote(word)}" for word in typed)
+    options = "".join(f" {paste_quote(word)}" for word in shown_options(typed))
     meant = None if dashed else verb_meant(name)
     if meant is not None:
         raise UsageError(
