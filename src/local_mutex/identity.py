@@ -91,8 +91,7 @@ def holder_record(
         "host": os.uname().nodename,
         "user": env.get("USER") or env.get("LOGNAME") or str(os.geteuid()),
         "mode": "shared" if shared else "exclusive",
-        "since": utc_stamp(now),
-        "since_epoch": round(now, 3),
+        **_since(now),
         "runner": env.get("RUNNER_NAME"),
         "job": env.get("GITHUB_JOB"),
         "workflow": env.get("GITHUB_WORKFLOW"),
@@ -101,3 +100,12 @@ def holder_record(
     if extra:
         record.update(extra)
     return record
+
+
+def stamped_now(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The record, held since now (it was made before the lock was taken)."""
+    return {**record, **_since(time.time())}
+
+
+def _since(now: float) -> dict[str, Any]:
+    return {"since": utc_stamp(now), "since_epoch": round(now, 3)}

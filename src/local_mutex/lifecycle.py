@@ -22,7 +22,7 @@ from .errors import (
     NotAcquired,
     Unavailable,
 )
-from .identity import ENV_TOKEN, holder_record, job_identity
+from .identity import ENV_TOKEN, holder_record, job_identity, stamped_now
 from .names import display, name_bytes
 from .runspec import Command, Options, RunResult
 from .supervise.hooks import session_of
@@ -189,8 +189,7 @@ def _take(
         # The look for our hold took all of --wait (its end was under way): say so.
         text = f"lock {lock.label} not acquired within --wait {opts.wait:g}: {exc}"
         raise NotAcquired(text, exc.holder, exc.waited + spent) from None
-    # Anew: ``since`` is when it was taken, not when it was asked for.
-    holder = holder_record(lock.label, command, shared=opts.shared, env=env, extra=extra)
+    holder = stamped_now(take.record)  # ``since`` is when it was taken, not asked for
     try:
         lock.write_record(holder)
     except LocalMutexError:  # (a session cut as it writes): its error, not the release's

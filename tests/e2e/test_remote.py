@@ -341,7 +341,7 @@ def test_no_message_given_is_no_message_shown(remote: str, tmp_path: Path) -> No
     user never said. What the run ran is shown instead, escaped once."""
     assert run_cli(["run", "--remote", remote, "r", "true \x1b"], cwd=tmp_path).returncode == 0
     rows = json.loads(run_cli(["history", "r", "--remote", remote, "--json"]).stdout)
-    assert [r["message"] for r in rows] == ["", ""]
+    assert [r["message"] for r in rows] == [None, None]
     assert [r.get("command") for r in rows] == ["true \x1b", None]  # where 'run' was
     lines = run_cli(["history", "r", "--remote", remote]).stdout.decode().splitlines()
     cwd = os.path.realpath(tmp_path)

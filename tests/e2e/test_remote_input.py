@@ -364,8 +364,8 @@ def test_history_shows_a_commit_it_cannot_trust_and_every_other(tmp_path: Path) 
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert [(e["event"], e["actor"], e["message"]) for e in rows] == [
-        ("lock", rows[0]["actor"], ""),
-        ("unlock", rows[0]["actor"], ""),
+        ("lock", rows[0]["actor"], None),
+        ("unlock", rows[0]["actor"], None),
         ("unreadable", "other-tool", "x\x1b[2J"),
         ("unlock", "other-tool", "y"),
     ]

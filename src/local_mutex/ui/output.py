@@ -125,7 +125,7 @@ def describe_history(rows: list[dict[str, Any]], name: str, where: str) -> str:
         return f"{name}: no history on {where}"
     lines = []
     for row in rows:
-        time, event, actor, message = (printable(str(row[k])) for k in FIELDS)
+        time, event, actor, message = (printable(str(row[k] or "")) for k in FIELDS)
         host = f" on {printable(str(row['host']))}" if row.get("host") else ""
         said = [message] if message else []
         if row.get("command"):  # a run's, as a local holder's: 'make', in /src (escaped once)

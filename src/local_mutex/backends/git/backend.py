@@ -212,7 +212,7 @@ def _story(entries: list[tuple[int, RemoteState, str | None]]) -> list[dict[str,
                 "time": utc_stamp(when),
                 "event": what,
                 "actor": st.actor,
-                "message": st.message,
+                "message": st.message or None,  # none given: null, as in status
                 "host": _string(st.body, "host"),
                 "command": _string(st.body, "command"),
                 "cwd": _string(st.body, "cwd"),
