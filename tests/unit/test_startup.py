@@ -43,6 +43,8 @@ def _baseline(tmp_path: Path, *flags: str) -> set[str]:
         ["plain", "true", "{dir}"],
         ["-q", "--wait", "5", "--lock-dir", "{dir}", "opts", "true"],
         ["argv", "--lock-dir", "{dir}", "--", "true"],
+        # A name after a first `--` is looked up as a program (``suggest``): none here.
+        ["-q", "--lock-dir", "{dir}", "--", "no-such-program-here", "true"],
         ["status", "plain", "--lock-dir", "{dir}"],
         ["list", "--lock-dir", "{dir}"],
     ],

@@ -27,8 +27,6 @@ _DOLLAR_SHORT = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"
 def shown_options(typed: Sequence[str]) -> list[str]:
     """The options as typed, for a line printed to a log: a --token's value left out and a
     --remote URL's password masked (CI logs keep what a hint says)."""
-    from ..backends.secrets import mask
-
     shown: list[str] = []
     for word in typed:
         flag, eq, value = word.partition("=")
@@ -36,6 +34,10 @@ def shown_options(typed: Sequence[str]) -> list[str]:
         if before == "--token" or (flag == "--token" and eq):
             shown.append(f"{flag}{eq}<token>" if eq else "<token>")
         elif before == "--remote" or (flag == "--remote" and eq):
+            # Only here: it loads `re` and `urllib.parse`, and a plain run that merely
+            # passes through ``refuse_a_misreading`` would keep them in its module cache.
+            from ..backends.secrets import mask
+
             shown.append(f"{flag}{eq}{mask(value)}" if eq else mask(word))
         else:
             shown.append(word)
@@ -132,23 +134,34 @@ def refuse_a_misreading(name: str, command: str, dashed: bool, typed: Sequence[s
     a ``--`` that only ends the options (cpu-mutex's ``-- vitest run`` would lock "vitest"
     and run "run"). ``run`` takes such words as they are. The lines said to run instead
     keep the options ``typed``."""
-    options = "".join(f" {paste_quote(word)}" for word in shown_options(typed))
     meant = None if dashed else verb_meant(name)
+    options = "".join(f" {paste_quote(word)}" for word in shown_options(typed))
     if meant is not None:
         raise UsageError(
             f"{name!r} is no verb here: did you mean {meant}? Nothing ran; for a lock named "
             f"{name!r} running {command!r}: {_as_is(name, command, options)}"
         )
-    if dashed and not name.startswith("-") and name not in VERBS:
-        import shutil  # only after a `--` before NAME: a plain run never pays for it
+    if dashed and not name.startswith("-") and name not in VERBS and _on_path(name):
+        raise UsageError(
+            f"a -- before NAME only ends the options: {name!r} would be the lock's name "
+            f"and {command!r} the command. Nothing ran; to run the program under a lock: "
+            f"local-mutex{options} NAME -- {paste_quote(name)} {paste_quote(command)}; for "
+            f"a lock named {name!r}: {_as_is(name, command, options)}"
+        )
 
-        if shutil.which(name):
-            raise UsageError(
-                f"a -- before NAME only ends the options: {name!r} would be the lock's name "
-                f"and {command!r} the command. Nothing ran; to run the program under a lock: "
-                f"local-mutex{options} NAME -- {paste_quote(name)} {paste_quote(command)}; for "
-                f"a lock named {name!r}: {_as_is(name, command, options)}"
-            )
+
+def _on_path(name: str) -> bool:
+    """``shutil.which(name)``, without ``shutil`` (it loads ``re``; a run that passes here
+    is a plain run, which must stay light)."""
+    import os
+
+    def runnable(path: str) -> bool:
+        return os.access(path, os.X_OK) and not os.path.isdir(path)
+
+    if "/" in name:
+        return runnable(name)
+    path = os.environ.get("PATH", os.defpath).split(os.pathsep)
+    return any(runnable(os.path.join(folder or ".", name)) for folder in path)
 
 
 def _as_is(name: str, command: str, options: str) -> str:
