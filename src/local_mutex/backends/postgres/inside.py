@@ -126,26 +126,32 @@ def settle(
     try_sql = f"{comment} SELECT pg_try_advisory_lock({key})"
     if session.fetch(try_sql, timeout=observe.READ_SECONDS)[0]:
         return False
-    if waiting is not None:
-        waiting()
     # No ceiling of an earlier wait of this session's (``--wait`` of the hold) applies.
     session.fetch("SELECT set_config('lock_timeout', '0', false)", timeout=observe.READ_SECONDS)
     wait_sql = f"{comment} SELECT pg_advisory_lock({key})"
     if not stoppable:
+        if waiting is not None:
+            waiting()
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
         try:
             session.fetch(wait_sql)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         return True
-    _wait_in_server(session, wait_sql)
+    _wait_in_server(session, wait_sql, said=waiting)
     return True
 
 
-def _wait_in_server(session: Session, sql: str, limit: float | None = None) -> None:
+def _wait_in_server(
+    session: Session, sql: str, limit: float | None = None, said: Callable[[], None] | None = None
+) -> None:
     """A statement that waits for a lock in the server: a stop signal cancels it there (a
-    waiter left queued would be served later) and raises ``Interrupted``."""
+    waiter left queued would be served later) and raises ``Interrupted``. ``said()`` (we
+    wait) is told once a stop signal raises that: one just after it, before the wait, was
+    a KeyboardInterrupt, the run ending 130 without a word."""
     with Interruptible() as stop:
+        if said is not None:
+            said()
         try:
             with stop.query():
                 session.fetch(sql, timeout=left(limit))
