@@ -373,7 +373,6 @@ class GatedProxy:
                 pass
 
     def close(self) -> None:
-        self._gate.set()
         with self._mutex:
             socks, self._socks = self._socks, []
         for sock in socks:
@@ -381,6 +380,11 @@ class GatedProxy:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        # Only then: a statement held at the gate must find its way shut. The gate opened
+        # first let it through to the server, whose answer could reach the client before
+        # the shutdown (in CI: the record was written, and the command ran).
+        self._gate.set()
+        for sock in socks:
             sock.close()
 
     def __enter__(self) -> GatedProxy:
