@@ -1529,3 +1529,45 @@ def test_a_session_cut_as_the_record_is_written_says_why_and_runs_nothing(
     assert status in (69, 74), err
     assert "could not tell" not in err and "release" not in err.split("\n")[-2], err
     assert not ran.exists()
+
+
+@pytest.mark.parametrize("name", ["", "   ", "a\tb", "dep\x00slot0"])
+def test_a_name_every_backend_refuses_is_refused_here_too(pg: PgServer, name: str) -> None:
+    """No name was checked: empty or control-character names ran, and ``dep\\0slot0`` was
+    the key of dep's first slot (``gate``, ``inside`` likewise)."""
+    import local_mutex
+
+    if "\x00" not in name:  # argv cannot carry a NUL; the API can
+        for args in (["run", "--no-wait"], ["status"], ["release"]):
+            r = _cli(pg, *args, "--remote", pg.url, name, *(["true"] * (args[0] == "run")))
+            assert r.returncode == 2 and "lock name" in r.stderr, (args, r.stderr)
+    with pytest.raises(local_mutex.InvalidName):  # before any connection is made
+        local_mutex.run(name.encode(), command="true", remote=pg.url, wait=0)
+
+
+def test_a_holders_command_and_message_show_no_password(pg: PgServer, tmp_path: Path) -> None:
+    """A waiter's command line was shown with the URL's password masked; once the same
+    process held the lock, its record showed it whole (every role reads pg_stat_activity)."""
+    from helpers import hold_until
+
+    secret_url = pg.url.replace("@", f":{PASSWORD}@", 1)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    command = f"{hold_until(marks)} # {secret_url}"
+    holder = subprocess.Popen(
+        [*CLI, "--remote", secret_url, "--message", f"using {secret_url}", "sx", command],
+        env=_cli_env(pg, {"PGPASSWORD": ""}),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(marks / "h.held")
+        r = _cli(pg, "status", "--remote", pg.url, "sx", "--json")
+    finally:
+        (marks / "h.go").touch()
+        holder.wait(30)
+    assert r.returncode == 1, r.stderr
+    (shown,) = json.loads(r.stdout)["holders"]
+    assert PASSWORD not in r.stdout and ":***@" in shown["command"], shown
+    assert ":***@" in shown["message"], shown

@@ -21,6 +21,7 @@ from ...errors import (
     Unsupported,
 )
 from ...identity import ENV_TOKEN, owned
+from ...names import validate_name
 from ..base import LockStatus, Released
 from ..secrets import mask
 from . import observe
@@ -65,7 +66,7 @@ class PostgresBackend:
     # -- locks --------------------------------------------------------------------------------
 
     def lock(self, name: bytes) -> PostgresLock:
-        return PostgresLock(self.url, name, self.env, self.drop)
+        return PostgresLock(self.url, validate_name(name), self.env, self.drop)
 
     def hold_persistent(
         self,
@@ -107,6 +108,9 @@ class PostgresBackend:
             ) from None
 
     def status(self, name: bytes) -> LockStatus:
+        # As every backend: an empty name, or one with a control character (a NUL made
+        # ``dep\0slot0`` the key of dep's first slot), is refused.
+        name = validate_name(name)
         slot_keys = [slot_key(name, i) for i in range(MAX_SLOTS)]
         rows = self._rows([name_key(name), gate_key(name), inside_key(name), *slot_keys])
         return _status(name, rows)
@@ -142,6 +146,7 @@ class PostgresBackend:
         """End a hold the caller owns (its token or job), or any with ``force``. A hold is a
         holder process's session: ending it is ``pg_terminate_backend``."""
         env, force, slots = ending.env, ending.force, ending.slots
+        name = validate_name(name)
         label = name.decode("utf-8", "surrogateescape")
         token = ending.token or env.get(ENV_TOKEN) or None
         keys = [slot_key(name, i) for i in range(MAX_SLOTS)] if slots else [name_key(name)]

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 
 _GRACE = 1.0  # past --wait: the server's lock_timeout answers first when it can
 _PEEK = 0.1  # how long a check waits for a heartbeat's answer before it looks again
+_SHOWN = ("command", "message")  # a holder's free text, which may name the URL
 _LOCK_SQL = {
     (False, False): "pg_advisory_lock",
     (True, False): "pg_advisory_lock_shared",
@@ -232,8 +233,14 @@ class PostgresLock:
 
     def write_record(self, rec: Mapping[str, Any]) -> None:
         session = self._held()
+        shown = {
+            k: record.without_secrets(v, self.url)
+            for k, v in rec.items()
+            if k in _SHOWN and isinstance(v, str)
+        }
         full = {
             **rec,
+            **shown,  # the password masked, as in a waiter's command line
             "name": self.name,
             "mode": "shared" if self.shared else "exclusive",
             "slot": self.slot,

@@ -56,7 +56,9 @@ class Row:
         self.key = int(raw[0])
         self.granted = bool(raw[1])
         self.mode = "shared" if raw[2] == "ShareLock" else "exclusive"
-        self.pid = int(raw[3])  # the server process
+        # The server process; 0 for a prepared transaction's lock, which has none (NULL: a
+        # traceback in status, run and list).
+        self.pid = int(raw[3]) if raw[3] is not None else 0
         self.waitstart = raw[4] if isinstance(raw[4], float) else None
         app = record.parse_application_name(raw[5] if isinstance(raw[5], str) else None)
         self.app = app

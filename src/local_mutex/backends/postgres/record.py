@@ -67,12 +67,18 @@ def application_name(pid: int, host: str, hold: bool = False) -> str:
 
 def waiter_command(url: str) -> str:
     """How a waiter shows in ``status``: its command line, the password masked."""
-    from ..secrets import hide_secrets, mask
-
     argv = list(sys.argv)
     if argv and argv[0] in ("", "-c"):  # the $LOCAL_MUTEX_CLI shim, python -c
         argv[0] = "local-mutex"
-    text = " ".join(argv)
+    return without_secrets(" ".join(argv), url)
+
+
+def without_secrets(text: str, url: str) -> str:
+    """Free text a holder publishes (its command, its message) with ``url``'s password
+    masked, as a waiter's command line is: every role that can read ``pg_stat_activity``
+    reads it."""
+    from ..secrets import hide_secrets, mask
+
     return hide_secrets(text.replace(url, mask(url)), url)
 
 
