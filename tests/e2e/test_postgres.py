@@ -1571,3 +1571,30 @@ def test_a_holders_command_and_message_show_no_password(pg: PgServer, tmp_path: 
     (shown,) = json.loads(r.stdout)["holders"]
     assert PASSWORD not in r.stdout and ":***@" in shown["command"], shown
     assert ":***@" in shown["message"], shown
+
+
+def test_a_wait_the_server_cancels_ends_in_one_line(pg: PgServer, tmp_path: Path) -> None:
+    """An administrator's pg_cancel_backend on a queued session: psycopg's QueryCanceled
+    went up as a traceback, exit 1 (a status the command could have given)."""
+    from helpers import hold_until
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    holder = _spawn(pg, tmp_path, "--remote", pg.url, "cz", hold_until(marks))
+    waiter = None
+    try:
+        wait_for(marks / "h.held")
+        waiter = _spawn(pg, tmp_path, "--remote", pg.url, "--wait", "60", "cz", "true")
+        queued = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        wait_for(lambda: pg.psql(queued) != "", 20, "the waiter in the server's queue")
+        pg.psql(f"SELECT pg_cancel_backend(pid) FROM ({queued}) AS q")
+        status = waiter.wait(30)
+    finally:
+        (marks / "h.go").touch()
+        holder.wait(30)
+        if waiter is not None and waiter.poll() is None:
+            waiter.kill()
+    err = (tmp_path / "cli1.err").read_text()
+    assert status == 69, err
+    assert "Traceback" not in err and "ended the request" in err, err
+    assert "canceling statement due to user request" in err, err

@@ -11,6 +11,7 @@ polls its socket itself.
 from __future__ import annotations
 
 import select
+import sys
 import time
 
 from ...errors import BadAddress, Unavailable
@@ -210,3 +211,16 @@ def connect_error(address: str, exc: BaseException, url: str) -> Exception:
     if any(marker in lowered for marker in _BAD_ADDRESS):
         return BadAddress(f"cannot use {address}: {text}")
     return Unavailable(f"cannot reach {address}: {text}")
+
+
+def refused_by_server(exc: BaseException, label: str, address: str) -> Exception | None:
+    """An error the server answered the take with (an administrator cancelling the wait,
+    a role denied the advisory lock functions): one line and an exit status of the table,
+    not a traceback. Nothing was taken: the session is closed."""
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is None or not isinstance(exc, psycopg.Error):
+        return None
+    why = driver_message(str(exc))
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        return BadAddress(f"cannot take lock {label} on {address}: {why}")
+    return Unavailable(f"lock {label} not acquired: {address} ended the request: {why}")

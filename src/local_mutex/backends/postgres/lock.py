@@ -29,7 +29,7 @@ from .address import (
     password_of,
     without_password,
 )
-from .connect import driver_message
+from .connect import driver_message, refused_by_server
 from .inside import clear, enter, settle
 from .keys import describe_key, name_key
 from .nesting import enclosing_entry, held_entry
@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 
 _GRACE = 1.0  # past --wait: the server's lock_timeout answers first when it can
 _PEEK = 0.1  # how long a check waits for a heartbeat's answer before it looks again
-_SHOWN = ("command", "message")  # a holder's free text, which may name the URL
 _LOCK_SQL = {
     (False, False): "pg_advisory_lock",
     (True, False): "pg_advisory_lock_shared",
@@ -171,7 +170,7 @@ class PostgresLock:
                     if session.stuck and limit is not None:
                         raise NotAcquired(text, None, waited) from None
                     raise Unavailable(text) from None
-                raise
+                raise (refused_by_server(exc, self.label, session.address) or exc) from None
         self.session, self.shared = session, shared
         return time.monotonic() - start
 
@@ -233,14 +232,8 @@ class PostgresLock:
 
     def write_record(self, rec: Mapping[str, Any]) -> None:
         session = self._held()
-        shown = {
-            k: record.without_secrets(v, self.url)
-            for k, v in rec.items()
-            if k in _SHOWN and isinstance(v, str)
-        }
         full = {
-            **rec,
-            **shown,  # the password masked, as in a waiter's command line
+            **record.without_secrets_in(rec, self.url),
             "name": self.name,
             "mode": "shared" if self.shared else "exclusive",
             "slot": self.slot,

@@ -82,6 +82,14 @@ def without_secrets(text: str, url: str) -> str:
     return hide_secrets(text.replace(url, mask(url)), url)
 
 
+def without_secrets_in(rec: Mapping[str, Any], url: str) -> dict[str, Any]:
+    """A holder's record with its command and message free of ``url``'s password."""
+    return {
+        k: without_secrets(v, url) if k in ("command", "message") and isinstance(v, str) else v
+        for k, v in rec.items()
+    }
+
+
 def parse_application_name(text: str | None) -> dict[str, Any] | None:
     """pid/host/hold from ``local-mutex [hold ]<pid>@<host>``; None when not ours."""
     if not text or not text.startswith(APP_PREFIX):
