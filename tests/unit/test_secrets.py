@@ -84,3 +84,15 @@ def test_no_password_survives_masking(password: str, scheme: str) -> None:
     assert password not in mask(url)
     quoted = f"error connecting to {url}: bad password {password!r} for user"
     assert password not in hide_secrets(quoted, url)
+
+
+def test_a_query_password_runs_to_the_next_ampersand() -> None:
+    """libpq takes ``password=ab#cdSECRETQ`` whole (it has no fragment): cut at the ``#``,
+    the mask showed ``***#cdSECRETQ`` and a nested call was given the password "ab"."""
+    from local_mutex.backends.postgres.address import password_of, without_password
+
+    url = "postgresql://w4@127.0.0.1:5432/postgres?password=ab#cdSECRETQ&sslmode=disable"
+    assert "SECRETQ" not in mask(url) and mask(url).endswith("password=***&sslmode=disable")
+    assert password_of(url) == "ab#cdSECRETQ"
+    assert without_password(url) == "postgresql://w4@127.0.0.1:5432/postgres?sslmode=disable"
+    assert "SECRETQ" not in hide_secrets(f"failed for {url} (ab#cdSECRETQ)", url)

@@ -8,7 +8,9 @@ import re
 from urllib.parse import unquote
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-_QUERY_PARAM = re.compile(r"[?&](?P<key>[^=&#]*)=(?P<value>[^&#]*)")
+# A value runs to the next ``&``: libpq has no fragment, so ``password=ab#cd`` is all of it
+# (cut at the ``#``, its tail was shown, and a nested call got "ab").
+_QUERY_PARAM = re.compile(r"[?&](?P<key>[^=&#]*)=(?P<value>[^&]*)")
 # Query parameters that are secrets: libpq's (it decodes keys: ``pass%77ord=`` counts).
 SECRET_KEYS = ("password", "sslpassword")
 # ``host:9418/path@x``: a port (1 to 5 digits), then a path with an @ in it. Read as a
