@@ -1605,3 +1605,27 @@ def test_a_wait_the_server_cancels_ends_in_one_line(pg: PgServer, tmp_path: Path
     assert status == 69, err
     assert "Traceback" not in err and "ended the request" in err, err
     assert "canceling statement due to user request" in err, err
+
+
+def test_list_shows_a_lock_held_by_a_session_without_a_record_under_its_name(
+    pg: PgServer, tmp_path: Path
+) -> None:
+    """Held by a plain client (or a role whose record we may not read) and waited for by
+    a run of ours: list said "deploy: free" with a waiter, and "(unnamed): held" apart."""
+    from local_mutex.backends.postgres.keys import name_key
+
+    plain = psycopg.connect(pg.socket_url, autocommit=True)
+    waiter = None
+    try:
+        plain.execute(f"SELECT pg_advisory_lock({name_key(b'deploy')})")
+        waiter = _spawn(pg, tmp_path, "--remote", pg.url, "--wait", "60", "deploy", "true")
+        queued = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        wait_for(lambda: pg.psql(queued) != "", 20, "the waiter in the server's queue")
+        r = _cli(pg, "list", "--remote", pg.url, "--json")
+    finally:
+        plain.close()  # the waiter then runs
+        if waiter is not None:
+            waiter.wait(30)
+    assert r.returncode == 0, r.stderr
+    locks = json.loads(r.stdout)
+    assert [(s["name"], s["state"], s["queue_length"]) for s in locks] == [("deploy", "held", 1)]

@@ -119,12 +119,19 @@ class PostgresBackend:
         """Locks that sessions of this tool hold or wait for. A free lock leaves no trace
         on the server, so ``include_free`` adds nothing here."""
         rows = self._rows(None)
-        by_name: dict[bytes, list[observe.Row]] = {}
-        nameless: dict[int, list[observe.Row]] = {}
+        # A key's name, from any of its rows that names it: a holder whose record we may
+        # not read (another role, a plain client) is the named waiter's lock's holder --
+        # it showed as "(unnamed): held", and the name as free with a waiter.
+        named_keys: dict[int, bytes] = {}
         for row in rows:
             name = row.info.get("name")
             if isinstance(name, bytes) and name and _belongs(name, row):
-                by_name.setdefault(name, []).append(row)
+                named_keys.setdefault(row.key, name)
+        by_name: dict[bytes, list[observe.Row]] = {}
+        nameless: dict[int, list[observe.Row]] = {}
+        for row in rows:
+            if row.key in named_keys:
+                by_name.setdefault(named_keys[row.key], []).append(row)
             else:
                 nameless.setdefault(row.key, []).append(row)
         out = [_status(name, by_name[name]) for name in sorted(by_name)]
