@@ -8,6 +8,7 @@ import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -300,24 +301,32 @@ def test_list_takes_the_key_prefix_every_other_verb_takes(tmp_path: Path) -> Non
         assert [s["name"] for s in json.loads(r.stdout)] == names
 
 
+def _seen_while_held(
+    remote: str, procs: Procs, marks: Path, cwd: Path, name: str, cmd: str, message: str = ""
+) -> tuple[dict[str, Any], subprocess.CompletedProcess[bytes]]:
+    """Run ``cmd`` (which may ``sh hold.sh``) under NAME; while it holds the lock, its
+    holder as ``status`` shows it and a ``--no-wait`` newcomer's outcome."""
+    (cwd / "hold.sh").write_text(hold_until(marks))
+    said = ["--message", message] if message else []
+    run = procs.start(["run", "--remote", remote, *said, name, cmd], cwd=cwd)
+    try:
+        wait_for(marks / "h.held")
+        holder: dict[str, Any] = _status(name, remote)["holders"][0]  # type: ignore[index]
+        waiter = run_cli(["--no-wait", "--remote", remote, name, "true"])
+    finally:
+        (marks / "h.go").touch()
+    assert run.wait(60) == 0, procs.stderr(run)
+    return holder, waiter
+
+
 def test_a_runs_message_command_and_cwd_are_in_its_lock_commit(
     remote: str, procs: Procs, marks: Path, tmp_path: Path
 ) -> None:
     """They were kept for the run's first lease renewal (a third of the lease, 20 s by
     default): until then -- for a shorter run, for good -- status, the waiting lines and
     history said message 'run', with no command or cwd."""
-    (tmp_path / "hold.sh").write_text(hold_until(marks))
     cmd = "sh hold.sh"
-    run = procs.start(
-        ["run", "--remote", remote, "--message", "deploying v2", "gm", cmd], cwd=tmp_path
-    )
-    try:
-        wait_for(marks / "h.held")
-        holder = _status("gm", remote)["holders"][0]  # type: ignore[index]
-        waiter = run_cli(["--no-wait", "--remote", remote, "gm", "true"])
-    finally:
-        (marks / "h.go").touch()
-    assert run.wait(60) == 0, procs.stderr(run)
+    holder, waiter = _seen_while_held(remote, procs, marks, tmp_path, "gm", cmd, "deploying v2")
     cwd = os.path.realpath(tmp_path)
     assert (holder["message"], holder["command"], holder["cwd"]) == ("deploying v2", cmd, cwd)
     said = waiter.stderr.decode()
@@ -362,16 +371,8 @@ def test_a_lock_commit_too_long_to_read_is_cut_so_the_lock_works(
     """Bodies are read up to 64 KiB: a run whose 100 KB command went into its lock commit
     could not read its own branch back (exit 2, "not usable JSON"), and a newcomer took
     the lock beside it; a hold's 8192-emoji message (98 KB of JSON) was as unreadable."""
-    (tmp_path / "hold.sh").write_text(hold_until(marks))
     cmd = f": {'x' * 100_000}; sh hold.sh"
-    run = procs.start(["run", "--remote", remote, "big", cmd], cwd=tmp_path)
-    try:
-        wait_for(marks / "h.held")
-        holder = _status("big", remote)["holders"][0]  # type: ignore[index]
-        waiter = run_cli(["--no-wait", "--remote", remote, "big", "true"])
-    finally:
-        (marks / "h.go").touch()
-    assert run.wait(60) == 0, procs.stderr(run)
+    holder, waiter = _seen_while_held(remote, procs, marks, tmp_path, "big", cmd)
     assert holder["command"].startswith(": xxx") and holder["command"].endswith("…")
     assert waiter.returncode == 75, waiter.stderr
     message = "\U0001f600" * 8192
