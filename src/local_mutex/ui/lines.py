@@ -103,10 +103,8 @@ def describe_holder(holder: Mapping[str, Any], now: float | None = None) -> str:
     # Without a pid (a remote's holder), its user: "user 0", not a "0" that reads as a pid.
     who = f"user {field('user')}" if holder.get("user") else "?"
     parts = [f"pid {field('pid')}" if pid is not None else who]
-    details = []
-    if holder.get("command"):
-        details.append(_quoted(holder["command"]))
-    for key, word in (("cwd", "in"), ("host", "on"), ("runner", "runner"), ("job", "job")):
+    details = running(holder.get("command"), holder.get("cwd"))
+    for key, word in (("host", "on"), ("runner", "runner"), ("job", "job")):
         if holder.get(key):
             details.append(f"{word} {field(key)}")
     since = holder.get("since_epoch")
@@ -115,7 +113,7 @@ def describe_holder(holder: Mapping[str, Any], now: float | None = None) -> str:
         if -1e12 < held < 1e12:
             details.append(f"since {utc_stamp(since)}, for {duration(max(held, 0.0))}")
     if holder.get("message"):
-        details.append(f"message {_quoted(holder['message'])}")
+        details.append(f"message {quoted(holder['message'])}")
     if holder.get("run_url"):
         details.append(field("run_url"))
     if details:
@@ -123,10 +121,17 @@ def describe_holder(holder: Mapping[str, Any], now: float | None = None) -> str:
     return " ".join(parts)
 
 
-def _quoted(text: object) -> str:
+def quoted(text: object) -> str:
     """In quotes, escaped once: ``repr`` of text ``one_line`` escaped already doubled its
     backslashes (``\\x1b``), and wrote a name's raw bytes as ``\\udcff``."""
     return f"'{one_line(str(text))}'"
+
+
+def running(command: object, cwd: object) -> list[str]:
+    """What a holder runs, and where (``'make deps'``, ``in /src``), as every backend's
+    holder and ``history`` show it; what is not given (or not text) is left out."""
+    said = [quoted(command)] if isinstance(command, str) and command else []
+    return said + ([f"in {one_line(cwd, 400)}"] if isinstance(cwd, str) and cwd else [])
 
 
 def writable_when_stopping(stream: IO[str]) -> bool:

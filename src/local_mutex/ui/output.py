@@ -7,7 +7,7 @@ import sys
 
 from .._json import dumps
 from ..errors import EXIT_IOERR
-from .lines import describe_holder, one_line, printable
+from .lines import describe_holder, one_line, printable, running
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -128,10 +128,7 @@ def describe_history(rows: list[dict[str, Any]], name: str, where: str) -> str:
         time, event, actor, message = (printable(str(row[k] or "")) for k in FIELDS)
         host = f" on {printable(str(row['host']))}" if row.get("host") else ""
         said = [message] if message else []
-        if row.get("command"):  # a run's, as a local holder's: 'make', in /src (escaped once)
-            said.append(f"'{one_line(str(row['command']))}'")
-        if row.get("cwd"):
-            said.append(f"in {one_line(str(row['cwd']), 400)}")
+        said += running(row.get("command"), row.get("cwd"))  # a run's, as its holder's
         if row.get("error"):  # a commit whose body could not be trusted: its first line only
             said.append(f"body not read: {one_line(str(row['error']), 400)}")
         lines.append(f"{time}  {event:<8} {actor}{host}" + (": " + ", ".join(said) if said else ""))

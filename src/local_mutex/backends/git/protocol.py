@@ -228,22 +228,13 @@ def describe(state: RemoteState) -> str:
     body = state.body
     if body.get("host"):
         parts.append(f"on {_text(body['host'])}")
-    parts += _running(body)
-    if state.message:  # one line, cut short, escaped once: as a local holder's
-        from ...ui.lines import one_line
+    from ...ui.lines import quoted, running
 
-        parts.append(f"message '{one_line(state.message)}'")
+    parts += running(body.get("command"), body.get("cwd"))  # as a local lock's holder's
+    if state.message:
+        parts.append(f"message {quoted(state.message)}")
     if state.expires_at is not None:
         parts.append("lease expires " + utc_stamp(state.expires_at))
     if body.get("github_actions_workflow_run_url"):
         parts.append(_text(body["github_actions_workflow_run_url"]))
     return ", ".join(parts)
-
-
-def _running(body: Mapping[str, Any]) -> list[str]:
-    """A run's command and cwd, as a local lock's holder shows them (escaped once)."""
-    from ...ui.lines import one_line
-
-    command, cwd = body.get("command"), body.get("cwd")
-    said = [f"'{one_line(command)}'"] if isinstance(command, str) and command else []
-    return said + ([f"in {one_line(cwd, 400)}"] if isinstance(cwd, str) and cwd else [])

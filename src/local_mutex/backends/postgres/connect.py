@@ -11,7 +11,6 @@ polls its socket itself.
 from __future__ import annotations
 
 import select
-import sys
 import time
 
 from ...errors import BadAddress, Unavailable
@@ -217,8 +216,8 @@ def refused_by_server(exc: BaseException, label: str, address: str) -> Exception
     """An error the server answered the take with (an administrator cancelling the wait,
     a role denied the advisory lock functions): one line and an exit status of the table,
     not a traceback. Nothing was taken: the session is closed."""
-    psycopg = sys.modules.get("psycopg")
-    if psycopg is None or not isinstance(exc, psycopg.Error):
+    psycopg = load_driver()  # loaded already: a session was open
+    if not isinstance(exc, psycopg.Error):
         return None
     why = driver_message(str(exc))
     if isinstance(exc, psycopg.errors.InsufficientPrivilege):
