@@ -371,6 +371,9 @@ def test_a_plain_release_ends_our_slot_hold(pg: PgServer, env: dict[str, str]) -
     assert r.returncode == 0, r.stderr
     ours = {**env, "LOCAL_MUTEX_HOLD_TOKEN": r.stdout.decode().strip()}
     assert _held(pg, slot_key(b"pg-pool", 0))
+    st = run_cli(["status", "--remote", pg.url, "--slots", "pg-pool"], env=env, timeout=30)
+    # Keys on the server, not files (it said "1 of 2 slot files"):
+    assert b"pg-pool: plain lock free; slots held: 1 of 2 slots\n" in st.stdout, st.stdout
     rel = run_cli(["release", "--remote", pg.url, "pg-pool"], env=ours, timeout=30)
     assert rel.returncode == 0 and b"released pg-pool" in rel.stderr, rel.stderr
     wait_for(lambda: not _held(pg, slot_key(b"pg-pool", 0)), 10, "the slot to be free")

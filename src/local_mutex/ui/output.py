@@ -74,8 +74,10 @@ def describe_status(st: dict[str, Any], asked: str | None) -> str:
     lines = []
     slots = st.get("slots") or []
     if st["state"] == "free" and slots:
-        # Slot files come as callers use them: their count is no caller's N.
-        files = f"{len(slots)} slot file{'s' if len(slots) != 1 else ''}"
+        # Slots (files here, keys on a server) come as callers use them: their count is
+        # no caller's N.
+        unit = "slot" if st["method"] == "server" else "slot file"
+        files = f"{len(slots)} {unit}{'s' if len(slots) != 1 else ''}"
         in_use = st.get("slots_in_use", 0)
         line = f"{label}: plain lock free; slots held: {in_use} of {files}"
         if in_use == len(slots):  # status --slots then says 1, whatever N callers give
