@@ -249,6 +249,14 @@ def test_an_unquoted_command_in_each_gets_the_hint(lock_dir: Path, tmp_path: Pat
         (["unlock", "./ran.sh"], "did you mean release?"),
         (["relase", "--", "./ran.sh"], "did you mean release?"),
         (["--", "touch", "ran"], "to run the program under a lock: local-mutex NAME -- touch"),
+        # cpu-mutex's way with the program's own options: not "no such option" alone.
+        (
+            ["--", "sh", "-c", "touch ran"],
+            "no such option: '-c'; a -- before NAME only ends the options, and 'sh' is the "
+            "lock's name here. Nothing ran; to run the program under a lock: local-mutex NAME "
+            "-- sh -c 'touch ran'",
+        ),
+        (["--", "touch"], "missing COMMAND after NAME (or -- and a program); a -- before NAME"),
     ],
 )
 def test_a_one_word_command_that_meant_something_else_does_not_run(
@@ -268,6 +276,22 @@ def test_a_one_word_command_that_meant_something_else_does_not_run(
         ["run", name, "touch ran"], cwd=tmp_path, env={"LOCAL_MUTEX_LOCK_DIR": str(lock_dir)}
     )
     assert r.returncode == 0 and (tmp_path / "ran").exists(), r.stderr
+
+
+def test_a_file_after_a_one_word_command_is_said_to_be_the_commands(
+    lock_dir: Path, tmp_path: Path
+) -> None:
+    """``NAME cat /etc/hosts``: the file was called a lock dir, with no word of quoting."""
+    env = {"LOCAL_MUTEX_LOCK_DIR": str(lock_dir)}
+    target = tmp_path / "notes.txt"
+    target.write_text("x")
+    r = run_cli(["n", "touch", str(target)], cwd=tmp_path, env=env)
+    err = r.stderr.decode()
+    assert r.returncode == 2 and "does not exist or is not a directory" in err, err
+    assert f"(local-mutex n 'touch {target}') or follow -- (local-mutex n -- touch {target})" in err
+    assert not (tmp_path / "ran").exists() and not os.listdir(lock_dir)
+    r = run_cli(["n", "touch ran", str(target)], cwd=tmp_path, env=env)  # quoted: no hint
+    assert r.returncode == 2 and "quoted" not in r.stderr.decode(), r.stderr
 
 
 def test_the_lines_said_to_run_instead_keep_the_options_typed(

@@ -376,6 +376,29 @@ def test_hint_keeps_every_word_after_an_unknown_option() -> None:
     assert "(local-mutex n -- sed -i.bak -e s/a/b/ f.txt)" in msg
 
 
+def test_a_program_option_after_dashes_and_its_name_says_the_dashes_only_ended_ours() -> None:
+    """cpu-mutex's ``-- make -j8``: the program's name is the lock's, and its option none
+    of ours. Unless the option is ours mistyped and the name no program's."""
+    said = "a -- before NAME only ends the options, and 'sh' is the lock's name here"
+    assert said in refused(RUN, ["--", "sh", "-c", "echo hi"])
+    assert said in refused(RUN, ["--", "sh", "--wiat", "5"])  # sh is a program: its option
+    msg = refused(RUN, ["--", "no-such-program-x", "-j8"])
+    assert msg.endswith("local-mutex NAME -- no-such-program-x -j8"), msg
+    msg = refused(RUN, ["--", "no-such-program-x", "--wiat", "5", "c"])
+    assert msg == "no such option: '--wiat' (did you mean --wait?) (see local-mutex run --help)"
+    assert said in refused(RUN, ["--", "sh"])  # `-- true`: no command, a program's name
+    msg = refused(RUN, ["--", "no-such-program-x"])
+    assert msg == "missing COMMAND after NAME (or -- and a program)"
+
+
+def test_flock_hints_only_where_they_apply() -> None:
+    """``release NAME -x`` was told locks are exclusive unless --shared: no option of it."""
+    assert refused(RELEASE, ["n", "-x"]) == "no such option: '-x' (see local-mutex release --help)"
+    assert refused(HOLD, ["n", "-c"]) == "no such option: '-c' (see local-mutex hold --help)"
+    assert "exclusive unless --shared" in refused(HOLD, ["n", "-x"])
+    assert "COMMAND is one quoted argument" in refused(EACH, ["-c", "t", "c"])
+
+
 @pytest.mark.parametrize("flag", ["-h", "--help"])
 def test_help_after_a_name_behind_dashes_is_not_called_unknown(flag: str) -> None:
     msg = refused(RUN, ["--", "NAME", flag])

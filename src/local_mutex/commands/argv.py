@@ -45,7 +45,7 @@ class Parsed:
     """A parsed command line: positionals, the program's argv after ``--`` (or None),
     option values by ``dest`` (defaults filled in) and which options were given."""
 
-    __slots__ = ("argv", "given", "positionals", "typed", "values", "verb")
+    __slots__ = ("argv", "dashed", "given", "positionals", "typed", "values", "verb")
 
     def __init__(self, verb: str) -> None:
         self.verb = verb
@@ -54,6 +54,7 @@ class Parsed:
         self.values: dict[str, object] = {o.dest: o.default for o in options_for(verb)}
         self.given: set[str] = set()
         self.typed: list[str] = []  # the options as typed, for a usage hint to repeat
+        self.dashed = False  # NAME came after a -- that ended the options
 
     def flag(self, dest: str) -> bool:
         return bool(self.values.get(dest))
@@ -197,7 +198,7 @@ def parse(verb: str, args: Sequence[str], implicit: bool = False) -> Parsed:
     known = _lookup(verb)
     parsed = Parsed(verb)
     takes_argv = verb in (RUN, EACH)
-    options_over = dashed = False
+    options_over = False
     i = 0
     while i < len(args):
         arg = args[i]
@@ -209,7 +210,7 @@ def parse(verb: str, args: Sequence[str], implicit: bool = False) -> Parsed:
             options_over = True
             continue
         if options_over or not arg.startswith("-") or arg == "-":
-            dashed = dashed or (options_over and not parsed.positionals)
+            parsed.dashed = parsed.dashed or (options_over and not parsed.positionals)
             parsed.positionals.append(arg)
             if takes_argv and len(parsed.positionals) == 1 and options_over:
                 options_over = False  # options may follow NAME again, and a `--` for argv
@@ -246,7 +247,7 @@ def parse(verb: str, args: Sequence[str], implicit: bool = False) -> Parsed:
     if implicit:
         command = parsed.positionals[1] if parsed.argv is None else " ".join(parsed.argv)
         # A -- after NAME says what is the program: only the name may be a slip then.
-        dashed = dashed and parsed.argv is None
+        dashed = parsed.dashed and parsed.argv is None
         one_word = len(parsed.argv) == 1 if parsed.argv is not None else not _has_space(command)
         if one_word and (dashed or _maybe_a_verb(parsed.positionals[0])):  # which was meant?
             from .suggest import refuse_a_misreading
@@ -301,29 +302,14 @@ def _unknown(verb: str, arg: str, parsed: Parsed, rest: Sequence[str]) -> UsageE
         return UsageError(f"{arg} after -- is no request for help: see local-mutex {verb} --help")
     from .suggest import no_such_option
 
-    return no_such_option(arg, verb, _lookup(verb))
+    after_dash = [*words, arg, *rest] if parsed.dashed and verb == RUN and len(words) == 1 else []
+    return no_such_option(arg, verb, _lookup(verb), after_dash, parsed.typed)
 
 
 def _quote_hint(verb: str, parsed: Parsed, problem: str, *more: str) -> str:
-    from ..names import shell_quote
-    from .suggest import paste_quote, shown_options
+    from .suggest import quote_hint
 
-    # The line runs what was typed: each word as one, the options too, and a `--` before
-    words, name = [*parsed.positionals[1:], *more], parsed.positionals[0]  # a verb's name
-    head = " ".join(
-        [
-            "local-mutex",
-            *(["each"] if verb == EACH else []),
-            *(paste_quote(w) for w in shown_options(parsed.typed)),
-            *(["--"] if name.startswith("-") or name in VERBS else []),
-            paste_quote(name),
-        ]
-    )
-    return (
-        f"{problem}; the command must be one quoted argument ({head} "  # read by sh -c:
-        f"{paste_quote(' '.join(map(shell_quote, words)))}) or follow -- ({head} -- "
-        f"{' '.join(map(paste_quote, words))})"
-    )
+    return quote_hint(verb, parsed, problem, *more)
 
 
 def _same_dir(a: str, b: str) -> bool:
@@ -362,7 +348,13 @@ def _check_shape(verb: str, parsed: Parsed) -> None:
                 raise UsageError("missing the program after --")
             return
         if count == 1:
-            raise UsageError(f"missing COMMAND after {head} (or -- and a program)")
+            problem = f"missing COMMAND after {head} (or -- and a program)"
+            if parsed.dashed and verb == RUN:  # `-- true`: a program, or a lock's name?
+                from .suggest import program_after_dash
+
+                name = parsed.positionals[0]
+                problem = program_after_dash(problem, name, [], parsed.typed, unsure=True)
+            raise UsageError(problem)
         if verb == EACH and count > 2:
             problem = f"{count - 1} words after the template"
             if _has_space(parsed.positionals[1]):  # quoted: the rest is no part of it

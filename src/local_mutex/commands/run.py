@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..errors import LocalMutexError
+from ..errors import InvalidLockDir, LocalMutexError
 from ..lifecycle import run_locked
 from ..runspec import Command, Options
 from . import Failed, reporter_for, using
@@ -58,7 +58,19 @@ def run(parsed: Parsed, env: Mapping[str, str] | None = None) -> int:
             lambda b: run_locked(
                 b, name, command, opts, env=env, reporter=reporter, subreaper=True, last=True
             ),
+            translate=lambda exc: _unquoted(parsed, exc),
         )
     except Failed as exc:
         return exc.code
     return result.status
+
+
+def _unquoted(parsed: Parsed, exc: BaseException) -> BaseException:
+    """``NAME cat /etc/hosts``: a LOCK_DIR refused after a one-word COMMAND may be the
+    command's own word, typed unquoted (a relative one is refused while parsing)."""
+    words = parsed.positionals
+    if isinstance(exc, InvalidLockDir) and len(words) == 3 and words[1].split() == [words[1]]:
+        from .suggest import quote_hint
+
+        return InvalidLockDir(quote_hint("run", parsed, str(exc)))
+    return exc

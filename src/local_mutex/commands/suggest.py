@@ -3,11 +3,13 @@ option misspelt or borrowed from flock(1) or another verb. Only error paths impo
 
 from __future__ import annotations
 
-from .options import BORROWED, OPTIONS, TYPED_AMISS, VERBS, Option, UsageError
+from .options import BORROWED, EACH, HOLD, OPTIONS, RUN, TYPED_AMISS, VERBS, Option, UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+
+    from .argv import Parsed
 
 # flock(1)'s options, as its users type them out of habit.
 _FLOCK = {
@@ -21,6 +23,7 @@ _FLOCK = {
     "-o": "the lock stays with the command's processes until all are gone: no option needed",
     "-E": "a lock not taken in time exits 75: no option needed",
 }
+_NO_COMMAND = ("-c", "-o")  # the hints above that speak of a command: not for hold
 _DOLLAR_SHORT = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 
@@ -106,7 +109,7 @@ def option_meant(flag: str, verb: str, known: dict[str, Option]) -> str | None:
     """A hint for an option this verb does not know: flock(1)'s, another verb's, or the
     nearest spelling of one of ours."""
     name = flag.partition("=")[0]
-    if name in _FLOCK:
+    if name in _FLOCK and (verb in (RUN, EACH) or (verb == HOLD and name not in _NO_COMMAND)):
         return _FLOCK[name]
     others = sorted({v for o in OPTIONS if name in o.flags for v in o.verbs} - {verb})
     if others:
@@ -120,9 +123,22 @@ def option_meant(flag: str, verb: str, known: dict[str, Option]) -> str | None:
     return f"did you mean {spelled[0]}?" if spelled else None
 
 
-def no_such_option(flag: str, verb: str, known: dict[str, Option]) -> UsageError:
+def no_such_option(
+    flag: str,
+    verb: str,
+    known: dict[str, Option],
+    after_dash: Sequence[str] = (),
+    typed: Sequence[str] = (),
+) -> UsageError:
+    """``after_dash``: ``-- NAME`` came first, and these words from NAME on (the option
+    among them): cpu-mutex's ``-- make -j8``, unless the option is ours mistyped."""
     hint = option_meant(flag, verb, known)
     said = flag.partition("=")[0] if flag.startswith("--") else flag  # --token=SECRET: no
+    if after_dash:
+        name, *words = after_dash
+        problem = program_after_dash(f"no such option: {said!r}", name, words, typed, bool(hint))
+        if not hint or _on_path(name):
+            return UsageError(problem)
     return UsageError(
         f"no such option: {said!r}{f' ({hint})' if hint else ''} (see local-mutex {verb} --help)"
     )
@@ -148,6 +164,46 @@ def refuse_a_misreading(name: str, command: str, dashed: bool, typed: Sequence[s
             f"local-mutex{options} NAME -- {paste_quote(name)} {paste_quote(command)}; for "
             f"a lock named {name!r}: {_as_is(name, command, options)}"
         )
+
+
+def quote_hint(verb: str, parsed: Parsed, problem: str, *more: str) -> str:
+    """A command typed unquoted: the two lines that run it as one."""
+    from ..names import shell_quote
+
+    # The line runs what was typed: each word as one, the options too, and a `--` before
+    words, name = [*parsed.positionals[1:], *more], parsed.positionals[0]  # a verb's name
+    head = " ".join(
+        [
+            "local-mutex",
+            *(["each"] if verb == EACH else []),
+            *(paste_quote(w) for w in shown_options(parsed.typed)),
+            *(["--"] if name.startswith("-") or name in VERBS else []),
+            paste_quote(name),
+        ]
+    )
+    return (
+        f"{problem}; the command must be one quoted argument ({head} "  # read by sh -c:
+        f"{paste_quote(' '.join(map(shell_quote, words)))}) or follow -- ({head} -- "
+        f"{' '.join(map(paste_quote, words))})"
+    )
+
+
+def program_after_dash(
+    problem: str, name: str, words: Sequence[str], typed: Sequence[str], unsure: bool = False
+) -> str:
+    """A leading ``--`` and a program after it, cpu-mutex's way (``-- make -j8``): the ``--``
+    only ended the options, so the program's name became the lock's. ``unsure``: the words
+    may be meant as they are (an option of ours mistyped, a command left out) unless the
+    name is a program's."""
+    if unsure and not _on_path(name):
+        return problem
+    options = "".join(f" {paste_quote(word)}" for word in shown_options(typed))
+    program = " ".join(paste_quote(w) for w in (name, *words))
+    return (
+        f"{problem}; a -- before NAME only ends the options, and {name!r} is the lock's name "
+        f"here. Nothing ran; to run the program under a lock: local-mutex{options} NAME -- "
+        f"{program}"
+    )
 
 
 def _on_path(name: str) -> bool:
