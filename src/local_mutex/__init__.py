@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .errors import LocalMutexError as LocalMutexError
     from .errors import LockLost as LockLost
     from .errors import NestingError as NestingError
+    from .errors import NoRoom as NoRoom
     from .errors import NotAcquired as NotAcquired
     from .errors import RecordNotWritten as RecordNotWritten
     from .errors import Refused as Refused
@@ -56,6 +57,7 @@ __all__ = [
     "LockLost",
     "LockStatus",
     "NestingError",
+    "NoRoom",
     "NotAcquired",
     "RecordNotWritten",
     "Refused",
@@ -78,17 +80,19 @@ __all__ = [
 _HOMES = ("_version", "errors", "backends.base", "runspec", "api")
 
 
-def __getattr__(name: str) -> object:
-    if name in __all__:
-        from importlib import import_module
+if not TYPE_CHECKING:  # seen by a type checker, any name would import (as `object`)
 
-        for home in _HOMES:
-            module = import_module(f"{__name__}.{home}")
-            if name in vars(module):
-                value = getattr(module, name)
-                globals()[name] = value
-                return value
-    raise AttributeError(f"module 'local_mutex' has no attribute {name!r}")
+    def __getattr__(name: str) -> object:
+        if name in __all__:
+            from importlib import import_module
+
+            for home in _HOMES:
+                module = import_module(f"{__name__}.{home}")
+                if name in vars(module):
+                    value = getattr(module, name)
+                    globals()[name] = value
+                    return value
+        raise AttributeError(f"module 'local_mutex' has no attribute {name!r}")
 
 
 def __dir__() -> "list[str]":

@@ -34,9 +34,22 @@ def test_star_import_gives_every_public_name() -> None:
     assert set(local_mutex.__all__) <= set(namespace)
 
 
+def test_every_error_the_library_raises_is_exported() -> None:
+    """NoRoom (no lock file could be created: a full disk) was raised but not exported."""
+    from local_mutex import errors
+
+    classes = {
+        name
+        for name, value in vars(errors).items()
+        if isinstance(value, type) and issubclass(value, errors.LocalMutexError)
+    }
+    only_the_cli = {"ItemsUnreadable"}  # `each` reading its items from stdin
+    assert classes - only_the_cli <= set(local_mutex.__all__)
+
+
 def test_an_unknown_name_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        local_mutex.nope  # noqa: B018
+        local_mutex.nope  # type: ignore[attr-defined]  # noqa: B018
 
 
 def test_the_package_import_stays_light() -> None:
@@ -86,6 +99,9 @@ def test_mypy_strict_accepts_importing_every_public_name(tmp_path: Path) -> None
         + "def show(st: LockStatus) -> bool:\n    return st.held\n"
         + "def catch(exc: LocalMutexError) -> str:\n    return str(exc)\n"
     )
+    # A name the package does not have is an error (the module __getattr__, typed as
+    # returning `object`, let any name import cleanly).
+    (tmp_path / "misspelt.py").write_text("from local_mutex import LockStatuss\n")
     r = subprocess.run(
         [
             *mypy,
@@ -97,6 +113,7 @@ def test_mypy_strict_accepts_importing_every_public_name(tmp_path: Path) -> None
             "--python-version",
             "3.10",
             str(snippet),
+            "misspelt.py",
         ],
         cwd=tmp_path,
         env={**os.environ, "MYPYPATH": str(SRC)},
@@ -104,8 +121,9 @@ def test_mypy_strict_accepts_importing_every_public_name(tmp_path: Path) -> None
         text=True,
         timeout=280,
     )
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "Success" in r.stdout
+    errors = [x for x in r.stdout.splitlines() if ": error:" in x]
+    assert len(errors) == 1, r.stdout + r.stderr
+    assert errors[0].startswith("misspelt.py:1:") and '"LockStatuss"' in errors[0], errors
     # A name mypy cannot see as exported falls back to the module __getattr__: `object`.
     revealed = [x for x in r.stdout.splitlines() if "Revealed type is" in x]
     assert len(revealed) == len(names)
