@@ -685,6 +685,19 @@ def test_completion_offers_verbs_after_leading_options() -> None:
     assert "plain,hold" in offered and "plain,status" not in offered, offered
 
 
+def test_completion_offers_the_run_forms_options_first_and_no_verb_after_dashes() -> None:
+    """The top-level help lists the run form's options, but ``local-mutex --lo<TAB>``
+    offered nothing (only -h and --help for ``-<TAB>``); after a ``--`` the word is a lock's
+    name, which verbs were offered for."""
+    offered = _complete("local-mutex -", 1).splitlines()
+    for flag in ("--lock-dir", "--wait", "-q", "--remote", "--version", "--help"):
+        assert f"plain,{flag}" in offered, offered
+    assert _complete("local-mutex --lo", 1).splitlines() == ["plain,--lock-dir"]
+    assert _complete("local-mutex --ver", 1).splitlines() == ["plain,--version"]
+    assert _complete("local-mutex -- ", 2).strip() == ""
+    assert _complete("local-mutex -- st", 2).strip() == ""
+
+
 def test_quiet_works_with_every_verb(lock_dir: Path) -> None:
     """``-q`` before or after any verb: status answers by its exit status alone."""
     where = ["--lock-dir", str(lock_dir)]

@@ -17,6 +17,7 @@ from .argv import verb_first
 from .options import EACH, HISTORY, HOLD, LIST, RELEASE, RUN, STATUS, Option, options_for
 
 _IMPLICIT_RUN = "local_mutex.implicit_run"  # ctx.meta: the run form without its verb
+_DASHED = "local_mutex.dashed"  # ctx.meta: a -- came first (the next word is a name)
 
 HELP = """Run a command under a named lock, held while it runs and released once it is over.
 
@@ -128,7 +129,7 @@ def _verbs_for_a_bare_name(
 ) -> list[CompletionItem]:
     """``local-mutex -q <TAB>``: the word after leading options may be a verb too (the
     parser looks for it there), unless ``run`` was typed."""
-    if not ctx.meta.get(_IMPLICIT_RUN):
+    if not ctx.meta.get(_IMPLICIT_RUN) or ctx.meta.get(_DASHED):
         return []
     from click.core import ParameterSource
 
@@ -156,9 +157,20 @@ class _Group(click.Group):
         if args and args[0].startswith("-") and args[0] not in ("-h", "--help", "--version"):
             args = verb_first(args)
         if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
+            ctx.meta[_DASHED] = "--" in args  # when completing a NAME: it came before it
             args = [RUN, *args]
             ctx.meta[_IMPLICIT_RUN] = True
         return super().parse_args(ctx, args)
+
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list[CompletionItem]:
+        """``local-mutex -<TAB>``: the run form's options and --version as well (the
+        group itself has only help), as the top-level help lists them."""
+        if not incomplete.startswith("-"):
+            return super().shell_complete(ctx, incomplete)
+        run = self.commands[RUN]
+        flags = [f for p in run.params if isinstance(p, click.Option) for f in p.opts]
+        flags += ["--version", "-h", "--help"]
+        return [CompletionItem(f) for f in flags if f.startswith(incomplete)]
 
     def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         formatter.write_usage(
