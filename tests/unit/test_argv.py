@@ -389,6 +389,10 @@ def test_a_program_option_after_dashes_and_its_name_says_the_dashes_only_ended_o
     assert said in refused(RUN, ["--", "sh"])  # `-- true`: no command, a program's name
     msg = refused(RUN, ["--", "no-such-program-x"])
     assert msg == "missing COMMAND after NAME (or -- and a program)"
+    # Options after the program's name are the program's in the line said to run instead.
+    assert refused(RUN, ["-q", "--", "ls", "-q"]).endswith("local-mutex -q NAME -- ls -q")
+    msg = refused(RUN, ["--wait", "5", "--", "sh", "-q", "-j8"])
+    assert msg.endswith("local-mutex --wait 5 NAME -- sh -q -j8"), msg
 
 
 def test_flock_hints_only_where_they_apply() -> None:

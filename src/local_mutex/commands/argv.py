@@ -54,7 +54,8 @@ class Parsed:
         self.values: dict[str, object] = {o.dest: o.default for o in options_for(verb)}
         self.given: set[str] = set()
         self.typed: list[str] = []  # the options as typed, for a usage hint to repeat
-        self.dashed = False  # NAME came after a -- that ended the options
+        # NAME came after a -- that ended the options: how many words of ``typed`` before it
+        self.dashed: int | None = None
 
     def flag(self, dest: str) -> bool:
         return bool(self.values.get(dest))
@@ -210,7 +211,8 @@ def parse(verb: str, args: Sequence[str], implicit: bool = False) -> Parsed:
             options_over = True
             continue
         if options_over or not arg.startswith("-") or arg == "-":
-            parsed.dashed = parsed.dashed or (options_over and not parsed.positionals)
+            if options_over and not parsed.positionals:
+                parsed.dashed = len(parsed.typed)
             parsed.positionals.append(arg)
             if takes_argv and len(parsed.positionals) == 1 and options_over:
                 options_over = False  # options may follow NAME again, and a `--` for argv
@@ -247,7 +249,7 @@ def parse(verb: str, args: Sequence[str], implicit: bool = False) -> Parsed:
     if implicit:
         command = parsed.positionals[1] if parsed.argv is None else " ".join(parsed.argv)
         # A -- after NAME says what is the program: only the name may be a slip then.
-        dashed = parsed.dashed and parsed.argv is None
+        dashed = parsed.dashed is not None and parsed.argv is None
         one_word = len(parsed.argv) == 1 if parsed.argv is not None else not _has_space(command)
         if one_word and (dashed or _maybe_a_verb(parsed.positionals[0])):  # which was meant?
             from .suggest import refuse_a_misreading
@@ -302,8 +304,11 @@ def _unknown(verb: str, arg: str, parsed: Parsed, rest: Sequence[str]) -> UsageE
         return UsageError(f"{arg} after -- is no request for help: see local-mutex {verb} --help")
     from .suggest import no_such_option
 
-    after_dash = [*words, arg, *rest] if parsed.dashed and verb == RUN and len(words) == 1 else []
-    return no_such_option(arg, verb, _lookup(verb), after_dash, parsed.typed)
+    if parsed.dashed is not None and verb == RUN and len(words) == 1:
+        # cpu-mutex's `-- make -j8`: what came after the name is the program's, options too
+        before, after = parsed.typed[: parsed.dashed], parsed.typed[parsed.dashed :]
+        return no_such_option(arg, verb, _lookup(verb), [*words, *after, arg, *rest], before)
+    return no_such_option(arg, verb, _lookup(verb))
 
 
 def _quote_hint(verb: str, parsed: Parsed, problem: str, *more: str) -> str:
@@ -349,11 +354,13 @@ def _check_shape(verb: str, parsed: Parsed) -> None:
             return
         if count == 1:
             problem = f"missing COMMAND after {head} (or -- and a program)"
-            if parsed.dashed and verb == RUN:  # `-- true`: a program, or a lock's name?
+            if parsed.dashed is not None and verb == RUN:  # `-- true`: a program's name?
                 from .suggest import program_after_dash
 
-                name = parsed.positionals[0]
-                problem = program_after_dash(problem, name, [], parsed.typed, unsure=True)
+                name, at = parsed.positionals[0], parsed.dashed
+                problem = program_after_dash(
+                    problem, name, parsed.typed[at:], parsed.typed[:at], unsure=True
+                )
             raise UsageError(problem)
         if verb == EACH and count > 2:
             problem = f"{count - 1} words after the template"
