@@ -89,8 +89,10 @@ class ActionInputs:
         if get("REMOTE").strip() and self.lock_dir:  # as the CLI's --remote with --lock-dir
             raise ValidationError("lock-dir is for this machine's locks; a remote lock has none")
         git = self.remote is not None and not self.remote.startswith(POSTGRES_SCHEMES)
-        if git and (self.slots or self.shared):
-            raise ValidationError("slots and shared cannot be used with a git remote")
+        refused = ("slots", self.slots), ("shared", self.shared), ("reentrant", self.reentrant)
+        if git and any(on for _, on in refused):  # reentrant: ignored, it waited on its hold
+            used = " and ".join(k for k, on in refused if on)
+            raise ValidationError(f"{used} cannot be used with a git remote")
         if self.slots and self.shared:  # in the inputs' words, not the CLI's
             raise ValidationError("slots and shared exclude each other: a slot is exclusive")
         # As the CLI refuses --key-prefix there. The input has a default: only another value

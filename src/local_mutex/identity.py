@@ -49,7 +49,8 @@ def owned(rec: Mapping[str, Any] | None, env: Mapping[str, str], token: str | No
     if token:
         return rec.get("token_sha256") == token_hash(token)
     mine = job_identity(env)
-    return mine is not None and all(rec.get(key) == value for key, value in mine.items())
+    # An empty variable (act leaves RUNNER_NAME empty) is a field a record may leave out.
+    return mine is not None and all((rec.get(key) or "") == value for key, value in mine.items())
 
 
 def run_url(env: Mapping[str, str]) -> str | None:

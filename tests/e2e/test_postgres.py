@@ -339,6 +339,22 @@ def test_progress_lines_while_queued_and_reentry_through_our_hold(
     assert len(still) >= 2 and "position 1 of 1" in still[0], lines
 
 
+def test_a_job_with_an_empty_identity_variable_releases_its_own_hold(
+    pg: PgServer, env: dict[str, str]
+) -> None:
+    """Under act RUNNER_NAME is empty: the record left it out, and the job's release was
+    refused as another job's (77), while the local and git backends released."""
+    job = {**env, "GITHUB_RUN_ID": "7", "GITHUB_RUN_ATTEMPT": "1", "GITHUB_JOB": "j"}
+    job["RUNNER_NAME"] = ""
+    r = run_cli(["hold", "--remote", pg.url, "pg-act"], env=job, timeout=30)
+    assert r.returncode == 0, r.stderr
+    other = run_cli(["release", "--remote", pg.url, "pg-act"], env={**job, "GITHUB_JOB": "k"})
+    assert other.returncode == 77, other.stderr  # another job's, still
+    rel = run_cli(["release", "--remote", pg.url, "pg-act"], env=job, timeout=30)
+    assert rel.returncode == 0 and b"released pg-act" in rel.stderr, rel.stderr
+    wait_for(lambda: not _held(pg, name_key(b"pg-act")), 10, "the hold to end")
+
+
 def test_a_reentrant_run_inside_a_hold_of_its_job_runs_inside_it(
     pg: PgServer, env: dict[str, str], tmp_path: Path
 ) -> None:

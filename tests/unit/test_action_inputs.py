@@ -220,9 +220,12 @@ def test_slots_not_whole(raw: str) -> None:
 @pytest.mark.parametrize(
     "remote", ["https://example.com/r.git", "self", "file:///srv/locks.git", "git@h:r.git"]
 )
-def test_slots_and_shared_refused_with_a_git_remote(remote: str) -> None:
+def test_slots_shared_and_reentrant_refused_with_a_git_remote(remote: str) -> None:
     assert "cannot be used with a git remote" in refused(remote=remote, slots="2")
     assert "cannot be used with a git remote" in refused(remote=remote, shared="true")
+    # As the CLI refuses --reentrant there: ignored, the run waited on its job's own hold.
+    said = refused(remote=remote, reentrant="true")
+    assert said == "reentrant cannot be used with a git remote", said
     assert inputs(remote=remote).remote == remote
 
 
