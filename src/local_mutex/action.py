@@ -48,6 +48,9 @@ _INPUT_MODES = {
 
 
 _GIT_PREFIX = "lock__"  # the key-prefix input's default (action.yml)
+# The remote input's default (action.yml): left out, as against given empty -- the value of
+# an unset secret, which must not quietly lock on this machine instead.
+_REMOTE_LEFT_OUT = "$LOCAL_MUTEX_REMOTE"
 
 
 class ActionInputs:
@@ -84,9 +87,16 @@ class ActionInputs:
             raise ValidationError(f"slots must be between 1 and 1024, not {slots!r}")
         # As on the command line: the input, else $LOCAL_MUTEX_REMOTE (a job-wide default);
         # locking on this machine instead would not exclude the CLI's runs of the name.
-        self.remote = remote_address(get("REMOTE").strip() or None, env)
+        remote = env.get(INPUT_PREFIX + "REMOTE", _REMOTE_LEFT_OUT)
+        asked = None if remote == _REMOTE_LEFT_OUT else remote.strip()
+        if asked == "":  # as the CLI refuses --remote ''
+            raise ValidationError(
+                "remote is empty (an unset secret?): a lock on this machine would not exclude "
+                "the other machines; leave the input out to lock here"
+            )
+        self.remote = remote_address(asked, env)
         self.key_prefix = get("KEY_PREFIX")
-        if get("REMOTE").strip() and self.lock_dir:  # as the CLI's --remote with --lock-dir
+        if asked and self.lock_dir:  # as the CLI's --remote with --lock-dir
             raise ValidationError("lock-dir is for this machine's locks; a remote lock has none")
         git = self.remote is not None and not self.remote.startswith(POSTGRES_SCHEMES)
         refused = ("slots", self.slots), ("shared", self.shared), ("reentrant", self.reentrant)

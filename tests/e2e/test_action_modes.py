@@ -188,6 +188,21 @@ def test_bad_mode_and_run_with_hold_are_refused(tmp_path: Path) -> None:
         name="p2",
     )
     assert not r.succeeded and "run: is only for mode: run" in r.output
+    # An unset secret as the remote: refused, not a lock on this machine alone.
+    r = run_act(
+        tmp_path,
+        workflow(f"""
+        - uses: ./lm
+          with:
+            name: x
+            remote: ${{{{ secrets.NOT_SET }}}}
+            run: touch {tmp_path}/ran
+        """),
+        name="p3",
+    )
+    said = "::error::local-mutex: remote is empty (an unset secret?)"
+    assert not r.succeeded and said in r.output, r.output
+    assert not (tmp_path / "ran").exists()
 
 
 def test_remote_modes_against_a_git_server(tmp_path: Path) -> None:

@@ -341,7 +341,21 @@ def test_a_release_with_inputs_it_does_not_use_still_releases() -> None:
     assert i.unused == "wait-seconds, message: not used by mode: release"
 
 
-@pytest.mark.parametrize("remote", ["", "postgresql://h/db"])
+def test_an_empty_remote_is_refused_and_a_left_out_one_is_the_jobs_default() -> None:
+    """``remote: ${{ secrets.LOCK_URL }}`` with the secret unset (a fork's PR) locked on
+    this machine, silently: the other machines' runs were not excluded."""
+    for empty in ("", "  "):
+        assert refused(name="n", run="m", remote=empty).startswith("remote is empty")
+    assert inputs(name="n", run="m").remote is None  # left out: this machine
+    assert inputs(name="n", run="m", remote="$LOCAL_MUTEX_REMOTE").remote is None
+    job_wide = {"LOCAL_MUTEX_REMOTE": "https://h/r.git"}
+    left_out = {INPUT_PREFIX + "NAME": "n", INPUT_PREFIX + "RUN": "m"}
+    assert ActionInputs({**left_out, **job_wide}).remote == "https://h/r.git"
+    sentinel = {**left_out, INPUT_PREFIX + "REMOTE": "$LOCAL_MUTEX_REMOTE", **job_wide}
+    assert ActionInputs(sentinel).remote == "https://h/r.git"
+
+
+@pytest.mark.parametrize("remote", ["$LOCAL_MUTEX_REMOTE", "postgresql://h/db"])
 def test_key_prefix_is_refused_where_there_is_no_branch(remote: str) -> None:
     """As the CLI's --key-prefix: ignored, it would leave a user thinking a prefix of theirs
     kept their locks apart. The default (and an empty value) is no choice of the user's."""
