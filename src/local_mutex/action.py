@@ -196,7 +196,7 @@ class _Step:
     def not_acquired(self, exc: NotAcquired, skip: bool) -> int:
         self.outputs["waited-seconds"] = f"{exc.waited:.3f}"
         if skip:
-            self.reporter.notice(f"{exc}; skipping (if-locked: skip)")
+            self.reporter.notice(f"{exc}; skipping (if-locked: skip)", notable=True)
             self.outcome = "skipped: lock held"
             return 0
         self.outcome = "not acquired"
@@ -297,7 +297,7 @@ def _hold(inputs: ActionInputs, step: _Step, backend: Backend) -> int:
     if inputs.ttl:
         ends += f"; its ttl-seconds end it at {utc_stamp(time.time() + inputs.ttl)} at the latest"
     where = f"detached pid {info.pid}" if info.pid else info.lock_file
-    step.reporter.notice(f"holding {info.name} in {where} {ends}")
+    step.reporter.notice(f"holding {info.name} in {where} {ends}", notable=info.waited > 0)
     step.outcome = "held"
     return 0
 

@@ -72,6 +72,40 @@ def test_uncontended_steps_per_setting(tmp_path: Path) -> None:
         assert not annotated(r, f"released {name}")
 
 
+def test_waited_leaves_an_uncontended_hold_and_its_release_plain(tmp_path: Path) -> None:
+    """``annotations: waited`` was honoured by run steps only: a hold step and its release
+    made a notice each, nobody having waited."""
+    r = run_act(
+        tmp_path,
+        workflow("""
+        - uses: ./lm
+          with:
+            mode: hold
+            name: ann-hold
+            annotations: waited
+        - uses: ./lm
+          with:
+            mode: release
+            name: ann-hold
+            annotations: waited
+        - uses: ./lm
+          with:
+            mode: hold
+            name: ann-hold-always
+        - uses: ./lm
+          with:
+            mode: release
+            name: ann-hold-always
+        """),
+    )
+    assert r.succeeded, r.output
+    assert plain(r, "holding ann-hold in ") and plain(r, "released ann-hold (")
+    assert not annotated(r, "holding ann-hold in ") and not annotated(r, "released ann-hold (")
+    # The default still annotates both, as before the input existed.
+    assert annotated(r, "holding ann-hold-always in ")
+    assert annotated(r, "released ann-hold-always (")
+
+
 def test_errors_are_annotated_whatever_the_setting(tmp_path: Path) -> None:
     r = run_act(
         tmp_path,

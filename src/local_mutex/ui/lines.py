@@ -288,10 +288,11 @@ class Reporter:
             self._notable(notable),
         )
 
-    def notice(self, text: str) -> None:
-        """A line worth an annotation (a hold taken, a release done)."""
+    def notice(self, text: str, notable: bool = False) -> None:
+        """A line worth an annotation (a hold taken, a release done); in ``waited`` mode
+        only a ``notable`` one (it waited, it was skipped) is."""
         if not self.quiet:
-            self.write(text, "notice")
+            self.write(text, self._notable(notable))
 
     def info(self, text: str) -> None:
         if not self.quiet:

@@ -205,7 +205,8 @@ class GitLock:
             self.git.deadline = None
         if "takeover_of" in ours.body and reporter is not None:
             reporter.notice(
-                f"took over remote lock {self.label}: the previous holder's lease had expired"
+                f"took over remote lock {self.label}: the previous holder's lease had expired",
+                notable=True,
             )
         return time.monotonic() - start
 
