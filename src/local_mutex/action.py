@@ -304,20 +304,30 @@ def _hold(inputs: ActionInputs, step: _Step, backend: Backend) -> int:
 
 def _release(inputs: ActionInputs, step: _Step, backend: Backend) -> int:
     from .commands.holds import end_hold, report_release
+    from .errors import NotOurHold
 
-    done, slots_held = end_hold(
-        backend,
-        inputs.name,
-        Ending(
-            step.env,
-            token=inputs.token,
-            force=inputs.force,
-            slots=inputs.slots is not None,
-            waiting=lambda: step.reporter.info(
-                f"waiting for the runs inside the hold on {inputs.name} to end before ending it"
+    step.outputs["released"] = "false"
+    try:
+        done, slots_held = end_hold(
+            backend,
+            inputs.name,
+            Ending(
+                step.env,
+                token=inputs.token,
+                force=inputs.force,
+                slots=inputs.slots is not None,
+                waiting=lambda: step.reporter.info(
+                    f"waiting for the runs inside the hold on {inputs.name} to end before ending it"
+                ),
             ),
-        ),
-    )
+        )
+    except NotOurHold as exc:
+        if inputs.token or inputs.force:  # another's hold, asked for by name: refused
+            raise
+        # "Ends this job's hold", and this job has none: its hold step skipped (if-locked:
+        # skip) or failed, and an `if: always()` release must not fail the job for that.
+        step.reporter.warning(f"nothing released: this job holds no hold of it ({exc})")
+        return 0
     step.outputs["released"] = "true" if done.was_held else "false"
     if done.was_held:
         step.outputs["held-seconds"] = f"{done.held_seconds or 0.0:.3f}"

@@ -126,6 +126,11 @@ class Refused(LocalMutexError):
     exit_code = EXIT_REFUSED
 
 
+class NotOurHold(Refused):
+    """``release`` found the lock held, but by no hold of the caller's: another job's (or
+    token's) hold, or a run. The action's release step, "end this job's hold", has none."""
+
+
 class RecordNotWritten(LocalMutexError):
     """The lock was taken but the holder record could not be written; it was let go."""
 

@@ -77,6 +77,51 @@ def test_hold_across_steps_blocks_another_run_until_release(tmp_path: Path) -> N
                 job.kill()
 
 
+def test_a_release_after_a_skipped_hold_passes_and_ends_nobody_elses(tmp_path: Path) -> None:
+    """The documented pattern -- a hold with if-locked: skip, an `if: always()` release --
+    failed the job when the hold was skipped: the release found another's hold (77). This
+    job holds none, so there is nothing to release; a token given is still refused."""
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    theirs = run_cli(["hold", "--lock-dir", str(locks), "--message", "theirs", "train"])
+    assert theirs.returncode == 0, theirs.stderr
+    try:
+        r = run_act(
+            tmp_path,
+            workflow(f"""
+            - uses: ./lm
+              with:
+                mode: hold
+                name: train
+                lock-dir: {locks}
+                wait-seconds: 0
+                if-locked: skip
+            - if: always()
+              id: rel
+              uses: ./lm
+              with:
+                mode: release
+                name: train
+                lock-dir: {locks}
+            - run: echo "released=${{{{ steps.rel.outputs.released }}}}"
+            - uses: ./lm
+              with:
+                mode: release
+                name: train
+                lock-dir: {locks}
+                token: not-theirs
+            """),
+        )
+        said = "::warning::local-mutex: nothing released: this job holds no hold of it (the"
+        assert f"{said} hold on train" in r.output, r.output
+        assert "released=false" in r.step_lines
+        assert not r.succeeded and "belongs to another job or token" in r.output  # the token
+        assert _state("train", locks)["state"] == "held"
+    finally:
+        rel = run_cli(["release", "--lock-dir", str(locks), "--force", "train"])
+    assert rel.returncode == 0, rel.stderr
+
+
 def test_check_outputs_and_reentrant_run(tmp_path: Path) -> None:
     locks = tmp_path / "locks"
     locks.mkdir()

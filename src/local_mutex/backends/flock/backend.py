@@ -6,7 +6,7 @@ import os
 import stat
 import time
 
-from ...errors import InvalidLockDir, Refused, UnsafeLockFile, Unsupported
+from ...errors import InvalidLockDir, NotOurHold, Refused, UnsafeLockFile, Unsupported
 from ...identity import ENV_TOKEN, owned
 from ...names import display, lock_filename, validate_name
 from .lock import FlockLock
@@ -147,7 +147,7 @@ class FlockBackend:
             pids = {h.pid for h in st.holders}
             if rec is None or not rec.get("hold") or rec.get("pid") not in pids:
                 who = ", ".join(str(p) for p in sorted(p for p in pids if p)) or "?"
-                refusal = Refused(
+                refusal = NotOurHold(
                     f"lock {label} is held by pid {who}, which is not a hold; "
                     "release only ends holds started with `local-mutex hold`"
                     if rec is None or not rec.get("hold") or _running(rec.get("pid"))
@@ -202,7 +202,7 @@ def _wait_for_a_file(path: str) -> None:
 
 
 def _not_ours(label: str, pid: object) -> Refused:
-    return Refused(
+    return NotOurHold(
         f"the hold on {label} (pid {pid}) belongs to another job or token; give its token "
         "($LOCAL_MUTEX_HOLD_TOKEN), or --force to end it anyway"
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from ..._fastsignal import quiet_stops
-from ...errors import LocalMutexError, LockLost, Refused, Unavailable
+from ...errors import LocalMutexError, LockLost, NotOurHold, Unavailable
 from ...identity import owned, utc_stamp
 from .protocol import RemoteState, describe, format_message, parse_message
 
@@ -51,7 +51,7 @@ def unlock(
         ):
             # A run's leased lock (as PostgreSQL): its command still runs; --force or not,
             # unlocking it would let a second holder in beside it.
-            raise Refused(
+            raise NotOurHold(
                 f"remote lock {lock.label} is held by a running command ({describe(current)}); "
                 "it ends with the command, or when its lease runs out"
             )
@@ -60,7 +60,7 @@ def unlock(
             and not force
             and not owned({"hold": True, **current.body}, lock.backend.env, token)
         ):
-            raise Refused(
+            raise NotOurHold(
                 f"remote lock {lock.label} is held by {describe(current)}; "
                 "release it with its token ($LOCAL_MUTEX_HOLD_TOKEN), from its job, or --force"
             )

@@ -16,6 +16,7 @@ from ...errors import (
     BadAddress,
     Interrupted,
     NestingError,
+    NotOurHold,
     Refused,
     Unavailable,
     Unsupported,
@@ -163,14 +164,14 @@ class PostgresBackend:
             info = row.info
             who = observe.holder_dict(row)
             if not info.get("hold"):
-                refusal = Refused(
+                refusal = NotOurHold(
                     f"lock {label} is held by {_describe(who)}, which is not a hold; "
                     "release only ends holds started with `local-mutex hold`"
                 )
                 continue
             if not force and not owned(info, env, token):
                 unreadable = "token_sha256" not in info and "since_epoch" not in info
-                refusal = Refused(
+                refusal = NotOurHold(
                     f"the hold on {label} ({_describe(who)}) belongs to another job or token; "
                     "give its token ($LOCAL_MUTEX_HOLD_TOKEN), or --force to end it anyway"
                     + (
