@@ -14,7 +14,7 @@ import time
 
 from .backends import POSTGRES_SCHEMES, Ending, open_backend, remote_address
 from .commands.options import is_plain_number
-from .errors import EXIT_IOERR, LocalMutexError, NotAcquired, ValidationError
+from .errors import EXIT_IOERR, Interrupted, LocalMutexError, NotAcquired, ValidationError
 from .identity import ENV_GIT_TOKEN, utc_stamp
 from .lifecycle import run_locked
 from .names import name_bytes
@@ -378,6 +378,7 @@ def main(env: Mapping[str, str] | None = None) -> int:
     if inputs.unused:
         reporter.warning(f"{inputs.unused}; ignored")
     modes = {"run": _run, "hold": _hold, "release": _release, "check": _check}
+    started = time.monotonic()
     try:
         backend = _backend(inputs, step, reading=inputs.mode in ("release", "check"))
         warning = getattr(backend, "warning", None)  # a password in a URL, a lock dir
@@ -390,6 +391,9 @@ def main(env: Mapping[str, str] | None = None) -> int:
     except NotAcquired as exc:
         status = step.not_acquired(exc, inputs.if_locked == "skip")
     except (LocalMutexError, KeyboardInterrupt) as exc:
+        if isinstance(exc, Interrupted) and step.outputs["acquired"] == "false":
+            # Stopped while it waited (or before its command started): the wait so far.
+            step.outputs["waited-seconds"] = f"{time.monotonic() - started:.3f}"
         status = reporter.failure(exc)
         step.outcome = step.outcome or ("invalid input" if status == 2 else f"exit {status}")
     return step.finish(status, label)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -11,7 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CLI, clean_env, hold_until, lock_file, lock_is_free, read_pid, wait_for
+from helpers import (
+    CLI,
+    clean_env,
+    hold_until,
+    lock_file,
+    lock_is_free,
+    read_pid,
+    run_cli,
+    wait_for,
+)
 from helpers.actions import needs_act, run_act, start_act, workflow
 
 pytestmark = [needs_act, pytest.mark.timeout(300)]
@@ -346,6 +356,47 @@ def test_cancel_signal_to_the_entry_process_frees_the_lock(tmp_path: Path) -> No
         if run.poll() is None:
             run.kill()
             run.wait()
+
+
+def test_a_step_stopped_while_it_waits_says_how_long_it_waited(tmp_path: Path) -> None:
+    """waited-seconds said 0 (and the summary row 0.0s) for a wait a stop signal ended."""
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    holder = run_cli(["hold", "--lock-dir", str(locks), "busy-wait"])
+    assert holder.returncode == 0, holder.stderr
+    run = start_act(
+        tmp_path,
+        workflow(f"""
+        - id: w
+          continue-on-error: true
+          uses: ./lm
+          with:
+            name: busy-wait
+            lock-dir: {locks}
+            run: echo never
+        - run: echo "waited=${{{{ steps.w.outputs.waited-seconds }}}}"
+        """),
+    )
+    try:
+
+        def waiter() -> int | None:
+            st = json.loads(
+                run_cli(["status", "busy-wait", "--lock-dir", str(locks), "--json"]).stdout
+            )
+            return st["waiters"][0]["pid"] if st["waiters"] else None
+
+        wait_for(lambda: waiter() is not None, 120)
+        time.sleep(1.5)  # a wait long enough to tell from none
+        os.kill(waiter() or 0, signal.SIGINT)
+        out = run.communicate(timeout=60)[0]
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        run_cli(["release", "--lock-dir", str(locks), "--force", "busy-wait"])
+    (waited,) = [ln.split("waited=")[1] for ln in out.splitlines() if "| waited=" in ln]
+    assert 1.5 <= float(waited) < 60, out
+    assert "never" not in out.replace("echo never", "")
 
 
 def test_inputs_never_reach_a_script_by_interpolation() -> None:

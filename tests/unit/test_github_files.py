@@ -41,6 +41,13 @@ def test_a_backtick_in_the_name_does_not_end_the_span_in_the_summary() -> None:
     assert _span_text(first_cell) == name
 
 
+def test_the_summary_escapes_what_the_log_escapes() -> None:
+    """U+202E made the name read backwards in the summary, while the log escaped it."""
+    for raw, shown in (("ab\u202ecd", "ab\\u202ecd"), ("a\u2028b", "a\\u2028b"), ("a\nb", "a\\nb")):
+        row = summary_row(raw, "0.0s", "1.0s", "exit 0").splitlines()[2]
+        assert _span_text(row.split(" | ")[0].removeprefix("| ")) == shown
+
+
 def test_a_value_with_a_line_break_adds_no_key_of_its_own() -> None:
     text = format_outputs({"a": "one\nb=two"})
     head, body, end = text.splitlines()[0], text.splitlines()[1:3], text.splitlines()[3]

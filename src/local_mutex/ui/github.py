@@ -42,8 +42,12 @@ def capture_file(env: Mapping[str, str]) -> str:
 
 
 def summary_row(name: str, waited: str, held: str, outcome: str) -> str:
+    from .lines import printable
+
     def cell(text: str) -> str:
-        return text.replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+        # Escaped as the log escapes it: a right-to-left mark could make a name read
+        # backwards, a line separator start a new line.
+        return printable(text).replace("|", "\\|")
 
     return (
         "| lock | waited | held | result |\n| --- | --- | --- | --- |\n"
