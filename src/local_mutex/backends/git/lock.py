@@ -204,10 +204,8 @@ class GitLock:
             self.pending = None
             self.git.deadline = None
         if "takeover_of" in ours.body and reporter is not None:
-            reporter.notice(
-                f"took over remote lock {self.label}: the previous holder's lease had expired",
-                notable=True,
-            )
+            why = "the previous holder's lease had expired"
+            reporter.notice(f"took over remote lock {self.label}: {why}", notable=True)
         return time.monotonic() - start
 
     def _take(
