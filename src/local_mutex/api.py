@@ -12,7 +12,8 @@ import sys
 from ._fastsignal import main_thread
 from .backends import given_remote, open_backend
 from .errors import ValidationError
-from .lifecycle import Held, run_locked
+from .held import Held
+from .lifecycle import run_locked
 from .names import display
 from .runspec import Command, Options, RunResult
 

@@ -1,7 +1,7 @@
 """The one lifecycle of a lock: validate -> acquire (announcing the wait) -> record ->
 supervise -> release -> report.
 
-``run_locked`` serves ``run``, ``each``, the action and the Python ``run``; ``Held`` (the
+``run_locked`` serves ``run``, ``each``, the action and the Python ``run``; ``held.Held`` (the
 same steps without a command) serves ``with hold(...)`` and ``hold``'s holder process.
 Backends differ only behind the ``Lock`` protocol (``backends/base.py``); processes only
 behind ``supervise``. Nothing here prints except through the ``Reporter`` it is given.
@@ -23,7 +23,7 @@ from .errors import (
     Unavailable,
 )
 from .identity import ENV_TOKEN, holder_record, job_identity, stamped_now
-from .names import display, name_bytes
+from .names import name_bytes
 from .runspec import Command, Options, RunResult
 from .supervise.hooks import session_of
 from .supervise.keeper import SignalsHeld, Spec, supervise
@@ -48,6 +48,9 @@ STOP_MARGIN = 2.0
 # Locks ``Held`` in this process: (backend kind, lock file, thread) -> (mode, lock). A ``run``
 # of one inside the block runs within it; the held lock names itself to its command's calls.
 _held_here: dict[tuple[str, str, bool, int], tuple[str, Lock]] = {}
+# A child forked inside a block holds nothing itself (its thread has the parent's thread id):
+# a run there takes the lock as any other process's would.
+os.register_at_fork(after_in_child=_held_here.clear)
 
 
 def command_env(lock: Lock, env: Mapping[str, str], held: bool) -> dict[str, str]:
@@ -123,7 +126,12 @@ def run_locked(
             # nested calls of its command run inside, as under the holder's own lock.
             joined = session_of(lock) is not None
             inside = command_env(lock if here is None else here[1], env, here is not None or joined)
-            return _run_inside(lock, pid, command, opts, inside, reporter, result, subreaper, last)
+            # Inside this process's own hold, the command holds the hold's description: it
+            # keeps the lock should we and the supervisor both die.
+            holding = lock if here is None else here[1]
+            return _run_inside(
+                lock, pid, command, opts, inside, reporter, result, subreaper, last, holding
+            )
         if opts.reentrant and reporter is not None and not _may_join_a_hold(opts, env):
             reporter.warning(
                 f"--reentrant runs inside a hold of this GitHub job, or the hold whose token "
@@ -219,9 +227,12 @@ def _run_inside(
     result: RunResult,
     subreaper: bool,
     last: bool,
+    holding: Lock,
 ) -> RunResult:
     """An enclosing holder has this lock: run the command within its hold. The lock stays
-    open until the command is over: it may share the hold's (``backends.flock.share``)."""
+    open until the command is over: it may share the hold's (``backends.flock.share``).
+    ``holding``: the lock whose descriptions the command keeps (``lock``, or this process's
+    own hold)."""
     if reporter is not None:
         reporter.reentrant(lock.label, pid)
     result.reentrant = True
@@ -237,7 +248,7 @@ def _run_inside(
         with SignalsHeld(last) as held:
             outcome = supervise(
                 spec,
-                keep_fds=lock.keep_fds(),  # the hold's, if shared with us: the command's too
+                keep_fds=holding.keep_fds(),  # the hold's, if shared with us: the command's too
                 # A remote hold's run holds a key of its own that the hold's end waits for
                 # (``backends.postgres.inside``): watched as a lock is, lost if it ends.
                 lock=guard,
@@ -311,87 +322,3 @@ def _finish(
         reporter.reentrant_done(label, result.held, result.status)
     else:
         reporter.released(label, result.waited, result.held, result.status, stopped=outcome.stopped)
-
-
-class Held:
-    """``with Held(backend, name, ...) as lock:`` -- the lifecycle without a command: the
-    lock is held by this process for the block (``api.hold``, the ``hold`` holder)."""
-
-    def __init__(
-        self,
-        backend: Backend,
-        name: str | bytes,
-        opts: Options,
-        *,
-        command: str,
-        env: Mapping[str, str],
-        extra: Mapping[str, Any] | None = None,
-        reporter: Reporter | None = None,
-        watch: bool = True,
-    ) -> None:
-        self.backend, self.raw, self.opts = backend, name_bytes(name), opts
-        self.command, self.env, self.extra = command, env, extra
-        self.reporter, self.watch = reporter, watch
-        self.lock: Lock | None = None
-        self.lost: LockLost | None = None
-        self.waited = 0.0
-        self._key: tuple[str, str, bool, int] | None = None
-        self._stop = False
-
-    @property
-    def label(self) -> str:
-        return display(self.raw)
-
-    def __enter__(self) -> Held:
-        lock = self.backend.lock(self.raw)
-        try:
-            key = _here_key(self.backend, lock, self.opts.slots)
-            if key in _held_here:
-                raise NestingError(f"lock {lock.label} is already held by this thread")
-            self.waited = _take(lock, self.opts, self.env, self.reporter, self.command, self.extra)
-        except BaseException:
-            _let_go(lock)
-            lock.close()
-            raise
-        _held_here[key] = ("s" if self.opts.shared else "x", lock)
-        self.lock, self._key = lock, key
-        if self.watch and lock.check_interval() is not None:
-            _thread.start_new_thread(self._watch, ())
-        return self
-
-    def check(self) -> str | None:  # one periodic check, for holders with a loop of their own
-        assert self.lock is not None
-        try:
-            return self.lock.check()
-        except LockLost as exc:
-            self.lost = exc
-            raise
-
-    def _watch(self) -> None:
-        while not self._stop and self.lock is not None and self.lost is None:
-            interval = self.lock.check_interval()
-            if interval is None:
-                return
-            time.sleep(interval)
-            if self._stop:
-                return
-            try:
-                self.check()
-            except LockLost:
-                return
-            except Exception:
-                continue
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop = True
-        lock, key = self.lock, self._key
-        self.lock = self._key = None
-        if key is not None:
-            _held_here.pop(key, None)
-        if lock is not None:
-            try:
-                lock.release()
-            finally:
-                lock.close()
-        if self.lost is not None and exc[0] is None:
-            raise self.lost

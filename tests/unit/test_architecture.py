@@ -17,7 +17,7 @@ LAYERS = [
     ("entry", ["local_mutex.cli", "local_mutex.action", "local_mutex.api", "local_mutex.__main__"]),
     ("commands", ["local_mutex.commands"]),
     ("holds", ["local_mutex.holds"]),
-    ("lifecycle", ["local_mutex.lifecycle", "local_mutex.runspec"]),
+    ("lifecycle", ["local_mutex.lifecycle", "local_mutex.held", "local_mutex.runspec"]),
     ("backends", ["local_mutex.backends"]),
     ("supervise", ["local_mutex.supervise"]),
     ("ui", ["local_mutex.ui"]),

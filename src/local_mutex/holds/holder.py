@@ -29,8 +29,8 @@ from ..errors import (
     Unavailable,
     ValidationError,
 )
+from ..held import Held
 from ..identity import job_identity, new_token, token_hash, utc_stamp
-from ..lifecycle import Held
 from ..runspec import Options
 from ..ui.lines import Reporter
 from .start import DELIVERED, ENV_ACK_FD, ENV_READY_FD, ENV_SPEC

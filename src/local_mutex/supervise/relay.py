@@ -161,12 +161,18 @@ class SignalsHeld(StopHandlers):
         elif not self.letting_go:
             raise Interrupted(signum, before_start=True)
 
+    def __enter__(self) -> SignalsHeld:
+        # The caller's mask, put back at the end: a program that blocks SIGTERM to take it
+        # with sigwait() or a signalfd found it unblocked after a run, and died of the next.
+        self.mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+        return super().__enter__()
+
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)  # the caller's own handlers, for what is pending
         if self.last and exc[0] is None:
             self.pending.clear()
             _discard_pending(FORWARDED)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+        signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
         for sig in self.pending:
             os.kill(os.getpid(), sig)
 

@@ -1,0 +1,171 @@
+"""The holder guarantee through the Python API, where the host program is the keeper: runs
+inside its own hold, children it forks inside a block, a tmp cleaner racing the block's
+end, and the host's own signal mask. Real processes, real locks, real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import local_mutex
+from helpers import clean_env, lock_file, lock_is_free, wait_for
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def _host(code: str) -> subprocess.Popen[str]:
+    """A Python program embedding the API."""
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=clean_env({"PYTHONPATH": str(SRC)}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+def _taken_by_another(lock_dir: Path, name: str) -> bool:
+    """Can a third process take the lock right now? (It lets go at once.)"""
+    try:
+        with local_mutex.hold(name, lock_dir=str(lock_dir), wait=0):
+            return True
+    except local_mutex.NotAcquired:
+        return False
+
+
+@pytest.mark.timeout(60)
+def test_a_run_inside_its_hosts_hold_keeps_the_lock_when_host_and_supervisor_die(
+    lock_dir: Path, tmp_path: Path
+) -> None:
+    """The command of a run inside the same process's hold inherited no locked description:
+    with the host and its supervisor SIGKILLed together, another process took the lock
+    while the command ran on (a plain run keeps it, and so must this one)."""
+    started, go, pidfile = tmp_path / "started", tmp_path / "go", tmp_path / "cmd.pid"
+    cmd = f"echo $$ > {pidfile}; touch {started}; while [ ! -e {go} ]; do sleep 0.02; done"
+    host = _host(f"""
+        import local_mutex as lm
+        with lm.hold("both", lock_dir={str(lock_dir)!r}):
+            lm.run("both", command={cmd!r}, lock_dir={str(lock_dir)!r})
+    """)
+    try:
+        wait_for(started, 20, "the command")
+        command = int(pidfile.read_text())
+        supervisors = [p for p in _children(host.pid) if p != command]
+        assert supervisors, "no supervisor found"
+        for pid in (host.pid, *supervisors):
+            os.kill(pid, signal.SIGKILL)
+        host.wait(10)
+        time.sleep(0.3)  # what a newcomer would have needed to get in
+        assert not _taken_by_another(lock_dir, "both")  # the command still holds it
+        os.kill(command, 0)
+    finally:
+        go.touch()
+    wait_for(lambda: lock_is_free(lock_file(lock_dir, "both")), 20, "the lock to be free")
+
+
+@pytest.mark.timeout(60)
+def test_a_child_forked_inside_a_hold_holds_nothing_and_frees_nothing(
+    lock_dir: Path, tmp_path: Path
+) -> None:
+    """A child forked inside ``with hold()`` took itself for the holder (a run there ran
+    "inside", with no lock, beside the next holder), and its own leaving of the block
+    unlocked the parent's lock while the parent was still in its block."""
+    left, go = tmp_path / "child-left", tmp_path / "go"
+    host = _host(f"""
+        import os, sys, time
+        import local_mutex as lm
+        D = {str(lock_dir)!r}
+        with lm.hold("forked", lock_dir=D):
+            child = os.fork()
+            if child == 0:
+                try:
+                    r = lm.run("forked", command="true", lock_dir=D, wait=0)
+                    print("child ran, reentrant", r.reentrant, flush=True)
+                except lm.NotAcquired:
+                    print("child waits its turn", flush=True)
+                with lm.hold("other", lock_dir=D):  # a block of its own, left as usual
+                    pass
+                open({str(left)!r}, "w").close()
+                sys.exit(0)  # leaves the parent's block too, as any exception would
+            os.waitpid(child, 0)
+            while not os.path.exists({str(go)!r}):
+                time.sleep(0.02)
+    """)
+    try:
+        wait_for(left, 20, "the child to leave the block")
+        time.sleep(0.2)
+        assert not _taken_by_another(lock_dir, "forked")  # the parent holds it still
+    finally:
+        go.touch()
+    out, err = host.communicate(timeout=30)
+    assert host.returncode == 0, err
+    assert out.splitlines() == ["child waits its turn"], out
+    assert lock_is_free(lock_file(lock_dir, "forked"))
+
+
+@pytest.mark.timeout(120)
+def test_a_tmp_cleaner_as_a_block_ends_leaves_no_lock_held(lock_dir: Path) -> None:
+    """The watcher put a deleted file back while the block was ending: the put-back came
+    after the release, and its locked file (and guardian) stayed with the host until it
+    exited -- every later hold of the name, its own too, waited for good."""
+    host = _host(f"""
+        import os, random, time
+        import local_mutex as lm
+        D = {str(lock_dir)!r}
+        random.seed(7)
+        for i in range(25):
+            with lm.hold("race", lock_dir=D) as h:
+                os.unlink(h.path)  # a tmp cleaner
+                time.sleep(0.1 + random.uniform(0, 0.03))  # about when the watcher looks
+            try:
+                with lm.hold("race", lock_dir=D, wait=2):
+                    pass
+            except lm.NotAcquired:
+                print("held after the block, round", i, flush=True)
+                break
+        print("fds", sorted(os.listdir("/proc/self/fd")), flush=True)
+    """)
+    out, err = host.communicate(timeout=100)
+    assert host.returncode == 0, err
+    assert "held after the block" not in out, out
+    assert out.strip().splitlines()[-1] == "fds ['0', '1', '2', '3']", out  # nothing leaked
+
+
+@pytest.mark.timeout(60)
+def test_run_leaves_the_hosts_signal_mask_as_it_was(lock_dir: Path) -> None:
+    """A host that blocks SIGTERM to take it with sigwait() found it unblocked after a run
+    (and died of the next SIGTERM, 143, instead of shutting down its own way)."""
+    host = _host(f"""
+        import os, signal, sys, threading
+        import local_mutex as lm
+        signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGTERM, signal.SIGUSR1}})
+        def shut_down():
+            signal.sigwait({{signal.SIGTERM}})
+            print("clean shutdown", flush=True)
+            os._exit(0)
+        threading.Thread(target=shut_down, daemon=True).start()
+        lm.run("mask", command="true", lock_dir={str(lock_dir)!r})
+        try:
+            with lm.hold("mask", lock_dir={str(lock_dir)!r}, wait=0):
+                lm.run("mask", command="true", lock_dir={str(lock_dir)!r})  # inside it
+        finally:
+            print(sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])), flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.pause()
+    """)
+    out, err = host.communicate(timeout=30)
+    lines = out.splitlines()
+    assert lines[0] == str(sorted([signal.SIGTERM, signal.SIGUSR1])), (out, err)
+    assert lines[1:] == ["clean shutdown"] and host.returncode == 0, (out, err)
