@@ -61,14 +61,18 @@ class Held:
             if key in _held_here:
                 raise NestingError(f"lock {lock.label} is already held by this thread")
             self.waited = _take(lock, self.opts, self.env, self.reporter, self.command, self.extra)
-        except BaseException:
-            _let_go(lock)
-            lock.close()
+            self.lock, self._key, self._pid = lock, key, os.getpid()
+            _held_here[key] = ("s" if self.opts.shared else "x", lock)
+            if self.watch and lock.check_interval() is not None:
+                _thread.start_new_thread(self._watch, ())
+        except BaseException:  # a Ctrl-C too, wherever it lands: nothing stays held
+            self._stop = True
+            if self._key is not None:  # taken and noted: let go as the block's end would
+                self._end()
+            else:
+                _let_go(lock)
+                lock.close()
             raise
-        _held_here[key] = ("s" if self.opts.shared else "x", lock)
-        self.lock, self._key, self._pid = lock, key, os.getpid()
-        if self.watch and lock.check_interval() is not None:
-            _thread.start_new_thread(self._watch, ())
         return self
 
     def check(self) -> str | None:  # one periodic check, for holders with a loop of their own
@@ -80,8 +84,9 @@ class Held:
             raise
 
     def _watch(self) -> None:
-        while not self._stop and self.lock is not None and self.lost is None:
-            interval = self.lock.check_interval()
+        lock = self.lock
+        while lock is not None and not self._stop and self.lost is None:
+            interval = lock.check_interval()
             if interval is None:
                 return
             time.sleep(interval)
@@ -96,20 +101,25 @@ class Held:
                     continue
 
     def __exit__(self, *exc: object) -> None:
-        with self._turn:  # a look under way ends first; none starts after this
-            self._stop = True
-            lock, key = self.lock, self._key
-            self.lock = self._key = None
-        if os.getpid() != self._pid:  # a forked child leaving the block: the lock is the
-            if lock is not None:  # parent's, and an unlock would free it for everyone
-                lock.close()
-            return
-        if key is not None:
-            _held_here.pop(key, None)
-        if lock is not None:
-            try:
-                lock.release()
-            finally:
-                lock.close()
+        try:
+            with self._turn:  # a look under way ends first; none starts after this
+                self._stop = True
+        finally:  # a Ctrl-C while the look ends still lets go
+            self._end()
         if self.lost is not None and exc[0] is None:
             raise self.lost
+
+    def _end(self) -> None:
+        lock, key = self.lock, self._key
+        self.lock = self._key = None
+        if lock is None:
+            return
+        try:
+            # A forked child leaving the block: the lock is the parent's, and an unlock
+            # would free it for everyone; it only closes its copies.
+            if os.getpid() == self._pid:
+                if key is not None:
+                    _held_here.pop(key, None)
+                lock.release()
+        finally:  # closing the last descriptor lets go too, should release() be cut short
+            lock.close()
