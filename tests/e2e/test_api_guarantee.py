@@ -169,3 +169,52 @@ def test_run_leaves_the_hosts_signal_mask_as_it_was(lock_dir: Path) -> None:
     lines = out.splitlines()
     assert lines[0] == str(sorted([signal.SIGTERM, signal.SIGUSR1])), (out, err)
     assert lines[1:] == ["clean shutdown"] and host.returncode == 0, (out, err)
+
+
+@pytest.mark.timeout(120)
+def test_a_ctrl_c_on_any_line_of_a_blocks_start_or_end_leaves_nothing_held(
+    lock_dir: Path,
+) -> None:
+    """A SIGINT (Python's own KeyboardInterrupt) landing on some lines of ``hold``'s
+    entry or exit left the lock held by the host and this thread taking itself for its
+    holder: every later hold of the name raised NestingError, every run ran "inside" with
+    no lock. Each line of them in turn gets a real SIGINT (``settrace`` picks the moment)."""
+    host = _host(f"""
+        import inspect, os, signal, sys
+        import local_mutex as lm
+        from local_mutex import held, lifecycle
+        D = {str(lock_dir)!r}
+        lines = set()
+        for fn in (held.Held.__enter__, held.Held.__exit__, held.Held._end, lm.hold.__enter__,
+                   lm.hold.__exit__):
+            body, first = inspect.getsourcelines(fn)
+            lines |= {{(fn.__code__.co_filename, first + i) for i in range(len(body))}}
+        fired, leaks = [], []
+        for where in sorted(lines):
+            fired.clear()
+            def tracer(frame, event, arg):
+                if frame.f_code.co_filename != where[0]:
+                    return None
+                def on_line(frame, event, arg):
+                    if event == "line" and frame.f_lineno == where[1] and not fired:
+                        fired.append(where)
+                        os.kill(os.getpid(), signal.SIGINT)
+                    return on_line
+                return on_line
+            sys.settrace(tracer)
+            try:
+                with lm.hold("k", lock_dir=D):
+                    pass
+            except KeyboardInterrupt:
+                pass
+            finally:
+                sys.settrace(None)
+            if fired and (lifecycle._held_here or lm.status("k", D).state != "free"):
+                leaks.append(where[1])
+                lifecycle._held_here.clear()
+                break
+        print("leaks", leaks, "of", len(lines), "lines", flush=True)
+    """)
+    out, err = host.communicate(timeout=100)
+    assert host.returncode == 0, err
+    assert out.startswith("leaks [] of "), out
