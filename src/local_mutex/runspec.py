@@ -3,7 +3,9 @@ Shared by every verb, the action and the Python API; ``lifecycle`` carries it ou
 
 from __future__ import annotations
 
-from .errors import LockLost, NestingError, ValidationError
+import os
+
+from .errors import InvalidCommand, LockLost, NestingError, ValidationError
 from .names import shell_quote, validate_command
 
 TYPE_CHECKING = False
@@ -51,22 +53,49 @@ class Command:
         if (command is None) == (argv is None):
             raise ValidationError("give a shell command or a program with its arguments")
         if argv is not None:
-            if isinstance(argv, (str, bytes)):  # a string is a sequence too: "true" ran "t"
-                raise ValidationError("argv is a list of the program and its arguments")
+            # A string is a sequence too ("true" ran "t"); a set or a generator gives no
+            # order to trust, or is gone once looked at.
+            if not isinstance(argv, (list, tuple)):
+                raise InvalidCommand(
+                    "argv is a list (or tuple) of the program and its arguments, "
+                    f"not {type(argv).__name__}"
+                )
             if not argv or not argv[0]:
                 raise ValidationError("the program to run is missing after --")
             if not all(isinstance(a, str) for a in argv):
-                raise ValidationError("every argument in argv must be a str")
-            if any("\0" in a for a in argv):
-                raise ValidationError("an argument holds a NUL byte, which no program can get")
+                raise InvalidCommand("every argument in argv must be a str")
+            for arg in argv:
+                passable("an argument", arg)
             self.argv = list(argv)
             self.text = " ".join(shell_quote(a) for a in argv)
         else:
-            assert command is not None
+            if not isinstance(command, str):
+                hint = ""
+                if isinstance(command, (list, tuple)):
+                    hint = ": give a program and its arguments as argv="
+                elif isinstance(command, bytes):
+                    hint = ": decode it (os.fsdecode keeps every byte)"
+                raise InvalidCommand(
+                    f"the command is a str for /bin/sh -c, not {type(command).__name__}{hint}"
+                )
             self.text = validate_command(command)
-            if "\0" in command:
-                raise ValidationError("the command holds a NUL byte, which no shell can get")
+            passable("the command", command)
             self.argv = ["sh", "-c", command]
+
+
+def passable(what: str, text: str, error: type[ValidationError] = InvalidCommand) -> None:
+    """Refuse what no program can be given (found only once the lock was taken, it ended
+    a run with 70): a NUL byte, or a lone surrogate, which encodes to no bytes at all
+    (``\\udc80``-``\\udcff`` stand for the raw bytes ``surrogateescape`` read: kept)."""
+    if "\0" in text:
+        raise error(f"{what} holds a NUL byte, which no system call takes")
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError as exc:
+        raise error(
+            f"{what} holds {text[exc.start]!r} at {exc.start}: a lone surrogate, which "
+            "encodes to no bytes"
+        ) from None
 
 
 # As the command line's bound: past it, timers overflow.

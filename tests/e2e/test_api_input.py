@@ -1,0 +1,101 @@
+"""The Python API checks what it is given before anything is opened or locked: a typed
+error naming the parameter, never a bare TypeError from deep inside, a lock taken in /tmp,
+or a run that took the lock and ended with 70 (the command never started)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import local_mutex
+from helpers import clean_env
+
+
+@pytest.fixture(autouse=True)
+def default_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where a lock goes when no lock dir is given: it must stay empty too."""
+    d = tmp_path / "default"
+    d.mkdir()
+    monkeypatch.setenv("LOCAL_MUTEX_LOCK_DIR", str(d))
+    monkeypatch.delenv("LOCAL_MUTEX_REMOTE", raising=False)
+    return d
+
+
+def _refused(
+    lock_dir: Path, marks: Path, error: type[Exception], /, **kwargs: Any
+) -> local_mutex.ValidationError:
+    """``run`` with ``kwargs`` raises ``error`` (a ValidationError), nothing ran, nothing
+    was locked (nor in the default lock dir)."""
+    kwargs.setdefault("lock_dir", str(lock_dir))
+    if "argv" not in kwargs:
+        kwargs.setdefault("command", f"touch '{marks}/ran'")
+    with pytest.raises(error) as info:
+        local_mutex.run("api-input", **kwargs)
+    assert isinstance(info.value, local_mutex.ValidationError)
+    assert info.value.exit_code == 2
+    assert not (marks / "ran").exists()
+    assert not list(lock_dir.iterdir())
+    assert not os.listdir(os.environ["LOCAL_MUTEX_LOCK_DIR"])
+    return info.value
+
+
+def test_a_command_or_argument_no_program_can_get_is_refused(lock_dir: Path, marks: Path) -> None:
+    """A lone surrogate encodes to no bytes: the run took the lock and ended with 70. One
+    that ``surrogateescape`` read from raw bytes (``\\udcff``) is those bytes, and runs."""
+    error = _refused(lock_dir, marks, local_mutex.InvalidCommand, command="echo \ud800")
+    assert "lone surrogate" in str(error)
+    _refused(lock_dir, marks, local_mutex.InvalidCommand, argv=["echo", "\ud800"])
+    _refused(lock_dir, marks, local_mutex.InvalidCommand, argv=["\udc00"])
+    out = marks / "out"
+    argv = ["sh", "-c", 'printf %s "$1" > "$2"', "sh", "a\udcffb", str(out)]
+    assert local_mutex.run("api-input", argv=argv, lock_dir=str(lock_dir)).status == 0
+    assert out.read_bytes() == b"a\xffb"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"command": b"true"}, "not bytes"),
+        ({"command": ["true"]}, "argv="),
+        ({"argv": (a for a in ["true"])}, "not generator"),
+        ({"argv": {"true"}}, "not set"),
+    ],
+    ids=repr,
+)
+def test_a_command_of_the_wrong_type_says_what_to_give(
+    lock_dir: Path, marks: Path, kwargs: dict[str, Any], says: str
+) -> None:
+    """They raised TypeError or AttributeError from deep inside."""
+    error = _refused(lock_dir, marks, local_mutex.InvalidCommand, **kwargs)
+    assert says in str(error)
+
+
+CLI_SURROGATE = """
+import sys
+from local_mutex.cli import main
+lock_dir, marks = sys.argv[1], sys.argv[2]
+shell = main(["-q", "api-input", f"touch {marks}/shell; echo \\ud800", lock_dir])
+program = main(["-q", "api-input", "--", "touch", f"{marks}/program", "\\ud800"])
+print(shell, program)
+"""
+
+
+def test_the_cli_refuses_a_lone_surrogate_too(lock_dir: Path, marks: Path) -> None:
+    """``main(argv)`` shares the check (a real command line cannot hold one): it took the
+    lock and ended with 70."""
+    r = subprocess.run(
+        [sys.executable, "-c", CLI_SURROGATE, str(lock_dir), str(marks)],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.stdout.split() == ["2", "2"], r.stderr
+    assert r.stderr.count("lone surrogate") == 2
+    assert not list(marks.iterdir())
+    assert not list(lock_dir.iterdir())
