@@ -102,10 +102,10 @@ def passable(what: str, text: str, error: type[ValidationError] = InvalidCommand
 MAX_SECONDS = 1e9
 
 
-def _check_seconds(label: str, value: float | None, *, zero: bool) -> None:
+def _check_seconds(label: str, value: float | None, *, zero: bool, none: bool = True) -> None:
     """The bounds the command line keeps, for the API's callers too: NaN, infinity and
     negative values made the supervisor fail (70) after the lock was taken."""
-    if value is None:
+    if value is None and none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValidationError(f"{label} must be a number of seconds, not {value!r}")
@@ -114,6 +114,9 @@ def _check_seconds(label: str, value: float | None, *, zero: bool) -> None:
         raise ValidationError(f"{label} {value!r} is not between {low} and {MAX_SECONDS:g} seconds")
 
 
+# The most slots a name has (``--slots``, the action's ``slots``, the API's ``slots=``).
+MAX_SLOTS = 1024
+
 # A message is for people reading a waiting line. Longer, a hold's could not reach its
 # holder process (E2BIG: 128 KiB an environment string, JSON takes up to 12 bytes a
 # character), while a run's was taken whole.
@@ -121,6 +124,8 @@ MAX_MESSAGE = 8192
 
 
 def check_message(message: str | None) -> None:
+    if message is not None and not isinstance(message, str):
+        raise ValidationError(f"message must be a str, not {type(message).__name__}")
     if message is not None and len(message) > MAX_MESSAGE:
         raise ValidationError(f"--message is {len(message)} characters long; at most {MAX_MESSAGE}")
 
@@ -155,15 +160,22 @@ class Options:
         token: str | None = None,
         closed: tuple[int, ...] = (),
     ) -> None:
+        for flag, on in (("shared", shared), ("reentrant", reentrant)):
+            if not isinstance(on, bool):  # shared="no" took a shared lock
+                raise ValidationError(f"{flag} must be True or False, not {on!r}")
+        if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int)):
+            raise ValidationError(f"slots must be a whole number (an int), not {slots!r}")
         if slots is not None and shared:
             raise NestingError(
                 "--slots cannot be --shared: a slot is one holder's (N slots let N in at once)"
             )
         if slots is not None and slots < 1:
             raise NestingError("--slots needs a count of at least 1")
+        if slots is not None and slots > MAX_SLOTS:  # no slot past it is ever looked at
+            raise ValidationError(f"slots {slots} is not between 1 and {MAX_SLOTS}")
         _check_seconds("wait", wait, zero=True)
         _check_seconds("timeout", timeout, zero=False)
-        _check_seconds("kill_after", kill_after, zero=True)
+        _check_seconds("kill_after", kill_after, zero=True, none=False)
         check_message(message)
         self.wait, self.timeout, self.kill_after = wait, timeout, kill_after
         self.shared, self.slots, self.reentrant = shared, slots, reentrant

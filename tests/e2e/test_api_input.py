@@ -4,6 +4,7 @@ or a run that took the lock and ended with 70 (the command never started)."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -99,3 +100,27 @@ def test_the_cli_refuses_a_lone_surrogate_too(lock_dir: Path, marks: Path) -> No
     assert r.stderr.count("lone surrogate") == 2
     assert not list(marks.iterdir())
     assert not list(lock_dir.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"kill_after": None}, "kill_after"),
+        ({"slots": 2.0}, "slots"),
+        ({"slots": "2"}, "slots"),
+        ({"slots": math.nan}, "slots"),
+        ({"slots": True}, "slots"),
+        ({"slots": 5000}, "1024"),
+        ({"shared": "no"}, "shared"),
+        ({"shared": 1}, "shared"),
+    ],
+    ids=repr,
+)
+def test_an_option_of_the_wrong_type_or_range_is_refused(
+    lock_dir: Path, marks: Path, kwargs: dict[str, Any], says: str
+) -> None:
+    """TypeError from deep inside, or taken as something else: ``slots=True`` as 1,
+    ``shared="no"`` as a shared lock, ``slots=5000`` past the 1024 the CLI allows (and
+    the only slots anything looks at)."""
+    error = _refused(lock_dir, marks, local_mutex.ValidationError, **kwargs)
+    assert says in str(error)
