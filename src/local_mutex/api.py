@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 
 from ._fastsignal import main_thread
 from .backends import given_remote, open_backend
 from .errors import ValidationError
 from .lifecycle import Held, run_locked
 from .names import display
-from .runspec import Command, Options, RunResult
+from .runspec import Command, Options, RunResult, passable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Sequence
 
     from .backends.base import LockStatus
     from .ui.lines import Reporter
@@ -28,6 +29,24 @@ def _remote(remote: str | None, env: Mapping[str, str]) -> str | None:
     """``remote``, else $LOCAL_MUTEX_REMOTE, as for the CLI and the action: the same
     name then locks in the same place whichever of them takes it."""
     return given_remote(remote, env, "remote")
+
+
+def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
+    """The command's environment: what a program can be given, or ValidationError."""
+    if env is None:
+        return os.environ
+    if not isinstance(env, Mapping):
+        raise ValidationError(f"env is a mapping (a dict) of str to str, not {type(env).__name__}")
+    for key, value in env.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ValidationError(f"env maps str to str, not {key!r}: {value!r}")
+        if not key:
+            raise ValidationError("env has an empty name, which no program can be given")
+        if "=" in key:
+            raise ValidationError(f"env name {key!r} holds '=', which ends a name")
+        passable(f"env name {key!r}", key, ValidationError)
+        passable(f"env[{key!r}]", value, ValidationError)
+    return env
 
 
 def run(
@@ -63,7 +82,7 @@ def run(
             "run a command from the main thread: it relays stop signals to the command, and "
             "only the main thread can handle signals (hold() works from any thread)"
         )
-    env = os.environ if env is None else env
+    env = _env(env)  # checked before anything is opened or locked
     backend = open_backend(
         _remote(remote, env), lock_dir=lock_dir, env=env, allow_other_owner=allow_other_owner
     )

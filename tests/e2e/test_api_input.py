@@ -124,3 +124,32 @@ def test_an_option_of_the_wrong_type_or_range_is_refused(
     the only slots anything looks at)."""
     error = _refused(lock_dir, marks, local_mutex.ValidationError, **kwargs)
     assert says in str(error)
+
+
+PATH = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+
+
+def _with(key: Any, value: Any) -> dict[Any, Any]:
+    return {**PATH, key: value}
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        (_with("N", 1), "str to str"),
+        (_with(b"N", "1"), "str to str"),
+        (_with("N", "a\0b"), "NUL"),
+        (_with("A=B", "c"), "'='"),
+        (_with("", "c"), "empty name"),
+        (_with("N", "\ud800"), "lone surrogate"),
+        ([("PATH", PATH["PATH"])], "mapping"),
+    ],
+    ids=["int value", "bytes name", "NUL", "= in a name", "empty name", "surrogate", "pairs"],
+)
+def test_an_environment_no_program_can_get_is_refused(
+    lock_dir: Path, marks: Path, env: Any, says: str
+) -> None:
+    """Each took the lock and ended with 70 ("the supervisor failed"), or raised
+    AttributeError (a list of pairs)."""
+    error = _refused(lock_dir, marks, local_mutex.ValidationError, env=env)
+    assert "env" in str(error) and says in str(error)
