@@ -8,13 +8,14 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import local_mutex
-from helpers import clean_env
+from helpers import clean_env, lock_file
 
 
 @pytest.fixture(autouse=True)
@@ -113,6 +114,7 @@ def test_the_cli_refuses_a_lone_surrogate_too(lock_dir: Path, marks: Path) -> No
         ({"slots": 5000}, "1024"),
         ({"shared": "no"}, "shared"),
         ({"shared": 1}, "shared"),
+        ({"allow_other_owner": "no"}, "allow_other_owner"),
     ],
     ids=repr,
 )
@@ -153,3 +155,110 @@ def test_an_environment_no_program_can_get_is_refused(
     AttributeError (a list of pairs)."""
     error = _refused(lock_dir, marks, local_mutex.ValidationError, env=env)
     assert "env" in str(error) and says in str(error)
+
+
+@pytest.mark.parametrize(
+    ("lock_dir_given", "says"),
+    [("", "empty"), ("/tmp/\0x", "NUL"), ("/tmp/\ud800", "lone surrogate"), (5, "int")],
+    ids=repr,
+)
+def test_a_lock_dir_that_is_no_directory_is_refused(
+    lock_dir: Path, marks: Path, lock_dir_given: Any, says: str
+) -> None:
+    """An empty one locked in /tmp (as the CLI refuses --lock-dir "": an unset variable);
+    the others raised ValueError, UnicodeEncodeError, TypeError."""
+    error = _refused(lock_dir, marks, local_mutex.InvalidLockDir, lock_dir=lock_dir_given)
+    assert "lock_dir" in str(error) and says in str(error)
+
+
+def test_an_empty_lock_dir_is_refused_by_every_call(default_dir: Path) -> None:
+    """Each looked in (or locked) the default lock dir instead."""
+    calls: list[Callable[[], object]] = [
+        lambda: local_mutex.status("api-input", ""),
+        lambda: local_mutex.list_locks(""),
+        lambda: local_mutex.lock_path("api-input", ""),
+        lambda: local_mutex.hold("api-input", lock_dir="").__enter__(),
+    ]
+    for call in calls:
+        with pytest.raises(local_mutex.InvalidLockDir, match="empty"):
+            call()
+    assert not list(default_dir.iterdir())
+
+
+def test_a_lock_dir_may_be_a_path(lock_dir: Path, marks: Path) -> None:
+    """A ``pathlib.Path`` raised AttributeError ('PosixPath' object has no attribute)."""
+    assert local_mutex.lock_path("api-input", lock_dir) == str(lock_file(lock_dir, "api-input"))
+    result = local_mutex.run("api-input", command=f"touch '{marks}/ran'", lock_dir=lock_dir)
+    assert result.status == 0 and (marks / "ran").exists()
+    assert result.lock_file == str(lock_file(lock_dir, "api-input"))
+    with local_mutex.hold("api-input", lock_dir=lock_dir) as held:
+        assert held.path == str(lock_file(lock_dir, "api-input"))
+        assert local_mutex.status("api-input", lock_dir).state == "held"
+        assert [s.name for s in local_mutex.list_locks(lock_dir)] == ["api-input"]
+
+
+def test_a_name_that_stands_for_no_bytes_is_an_invalid_name(lock_dir: Path) -> None:
+    """A lone surrogate raised UnicodeEncodeError, a number TypeError."""
+    calls: list[Callable[[Any], object]] = [
+        lambda name: local_mutex.run(name, command="true", lock_dir=str(lock_dir)),
+        lambda name: local_mutex.hold(name, lock_dir=str(lock_dir)).__enter__(),
+        lambda name: local_mutex.status(name, str(lock_dir)),
+        lambda name: local_mutex.lock_path(name, str(lock_dir)),
+    ]
+    for call in calls:
+        for name in ("\ud800", 5):
+            with pytest.raises(local_mutex.InvalidName):
+                call(name)
+    assert not list(lock_dir.iterdir())
+    # Raw bytes read through surrogateescape are the same name as those bytes.
+    assert local_mutex.lock_path("\udcff", str(lock_dir)) == str(lock_file(lock_dir, b"\xff"))
+
+
+def test_hold_refuses_what_it_cannot_take_as_given(lock_dir: Path) -> None:
+    """``message=5`` raised TypeError; ``shared="no"`` took a shared lock."""
+    for kwargs in ({"message": 5}, {"shared": "no"}, {"allow_other_owner": 1}):
+        with pytest.raises(local_mutex.ValidationError):
+            local_mutex.hold("api-input", lock_dir=str(lock_dir), **kwargs).__enter__()
+    with pytest.raises(local_mutex.ValidationError, match="include_free"):
+        local_mutex.list_locks(str(lock_dir), include_free="no")  # type: ignore[arg-type]
+    assert not list(lock_dir.iterdir())
+
+
+@pytest.fixture
+def bare_repo(tmp_path: Path) -> str:
+    repo = tmp_path / "locks.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(repo)], check=True)
+    return f"file://{repo}"
+
+
+def _branches(url: str) -> str:
+    return subprocess.run(
+        ["git", "--git-dir", url.removeprefix("file://"), "for-each-ref"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
+def test_a_lock_dir_beside_a_remote_is_refused(lock_dir: Path, marks: Path, bare_repo: str) -> None:
+    """The lock dir was silently ignored (the README: refused, as the CLI refuses both)."""
+    _refused(lock_dir, marks, local_mutex.Unsupported, remote=bare_repo)
+    calls: list[Callable[[], object]] = [
+        lambda: local_mutex.status("api-input", str(lock_dir), remote=bare_repo),
+        lambda: local_mutex.list_locks(str(lock_dir), remote=bare_repo),
+        lambda: local_mutex.hold("api-input", lock_dir=str(lock_dir), remote=bare_repo),
+    ]
+    for call in calls:
+        with pytest.raises(local_mutex.Unsupported, match="lock_dir"):
+            call()
+    assert _branches(bare_repo) == ""
+
+
+def test_a_remote_is_a_url_string(lock_dir: Path, marks: Path, bare_repo: str) -> None:
+    """A ``pathlib.Path`` raised AttributeError ('PosixPath' object has no attribute)."""
+    path = Path(bare_repo.removeprefix("file://"))
+    error = _refused(lock_dir, marks, local_mutex.BadAddress, remote=path, lock_dir=None)
+    assert "URL" in str(error)
+    with pytest.raises(local_mutex.BadAddress):
+        local_mutex.status("api-input", remote=path)  # type: ignore[arg-type]
+    assert _branches(bare_repo) == ""
