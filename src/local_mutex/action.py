@@ -19,7 +19,7 @@ from .identity import ENV_GIT_TOKEN, utc_stamp
 from .lifecycle import run_locked
 from .names import name_bytes
 from .nesting import ENV_HELD
-from .runspec import Command, Options
+from .runspec import MAX_SLOTS, Command, Options
 from .ui import github
 from .ui.lines import ANNOTATIONS, Reporter, duration
 
@@ -83,8 +83,8 @@ class ActionInputs:
             )
         except ValueError:
             raise ValidationError(f"slots must be a whole number, not {slots!r}") from None
-        if self.slots is not None and not 1 <= self.slots <= 1024:
-            raise ValidationError(f"slots must be between 1 and 1024, not {slots!r}")
+        if self.slots is not None and not 1 <= self.slots <= MAX_SLOTS:
+            raise ValidationError(f"slots must be between 1 and {MAX_SLOTS}, not {slots!r}")
         # As on the command line: the input, else $LOCAL_MUTEX_REMOTE (a job-wide default);
         # locking on this machine instead would not exclude the CLI's runs of the name.
         remote = env.get(INPUT_PREFIX + "REMOTE", _REMOTE_LEFT_OUT)

@@ -8,27 +8,86 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 
 from ._fastsignal import main_thread
 from .backends import given_remote, open_backend
-from .errors import ValidationError
+from .errors import BadAddress, InvalidLockDir, Unsupported, ValidationError
 from .held import Held
 from .lifecycle import run_locked
-from .names import display
-from .runspec import Command, Options, RunResult
+from .names import display, validate_name
+from .runspec import Command, Options, RunResult, passable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Sequence
 
     from .backends.base import LockStatus
     from .ui.lines import Reporter
 
+# What the calls below are given is checked here, before anything is opened or locked:
+# found later, a bad value was a bare TypeError from deep inside, a lock in /tmp, or a
+# run that took the lock and ended with 70, the command never started.
 
-def _remote(remote: str | None, env: Mapping[str, str]) -> str | None:
+
+def _lock_dir(lock_dir: str | os.PathLike[str] | None) -> str | None:
+    """``lock_dir`` as a str (a ``pathlib.Path`` too). An empty one is refused, as the
+    CLI refuses ``--lock-dir ""``: an unset variable must not lock in /tmp."""
+    if lock_dir is None:
+        return None
+    try:
+        path = os.fsdecode(lock_dir)
+    except TypeError:
+        raise InvalidLockDir(
+            f"lock_dir is a path (a str or os.PathLike), not {type(lock_dir).__name__}"
+        ) from None
+    if not path:
+        raise InvalidLockDir(
+            "lock_dir is empty (an unset variable?): give a directory, or leave lock_dir "
+            "out for $LOCAL_MUTEX_LOCK_DIR, else /tmp"
+        )
+    passable(f"lock_dir {path!r}", path, InvalidLockDir)
+    return path
+
+
+def _remote(remote: str | None, env: Mapping[str, str], lock_dir: str | None = None) -> str | None:
     """``remote``, else $LOCAL_MUTEX_REMOTE, as for the CLI and the action: the same
-    name then locks in the same place whichever of them takes it."""
-    return given_remote(remote, env, "remote")
+    name then locks in the same place whichever of them takes it. A lock dir given
+    beside a remote given is refused, as the CLI refuses both (a remote in the
+    environment moves a job's locks off the machine, lock dirs and all)."""
+    if remote is not None:
+        if not isinstance(remote, str):
+            raise BadAddress(f"remote is a URL string, not {type(remote).__name__}")
+        passable("remote", remote, BadAddress)
+    address = given_remote(remote, env, "remote")
+    if remote is not None and lock_dir is not None:
+        raise Unsupported("lock_dir is for this machine's locks, not a remote: give one of them")
+    return address
+
+
+def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
+    """The command's environment: what a program can be given, or ValidationError."""
+    if env is None:
+        return os.environ
+    if not isinstance(env, Mapping):
+        raise ValidationError(f"env is a mapping (a dict) of str to str, not {type(env).__name__}")
+    for key, value in env.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ValidationError(f"env maps str to str, not {key!r}: {value!r}")
+        if not key:
+            raise ValidationError("env has an empty name, which no program can be given")
+        if "=" in key:
+            raise ValidationError(f"env name {key!r} holds '=', which ends a name")
+        passable(f"env name {key!r}", key, ValidationError)
+        passable(f"env[{key!r}]", value, ValidationError)
+    return env
+
+
+def _flag(what: str, value: object, *, none: bool = False) -> None:
+    """A flag is True or False (``None`` too where it means "as the environment says"):
+    ``shared="no"`` took a shared lock."""
+    if not isinstance(value, bool) and not (none and value is None):
+        raise ValidationError(f"{what} must be True or False, not {value!r}")
 
 
 def run(
@@ -37,7 +96,7 @@ def run(
     *,
     command: str | None = None,
     argv: Sequence[str] | None = None,
-    lock_dir: str | None = None,
+    lock_dir: str | os.PathLike[str] | None = None,
     remote: str | None = None,
     wait: float | None = None,
     timeout: float | None = None,
@@ -56,27 +115,27 @@ def run(
     on expiry the command's process group gets SIGTERM, then SIGKILL ``kill_after``
     seconds later, and the status is 124 or 137. A command killed by signal N gives 128+N.
     ``shared`` takes a reader lock; ``slots`` makes ``name`` a counting semaphore.
-    ``remote`` locks on a git remote or PostgreSQL URL instead of ``lock_dir``. Nothing is
-    printed unless a ``reporter`` is given. Call it from the main thread (signals drive it).
+    ``remote`` locks on a git remote or PostgreSQL URL instead of ``lock_dir`` (a str or
+    ``os.PathLike``; not both). ``argv`` is a list or tuple of str; ``env`` (default
+    ``os.environ``) maps str to str. Bad input raises a ``ValidationError`` before anything
+    is opened. Nothing is printed unless a ``reporter`` is given. Call it from the main
+    thread (signals drive it).
     """
     if not main_thread():  # refused before anything is opened or run
         raise ValidationError(
             "run a command from the main thread: it relays stop signals to the command, and "
             "only the main thread can handle signals (hold() works from any thread)"
         )
-    env = os.environ if env is None else env
+    validate_name(name)
+    what = Command(command, argv)
+    opts = Options(wait=wait, timeout=timeout, kill_after=kill_after, shared=shared, slots=slots)
+    _flag("allow_other_owner", allow_other_owner, none=True)
+    env, where = _env(env), _lock_dir(lock_dir)
     backend = open_backend(
-        _remote(remote, env), lock_dir=lock_dir, env=env, allow_other_owner=allow_other_owner
+        _remote(remote, env, where), lock_dir=where, env=env, allow_other_owner=allow_other_owner
     )
     try:
-        return run_locked(
-            backend,
-            name,
-            Command(command, argv),
-            Options(wait=wait, timeout=timeout, kill_after=kill_after, shared=shared, slots=slots),
-            env=env,
-            reporter=reporter,
-        )
+        return run_locked(backend, name, what, opts, env=env, reporter=reporter)
     finally:
         backend.close()
 
@@ -104,21 +163,25 @@ class hold:  # noqa: N801 - reads as a function: ``with hold("name"):``
         self,
         name: str | bytes,
         *,
-        lock_dir: str | None = None,
+        lock_dir: str | os.PathLike[str] | None = None,
         remote: str | None = None,
         wait: float | None = None,
         shared: bool = False,
         allow_other_owner: bool | None = None,
         message: str | None = None,
     ) -> None:
-        self._args = (name, lock_dir, remote, allow_other_owner)
+        validate_name(name)
         self._opts = Options(wait=wait, shared=shared, message=message)
+        _flag("allow_other_owner", allow_other_owner, none=True)
+        where = _lock_dir(lock_dir)
+        self._args = (name, where, remote, allow_other_owner)
+        _remote(remote, os.environ, where)  # refused here, not at the ``with``
         self._held: Held | None = None
 
     def __enter__(self) -> HeldLock:
         name, lock_dir, remote, allow_other_owner = self._args
         backend = open_backend(
-            _remote(remote, os.environ),
+            _remote(remote, os.environ, lock_dir),
             lock_dir=lock_dir,
             env=os.environ,
             allow_other_owner=allow_other_owner,
@@ -145,26 +208,33 @@ class hold:  # noqa: N801 - reads as a function: ``with hold("name"):``
 
 
 def status(
-    name: str | bytes, lock_dir: str | None = None, *, remote: str | None = None
+    name: str | bytes,
+    lock_dir: str | os.PathLike[str] | None = None,
+    *,
+    remote: str | None = None,
 ) -> LockStatus:
     """Who holds the lock ``name`` and who waits for it."""
+    raw, where = validate_name(name), _lock_dir(lock_dir)
     backend = open_backend(
-        _remote(remote, os.environ), lock_dir=lock_dir, env=os.environ, reading=True
+        _remote(remote, os.environ, where), lock_dir=where, env=os.environ, reading=True
     )
     try:
-        from .names import name_bytes
-
-        return backend.status(name_bytes(name))
+        return backend.status(raw)
     finally:
         backend.close()
 
 
 def list_locks(
-    lock_dir: str | None = None, *, include_free: bool = False, remote: str | None = None
+    lock_dir: str | os.PathLike[str] | None = None,
+    *,
+    include_free: bool = False,
+    remote: str | None = None,
 ) -> list[LockStatus]:
     """Every held lock in ``lock_dir`` (all lock files with ``include_free``)."""
+    _flag("include_free", include_free)
+    where = _lock_dir(lock_dir)
     backend = open_backend(
-        _remote(remote, os.environ), lock_dir=lock_dir, env=os.environ, reading=True
+        _remote(remote, os.environ, where), lock_dir=where, env=os.environ, reading=True
     )
     try:
         return backend.list_locks(include_free=include_free)
@@ -172,13 +242,12 @@ def list_locks(
         backend.close()
 
 
-def lock_path(name: str | bytes, lock_dir: str | None = None) -> str:
+def lock_path(name: str | bytes, lock_dir: str | os.PathLike[str] | None = None) -> str:
     """The lock file for ``name``; both are validated and resolved as the CLI does."""
     from .backends.flock.backend import FlockBackend
 
-    return FlockBackend(lock_dir, env=os.environ).path_of(
-        name if isinstance(name, bytes) else os.fsencode(name)
-    )
+    raw, where = validate_name(name), _lock_dir(lock_dir)
+    return FlockBackend(where, env=os.environ).path_of(raw)
 
 
 __all__ = ["HeldLock", "display", "hold", "list_locks", "lock_path", "run", "status"]

@@ -25,8 +25,19 @@ _CONTROL = frozenset(range(0x20)) | {0x7F}
 
 
 def name_bytes(name: str | bytes) -> bytes:
-    """The exact bytes a name stands for; str from argv round-trips via surrogateescape."""
-    return name if isinstance(name, bytes) else os.fsencode(name)
+    """The exact bytes a name stands for; str from argv round-trips via surrogateescape.
+    InvalidName for what stands for no bytes: a lone surrogate, something not a name."""
+    if isinstance(name, bytes):
+        return name
+    try:
+        return os.fsencode(name)
+    except UnicodeEncodeError as exc:
+        raise InvalidName(
+            f"lock name {name!r} holds {name[exc.start]!r} at {exc.start}: a lone surrogate, "
+            "which encodes to no bytes"
+        ) from None
+    except TypeError:
+        raise InvalidName(f"a lock name is a str or bytes, not {type(name).__name__}") from None
 
 
 def display(raw: bytes) -> str:

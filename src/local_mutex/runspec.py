@@ -3,7 +3,9 @@ Shared by every verb, the action and the Python API; ``lifecycle`` carries it ou
 
 from __future__ import annotations
 
-from .errors import LockLost, NestingError, ValidationError
+import os
+
+from .errors import InvalidCommand, LockLost, NestingError, ValidationError
 from .names import shell_quote, validate_command
 
 TYPE_CHECKING = False
@@ -51,32 +53,59 @@ class Command:
         if (command is None) == (argv is None):
             raise ValidationError("give a shell command or a program with its arguments")
         if argv is not None:
-            if isinstance(argv, (str, bytes)):  # a string is a sequence too: "true" ran "t"
-                raise ValidationError("argv is a list of the program and its arguments")
+            # A string is a sequence too ("true" ran "t"); a set or a generator gives no
+            # order to trust, or is gone once looked at.
+            if not isinstance(argv, (list, tuple)):
+                raise InvalidCommand(
+                    "argv is a list (or tuple) of the program and its arguments, "
+                    f"not {type(argv).__name__}"
+                )
             if not argv or not argv[0]:
                 raise ValidationError("the program to run is missing after --")
             if not all(isinstance(a, str) for a in argv):
-                raise ValidationError("every argument in argv must be a str")
-            if any("\0" in a for a in argv):
-                raise ValidationError("an argument holds a NUL byte, which no program can get")
+                raise InvalidCommand("every argument in argv must be a str")
+            for arg in argv:
+                passable("an argument", arg)
             self.argv = list(argv)
             self.text = " ".join(shell_quote(a) for a in argv)
         else:
-            assert command is not None
+            if not isinstance(command, str):
+                hint = ""
+                if isinstance(command, (list, tuple)):
+                    hint = ": give a program and its arguments as argv="
+                elif isinstance(command, bytes):
+                    hint = ": decode it (os.fsdecode keeps every byte)"
+                raise InvalidCommand(
+                    f"the command is a str for /bin/sh -c, not {type(command).__name__}{hint}"
+                )
             self.text = validate_command(command)
-            if "\0" in command:
-                raise ValidationError("the command holds a NUL byte, which no shell can get")
+            passable("the command", command)
             self.argv = ["sh", "-c", command]
+
+
+def passable(what: str, text: str, error: type[ValidationError] = InvalidCommand) -> None:
+    """Refuse what no program can be given (found only once the lock was taken, it ended
+    a run with 70): a NUL byte, or a lone surrogate, which encodes to no bytes at all
+    (``\\udc80``-``\\udcff`` stand for the raw bytes ``surrogateescape`` read: kept)."""
+    if "\0" in text:
+        raise error(f"{what} holds a NUL byte, which no system call takes")
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError as exc:
+        raise error(
+            f"{what} holds {text[exc.start]!r} at {exc.start}: a lone surrogate, which "
+            "encodes to no bytes"
+        ) from None
 
 
 # As the command line's bound: past it, timers overflow.
 MAX_SECONDS = 1e9
 
 
-def _check_seconds(label: str, value: float | None, *, zero: bool) -> None:
+def _check_seconds(label: str, value: float | None, *, zero: bool, none: bool = True) -> None:
     """The bounds the command line keeps, for the API's callers too: NaN, infinity and
     negative values made the supervisor fail (70) after the lock was taken."""
-    if value is None:
+    if value is None and none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValidationError(f"{label} must be a number of seconds, not {value!r}")
@@ -85,6 +114,9 @@ def _check_seconds(label: str, value: float | None, *, zero: bool) -> None:
         raise ValidationError(f"{label} {value!r} is not between {low} and {MAX_SECONDS:g} seconds")
 
 
+# The most slots a name has (``--slots``, the action's ``slots``, the API's ``slots=``).
+MAX_SLOTS = 1024
+
 # A message is for people reading a waiting line. Longer, a hold's could not reach its
 # holder process (E2BIG: 128 KiB an environment string, JSON takes up to 12 bytes a
 # character), while a run's was taken whole.
@@ -92,6 +124,8 @@ MAX_MESSAGE = 8192
 
 
 def check_message(message: str | None) -> None:
+    if message is not None and not isinstance(message, str):
+        raise ValidationError(f"message must be a str, not {type(message).__name__}")
     if message is not None and len(message) > MAX_MESSAGE:
         raise ValidationError(f"--message is {len(message)} characters long; at most {MAX_MESSAGE}")
 
@@ -126,15 +160,22 @@ class Options:
         token: str | None = None,
         closed: tuple[int, ...] = (),
     ) -> None:
+        for flag, on in (("shared", shared), ("reentrant", reentrant)):
+            if not isinstance(on, bool):  # shared="no" took a shared lock
+                raise ValidationError(f"{flag} must be True or False, not {on!r}")
+        if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int)):
+            raise ValidationError(f"slots must be a whole number (an int), not {slots!r}")
         if slots is not None and shared:
             raise NestingError(
                 "--slots cannot be --shared: a slot is one holder's (N slots let N in at once)"
             )
         if slots is not None and slots < 1:
             raise NestingError("--slots needs a count of at least 1")
+        if slots is not None and slots > MAX_SLOTS:  # no slot past it is ever looked at
+            raise ValidationError(f"slots {slots} is not between 1 and {MAX_SLOTS}")
         _check_seconds("wait", wait, zero=True)
         _check_seconds("timeout", timeout, zero=False)
-        _check_seconds("kill_after", kill_after, zero=True)
+        _check_seconds("kill_after", kill_after, zero=True, none=False)
         check_message(message)
         self.wait, self.timeout, self.kill_after = wait, timeout, kill_after
         self.shared, self.slots, self.reentrant = shared, slots, reentrant

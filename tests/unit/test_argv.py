@@ -25,7 +25,6 @@ from local_mutex.commands.options import (
     HISTORY,
     HOLD,
     LIST,
-    MAX_SLOTS,
     OPTIONS,
     POSITIONALS,
     RELEASE,
@@ -37,6 +36,7 @@ from local_mutex.commands.options import (
     options_for,
 )
 from local_mutex.errors import ValidationError
+from local_mutex.runspec import MAX_SLOTS
 
 NAMED = (HOLD, RELEASE, STATUS, HISTORY)  # verbs that take exactly NAME
 

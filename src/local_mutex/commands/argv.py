@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import os
 
-from ..runspec import MAX_SECONDS
+from ..runspec import MAX_SECONDS, MAX_SLOTS
 from .options import (
     BORROWED,
     EACH,
     HOLD,
-    MAX_SLOTS,
     OPTIONS,
     POSITIONALS,
     RELEASE,

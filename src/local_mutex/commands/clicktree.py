@@ -13,6 +13,7 @@ from typing import Any
 import click
 from click.shell_completion import CompletionItem
 
+from ..runspec import MAX_SLOTS
 from .argv import verb_first
 from .options import EACH, HISTORY, HOLD, LIST, RELEASE, RUN, STATUS, Option, options_for
 
@@ -93,7 +94,7 @@ def _click_option(option: Option) -> click.Option:
         kwargs["type"] = click.Path(file_okay=False, dir_okay=True)
         kwargs["metavar"] = option.metavar
     elif option.kind == "count":
-        kwargs["type"] = click.IntRange(1, 1024)
+        kwargs["type"] = click.IntRange(1, MAX_SLOTS)
         kwargs["metavar"] = option.metavar
     elif option.kind in ("seconds", "positive"):
         kwargs["type"] = float

@@ -23,7 +23,6 @@ BORROWED = {"lock": "hold (a lock that spans commands) or run", "unlock": "relea
 BORROWED.update({"check": "status", "acquire": "hold"})
 TAKING = frozenset({RUN, EACH, HOLD})
 EVERY = frozenset(VERBS)
-MAX_SLOTS = 1024
 
 
 _NUMBER = frozenset("0123456789.eE+-")
