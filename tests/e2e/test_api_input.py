@@ -67,7 +67,7 @@ def test_a_command_or_argument_no_program_can_get_is_refused(lock_dir: Path, mar
         ({"argv": (a for a in ["true"])}, "not generator"),
         ({"argv": {"true"}}, "not set"),
     ],
-    ids=repr,
+    ids=["bytes command", "list command", "generator argv", "set argv"],  # one id per worker
 )
 def test_a_command_of_the_wrong_type_says_what_to_give(
     lock_dir: Path, marks: Path, kwargs: dict[str, Any], says: str
@@ -116,7 +116,7 @@ def test_the_cli_refuses_a_lone_surrogate_too(lock_dir: Path, marks: Path) -> No
         ({"shared": 1}, "shared"),
         ({"allow_other_owner": "no"}, "allow_other_owner"),
     ],
-    ids=repr,
+    ids=lambda value: repr(value).replace(" ", ""),
 )
 def test_an_option_of_the_wrong_type_or_range_is_refused(
     lock_dir: Path, marks: Path, kwargs: dict[str, Any], says: str
