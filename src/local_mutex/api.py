@@ -6,23 +6,24 @@ Library calls print nothing unless given a ``reporter`` and raise the typed erro
 
 from __future__ import annotations
 
+import _thread
 import os
 import sys
 from collections.abc import Mapping
 
 from ._fastsignal import main_thread
 from .backends import given_remote, open_backend
-from .errors import BadAddress, InvalidLockDir, Unsupported, ValidationError
+from .errors import BadAddress, InvalidLockDir, NestingError, Unsupported, ValidationError
 from .held import Held
 from .lifecycle import run_locked
-from .names import display, validate_name
+from .names import display, name_bytes, validate_name
 from .runspec import Command, Options, RunResult, passable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from .backends.base import LockStatus
+    from .backends.base import Backend, LockStatus
     from .ui.lines import Reporter
 
 # What the calls below are given is checked here, before anything is opened or locked:
@@ -176,35 +177,57 @@ class hold:  # noqa: N801 - reads as a function: ``with hold("name"):``
         where = _lock_dir(lock_dir)
         self._args = (name, where, remote, allow_other_owner)
         _remote(remote, os.environ, where)  # refused here, not at the ``with``
-        self._held: Held | None = None
+        # By thread: one object may serve several, as a threading.Lock does (a shared
+        # hold's second thread overwrote the first's, whose lock then stayed held).
+        self._held: dict[int, Held] = {}
 
     def __enter__(self) -> HeldLock:
-        name, lock_dir, remote, allow_other_owner = self._args
-        backend = open_backend(
-            _remote(remote, os.environ, lock_dir),
-            lock_dir=lock_dir,
-            env=os.environ,
-            allow_other_owner=allow_other_owner,
-        )
-        held = Held(
-            backend,
-            name,
-            self._opts,
-            command=" ".join(sys.argv) or sys.executable,
-            env=os.environ,
-        )
-        held.__enter__()
-        self._held = held
-        lock_file = held.lock.lock_file if held.lock is not None else ""
-        return HeldLock(held.label, lock_file, self._opts.shared, held.waited)
+        backend: Backend | None = None
+        held: Held | None = None
+        try:  # a Ctrl-C too, wherever it lands from here: nothing stays held or open
+            name, lock_dir, remote, allow_other_owner = self._args
+            backend = open_backend(
+                _remote(remote, os.environ, lock_dir),
+                lock_dir=lock_dir,
+                env=os.environ,
+                allow_other_owner=allow_other_owner,
+            )
+            me = _thread.get_ident()
+            if me in self._held:
+                raise NestingError(
+                    f"lock {display(name_bytes(name))} is already held by this thread"
+                )
+            command = " ".join(sys.argv) or sys.executable
+            held = Held(backend, name, self._opts, command=command, env=os.environ)
+            self._held[me] = held  # before it is taken: its end always finds it
+            held.__enter__()
+            lock_file = held.lock.lock_file if held.lock is not None else ""
+            return HeldLock(held.label, lock_file, self._opts.shared, held.waited)
+        except BaseException:
+            try:
+                if held is not None:
+                    if self._held.get(_thread.get_ident()) is held:
+                        del self._held[_thread.get_ident()]
+                    if held.lock is not None:
+                        held.__exit__(None, None, None)
+            finally:
+                if backend is not None:
+                    backend.close()
+            raise
 
     def __exit__(self, *exc: object) -> None:
-        held, self._held = self._held, None
-        if held is not None:
-            try:
+        try:
+            held = self._held.get(_thread.get_ident())
+            if held is not None:
                 held.__exit__(*exc)
-            finally:
-                held.backend.close()
+        finally:
+            held = self._held.pop(_thread.get_ident(), None)
+            if held is not None:
+                try:
+                    if held.lock is not None:  # cut short by a Ctrl-C: let go now
+                        held.__exit__(None, None, None)
+                finally:
+                    held.backend.close()
 
 
 def status(

@@ -110,16 +110,19 @@ class Held:
             raise self.lost
 
     def _end(self) -> None:
+        """Let go; the block's state is cleared last, so that an end a Ctrl-C cut short is
+        seen as not done, and done again (``api.hold``)."""
         lock, key = self.lock, self._key
-        self.lock = self._key = None
         if lock is None:
             return
-        try:
-            # A forked child leaving the block: the lock is the parent's, and an unlock
-            # would free it for everyone; it only closes its copies.
-            if os.getpid() == self._pid:
-                if key is not None:
-                    _held_here.pop(key, None)
+        ours = os.getpid() == self._pid  # a forked child only closes its copies: the lock
+        try:  # is the parent's, and an unlock would free it for everyone
+            if ours:
                 lock.release()
         finally:  # closing the last descriptor lets go too, should release() be cut short
-            lock.close()
+            try:
+                lock.close()
+            finally:
+                if ours and key is not None:
+                    _held_here.pop(key, None)
+                self.lock = self._key = None
