@@ -14,7 +14,7 @@ import stat
 import time
 
 from ... import _proc
-from ...errors import CannotTell
+from ...errors import CannotTell, InvalidName
 from ...identity import utc_stamp
 from ...names import LOCK_PREFIX, LOCK_SUFFIX, lock_filename
 from ..base import Holder, LockStatus, Waiter
@@ -141,7 +141,7 @@ def recorded_name(rec: Mapping[str, Any], path: str) -> str | None:
         return None
     try:
         stem = lock_filename(named)[: -len(LOCK_SUFFIX)]
-    except UnicodeError:  # a surrogate that stands for no byte
+    except InvalidName:  # a surrogate that stands for no byte
         return None
     base = os.path.basename(path)
     return named if base == stem + LOCK_SUFFIX or base.startswith(stem + ".slot") else None
