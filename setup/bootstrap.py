@@ -11,6 +11,7 @@ The install is a copy of the package into ``$RUNNER_TOOL_CACHE/local-mutex/<vers
 renamed into place under a kernel lock, so two runners' first use installs once and nobody
 ever sees a half-written install. Only an install that no other user could have written is
 used (``_trusted``); where another user's holds the name, ours is ``<version>-<digest>-u<uid>``.
+``setup`` adds click (``bootstrap_click.py``).
 
 This file must parse on any Python, 2.7 included (a runner's ``python`` may be Python 2),
 so that an old interpreter gets the friendly error in ``main`` instead of a SyntaxError: no
@@ -266,70 +267,12 @@ def _sh_quote(text):
     return "'" + text.replace("'", "'\\''") + "'"
 
 
-def _ensure_click(final):
-    # type: (str) -> None
-    """--help and shell completion need click; nothing else does."""
-    try:
-        import click  # noqa: F401
-
-        return
-    except ImportError:
-        pass
-    lib = os.path.join(final, "lib")
-    if os.path.isdir(os.path.join(lib, "click")):
-        return
-    try:
-        installed = _install_click(final, lib)
-    except OSError:  # an install of root's (or the runner's): not ours to add to
-        installed = False
-    if not installed:
-        print(
-            "::warning::local-mutex: could not install click; everything works but "
-            "--help and shell completion, which need `pip install click`",
-            file=sys.stderr,
-        )
-
-
-def _install_click(final, lib):
-    # type: (str, str) -> bool
-    lock_fd = os.open(
-        os.path.join(final, ".click.lock"),
-        os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-        0o600,
-    )
-    umask = os.umask(0o022)  # what pip writes is part of the install (``_trusted``)
-    try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX)
-        if os.path.isdir(os.path.join(lib, "click")):
-            return True
-        import subprocess
-
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--no-input",
-                "--target",
-                lib,
-                "click>=8.0",
-            ],
-            stdout=subprocess.DEVNULL,
-            check=False,
-        )
-        return result.returncode == 0
-    finally:
-        os.umask(umask)
-        os.close(lock_fd)
-
-
 def setup(env, final):
     # type: (dict[str, str], str) -> int
+    from bootstrap_click import ensure_click
+
     sys.path.insert(0, os.path.join(final, "lib"))
-    _ensure_click(final)
+    ensure_click(final)
     from local_mutex.ui.github import format_outputs
 
     shim = os.path.join(final, "lib", "local_mutex", "local-mutex.sh")
@@ -379,6 +322,9 @@ def main(argv):
                 f.write("acquired=false\n")
         return 2
     mode = argv[1] if len(argv) > 1 else ""
+    # bootstrap_click, beside this file: also under PYTHONSAFEPATH (which leaves this
+    # directory off sys.path), and last, so that it shadows nothing.
+    sys.path.append(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ)
     try:
         final = ensure_installed(env)

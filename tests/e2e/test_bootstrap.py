@@ -11,9 +11,22 @@ from typing import Any
 
 import pytest
 
-from helpers import CLI, clean_env, hold_until, old_pythons, pyenv_python, version_of, wait_for
+from helpers import (
+    CLI,
+    clean_env,
+    hold_until,
+    needs_pyenv,
+    old_pythons,
+    pyenv_python,
+    version_of,
+    wait_for,
+)
 
 BOOTSTRAP = Path(__file__).resolve().parents[2] / "setup" / "bootstrap.py"
+BOOTSTRAP_CLICK = BOOTSTRAP.with_name("bootstrap_click.py")
+# pip, where setup installs click: no package index nor any pip setting of the machine's
+# (a test's own wheels or index come in through ``extra``).
+NO_INDEX = {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1"}
 
 
 def _setup(
@@ -37,9 +50,13 @@ def _setup(
             "LOCAL_MUTEX_INPUT_LOCK_DIR": lock_dir,
             "XDG_CACHE_HOME": str(xdg or tmp / "xdg"),  # never the real home
             "TMPDIR": str(tmp),  # nor the machine's /tmp (the last resort)
+            **NO_INDEX,
             **(extra or {}),
         }
     )
+    for pip_setting in [k for k in env if k.startswith("PIP_") and k not in NO_INDEX]:
+        if pip_setting not in (extra or {}):
+            env.pop(pip_setting)
     for runners_own in ("RUNNER_TEMP", "GITHUB_WORKSPACE"):  # whose files are trusted
         if runners_own not in (extra or {}):
             env.pop(runners_own, None)
@@ -123,6 +140,120 @@ def test_a_partial_install_is_never_used(tmp_path: Path) -> None:
     assert (install / ".complete").exists()
     assert "SystemExit(99)" not in (install / "lib" / "local_mutex" / "cli.py").read_text()
     assert not leftover.exists()
+
+
+def _click_wheel(wheels: Path, version: str, requires_python: str) -> None:
+    """A wheel of the click these tests run with, released as ``version`` for Python
+    ``requires_python``, with syntax of 3.10 (``match``) that makes it a SyntaxError to 3.9,
+    as click 8.2 and later are."""
+    import base64
+    import hashlib
+    import zipfile
+
+    import click
+
+    src = Path(click.__file__).parent
+    files = {
+        f"click/{f.relative_to(src)}": f.read_bytes()
+        for f in sorted(src.rglob("*"))
+        if f.is_file() and "__pycache__" not in f.parts
+    }
+    files["click/_newer.py"] = b"def f(x):\n    match x:\n        case _:\n            return x\n"
+    files["click/__init__.py"] += b"\nfrom . import _newer as _newer\n"
+    info = f"click-{version}.dist-info"
+    files[f"{info}/METADATA"] = (
+        f"Metadata-Version: 2.1\nName: click\nVersion: {version}\n"
+        f"Requires-Python: {requires_python}\n"
+    ).encode()
+    files[f"{info}/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}\n")
+    files[f"{info}/RECORD"] = ("".join(record) + f"{info}/RECORD,,\n").encode()
+    wheels.mkdir(exist_ok=True)
+    with zipfile.ZipFile(wheels / f"click-{version}-py3-none-any.whl", "w") as whl:
+        for name, data in files.items():
+            whl.writestr(name, data)
+
+
+def _without_click(*versions: str) -> str | None:
+    """The first pyenv interpreter of ``versions`` that cannot import click."""
+    for version in versions:
+        python = pyenv_python(version)
+        if (
+            python
+            and subprocess.run([python, "-c", "import click"], capture_output=True).returncode
+        ):
+            return python
+    return None
+
+
+NEWER = _without_click("3.13", "3.12", "3.11", "3.10")
+
+
+@needs_pyenv("3.9")
+@pytest.mark.skipif(NEWER is None, reason="no pyenv Python >= 3.10 without click here")
+def test_click_is_kept_per_interpreter(tmp_path: Path) -> None:
+    """One install serves every interpreter of the host: the click a 3.13 step installed
+    (click 8.2 and later need 3.10) was a SyntaxError traceback to a later 3.9 step's
+    setup, and to its --help. Each gets a click of its own, and one that will not import
+    counts as none."""
+    assert NEWER is not None
+    old = pyenv_python("3.9")
+    assert old is not None
+    wheels = tmp_path / "wheels"
+    _click_wheel(wheels, "99.0", ">=3.10")
+    cache, pip = tmp_path / "tc", {"PIP_FIND_LINKS": str(wheels)}
+    env_file = tmp_path / "env"
+
+    def cli_help(python: str) -> subprocess.CompletedProcess[str]:
+        cli = _runner_file(env_file.read_text())["LOCAL_MUTEX_CLI"]
+        return subprocess.run(
+            ["sh", cli, "--help"],
+            env=clean_env({"LOCAL_MUTEX_PYTHON": python}),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    r = _setup(cache, tmp_path, python=NEWER, extra=pip)
+    assert r.returncode == 0 and "::warning::" not in r.stderr, r.stderr
+    assert cli_help(NEWER).stdout.startswith("Usage: local-mutex")
+    r = _setup(cache, tmp_path, python=old, extra=pip)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    (warning,) = [x for x in r.stderr.splitlines() if "::" in x]
+    assert warning.startswith(f"::warning::local-mutex: could not install click for {old}: ")
+    h = cli_help(old)
+    assert h.returncode == 2 and "Traceback" not in h.stderr, h.stderr
+    assert "help and shell completion need click" in h.stderr
+    assert cli_help(NEWER).stdout.startswith("Usage: local-mutex")  # its click is still its
+
+
+def test_a_click_this_python_cannot_import_is_none(tmp_path: Path) -> None:
+    """A click on the interpreter's path that fails to import (here a SyntaxError) was a
+    traceback; setup installs one of the install's own, which the CLI then uses."""
+    broken = tmp_path / "broken"
+    (broken / "click").mkdir(parents=True)
+    (broken / "click" / "__init__.py").write_text("def f(x:\n")
+    wheels = tmp_path / "wheels"
+    _click_wheel(wheels, "99.0", ">=3.10")
+    extra = {"PIP_FIND_LINKS": str(wheels), "PYTHONPATH": f"{broken}{os.pathsep}"}
+    r = _setup(tmp_path / "tc", tmp_path, extra=extra)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and "::warning::" not in r.stderr, r.stderr
+    cli = _runner_file((tmp_path / "env").read_text())["LOCAL_MUTEX_CLI"]
+    h = subprocess.run(
+        ["sh", cli, "--help"],
+        env=clean_env({"LOCAL_MUTEX_PYTHON": sys.executable, **extra}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert h.returncode == 0 and h.stdout.startswith("Usage: local-mutex"), h.stderr
 
 
 def _install_key() -> str:
@@ -271,16 +402,18 @@ def test_an_old_python_gets_the_friendly_error(tmp_path: Path, version: str, mod
 
 
 @pytest.mark.parametrize("version", old_pythons())
-def test_an_old_python_compiles_the_bootstrap(tmp_path: Path, version: str) -> None:
+@pytest.mark.parametrize("path", [BOOTSTRAP, BOOTSTRAP_CLICK], ids=lambda p: p.name)
+def test_an_old_python_compiles_the_bootstrap(tmp_path: Path, version: str, path: Path) -> None:
     """The whole file compiles (not just the lines that run before the version check)."""
     python = pyenv_python(version)
     assert python is not None
     code = "import sys; compile(open(sys.argv[1]).read(), sys.argv[1], 'exec')"
-    r = subprocess.run([python, "-c", code, str(BOOTSTRAP)], capture_output=True, text=True)
+    r = subprocess.run([python, "-c", code, str(path)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
 
-def test_the_bootstrap_uses_no_syntax_that_python_2_7_or_3_0_lacks() -> None:
+@pytest.mark.parametrize("path", [BOOTSTRAP, BOOTSTRAP_CLICK], ids=lambda p: p.name)
+def test_the_bootstrap_uses_no_syntax_that_python_2_7_or_3_0_lacks(path: Path) -> None:
     """What the interpreters here cannot all check (3.0 to 3.5): no f-strings, no
     annotations of any kind (Python 2 has none: signatures are typed in comments), no
     keyword-only parameters, ``nonlocal``, ``yield from``, ``raise ... from`` or starred
@@ -289,7 +422,7 @@ def test_the_bootstrap_uses_no_syntax_that_python_2_7_or_3_0_lacks() -> None:
     import io
     import tokenize
 
-    source = BOOTSTRAP.read_text()
+    source = path.read_text()
     fstring_start = getattr(tokenize, "FSTRING_START", None)
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == fstring_start:
