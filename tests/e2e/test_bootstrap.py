@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -254,6 +255,76 @@ def test_a_click_this_python_cannot_import_is_none(tmp_path: Path) -> None:
         timeout=60,
     )
     assert h.returncode == 0 and h.stdout.startswith("Usage: local-mutex"), h.stderr
+
+
+class _Silent:
+    """A package index at a loopback port that takes connections and never answers."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/simple"
+        self.taken: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.taken.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.taken:
+            conn.close()
+
+
+def test_an_index_that_never_answers_costs_seconds_and_only_once(tmp_path: Path) -> None:
+    """Every setup step on an interpreter without click waited out pip's timeouts and
+    retries (~100 s), its retry warnings flooded the log, and the warning that followed
+    did not start a line. Now: a few seconds, pip's words summed up in one warning line,
+    and not again for a while."""
+    bare = tmp_path / "bare-python"  # -S: no site-packages, no click
+    bare.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    bare.chmod(0o755)
+    index = _Silent()
+    try:
+        extra = {"PIP_INDEX_URL": index.url, "PIP_NO_INDEX": "0"}
+        r = _setup(tmp_path / "tc", tmp_path, python=str(bare), extra=extra)
+        assert r.returncode == 0, r.stderr
+        assert index.taken  # pip did ask
+        lines = r.stderr.splitlines()
+        (warning,) = [x for x in lines if "::" in x or "\x1b" in x or "Retrying" in x]
+        assert warning.startswith(
+            f"::warning::local-mutex: could not install click for {sys.executable}: pip gave up"
+        )
+        assert lines[-1].startswith("local-mutex: ready at ")
+        (install,) = [
+            p for p in (tmp_path / "tc" / "local-mutex").iterdir() if not p.name.startswith(".")
+        ]
+        (failed,) = (install / "deps").glob("*.failed")
+        # The next steps do not ask again (each would wait as long) ...
+        asked = len(index.taken)
+        r = _setup(tmp_path / "tc", tmp_path, python=str(bare), extra=extra)
+        assert r.returncode == 0, r.stderr
+        assert len(index.taken) == asked
+        (warning,) = [x for x in r.stderr.splitlines() if "::" in x]
+        assert warning.startswith("::warning::local-mutex: could not install click") and (
+            " ago; pip is tried again " in warning
+        )
+        # ... until a while has passed.
+        long_ago = time.time() - 3600
+        os.utime(failed, (long_ago, long_ago))
+        assert _setup(tmp_path / "tc", tmp_path, python=str(bare), extra=extra).returncode == 0
+        assert len(index.taken) > asked
+    finally:
+        index.close()
 
 
 def _install_key() -> str:
