@@ -143,6 +143,67 @@ def test_a_partial_install_is_never_used(tmp_path: Path) -> None:
     assert not leftover.exists()
 
 
+@pytest.mark.parametrize("mode", ["action", "setup"])
+@pytest.mark.parametrize("damage", ["deleted", "cut short"])
+def test_a_damaged_install_is_installed_again(tmp_path: Path, mode: str, damage: str) -> None:
+    """A module of a complete install deleted (with its .pyc) or cut short: every later
+    action step ended in a ModuleNotFoundError traceback (only ``.complete`` and the
+    owners were checked), and setup handed later steps the broken CLI."""
+    cache = tmp_path / "tc"
+    assert _setup(cache, tmp_path).returncode == 0
+    (install,) = [p for p in (cache / "local-mutex").iterdir() if not p.name.startswith(".")]
+    package = install / "lib" / "local_mutex"
+    module = package / "lifecycle.py"
+    whole = module.read_text()
+    if damage == "deleted":
+        module.unlink()
+        for compiled in (package / "__pycache__").glob("lifecycle.*.pyc"):
+            compiled.unlink()
+    else:
+        module.write_text(whole[: len(whole) // 2])
+    if mode == "setup":
+        r = _setup(cache, tmp_path)
+        assert r.returncode == 0, r.stderr
+    out, locks = tmp_path / "out", tmp_path / "locks"
+    out.write_text("")
+    locks.mkdir()
+    r = _action(
+        tmp_path,
+        {"NAME": "mended", "RUN": "echo ran", "LOCK_DIR": str(locks)},
+        {"GITHUB_OUTPUT": str(out), "XDG_CACHE_HOME": str(tmp_path / "xdg")},
+    )
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == "ran\n"
+    assert "acquired=true" in out.read_text()
+    assert module.read_text() == whole  # installed again where it was
+
+
+def test_an_install_that_does_not_import_is_one_error_line(tmp_path: Path) -> None:
+    """Damage the checks cannot see (a compiled file spoilt in place, its source intact):
+    one ``::error::`` line and exit 125 (nothing ran, ``acquired=false``), not a
+    traceback."""
+    cache = tmp_path / "tc"
+    assert _setup(cache, tmp_path).returncode == 0
+    (install,) = [p for p in (cache / "local-mutex").iterdir() if not p.name.startswith(".")]
+    tag = sys.implementation.cache_tag
+    compiled = install / "lib" / "local_mutex" / "__pycache__" / f"action.{tag}.pyc"
+    data = compiled.read_bytes()
+    compiled.write_bytes(data[:16] + b"\xff" * (len(data) - 16))  # the header still matches
+    out, locks = tmp_path / "out", tmp_path / "locks"
+    out.write_text("")
+    locks.mkdir()
+    r = _action(
+        tmp_path,
+        {"NAME": "spoilt", "RUN": "echo ran", "LOCK_DIR": str(locks)},
+        {"GITHUB_OUTPUT": str(out), "XDG_CACHE_HOME": str(tmp_path / "xdg")},
+    )
+    assert r.returncode == 125, r.stderr
+    assert r.stdout == ""
+    (line,) = r.stderr.splitlines()
+    assert line.startswith(f"::error::local-mutex: the install at {install} does not import (")
+    assert out.read_text() == "acquired=false\n"
+
+
 def _click_wheel(wheels: Path, version: str, requires_python: str) -> None:
     """A wheel of the click these tests run with, released as ``version`` for Python
     ``requires_python``, with syntax of 3.10 (``match``) that makes it a SyntaxError to 3.9,
