@@ -253,6 +253,40 @@ def test_bare_runner_python_without_click(tmp_path: Path) -> None:
     assert "no click here" in r.step_lines and "ran on a bare python" in r.step_lines
 
 
+def test_a_python_input_that_is_not_a_python_fails_the_step(tmp_path: Path) -> None:
+    """``python: /bin/true``: the step succeeded, with no lock taken, no command run and no
+    outputs; the setup step succeeded too, and later steps had no CLI."""
+    r = run_act(
+        tmp_path,
+        workflow(f"""
+        - id: lock
+          uses: ./lm
+          with:
+            name: not-python
+            python: /bin/true
+            run: touch {tmp_path}/ran
+        - if: always()
+          run: echo "outcome=$OUTCOME acquired=$ACQUIRED"
+          env:
+            OUTCOME: ${{{{ steps.lock.outcome }}}}
+            ACQUIRED: ${{{{ steps.lock.outputs.acquired }}}}
+        - id: setup
+          if: always()
+          uses: ./lm/setup
+          with:
+            python: /bin/true
+        - if: always()
+          run: echo "setup=${{{{ steps.setup.outcome }}}}"
+        """),
+    )
+    assert not r.succeeded, r.output
+    assert not (tmp_path / "ran").exists()
+    assert "outcome=failure acquired=false" in r.step_lines
+    assert "setup=failure" in r.step_lines
+    errors = [x for x in r.output.splitlines() if "::error::local-mutex: '/bin/true'" in x]
+    assert len(errors) == 2, r.output
+
+
 def test_an_index_that_never_answers_is_one_warning_of_a_few_seconds(tmp_path: Path) -> None:
     """Setup on a python without click, with a package index that takes connections and
     never answers: each such step stalled ~100 s in pip's retries, whose warnings flooded

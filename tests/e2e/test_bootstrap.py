@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -802,3 +803,57 @@ def test_a_missing_interpreter_is_a_clear_error(tmp_path: Path, which: str) -> N
             [str(shellcheck), "-s", "sh", "-"], input=script, capture_output=True, text=True
         )
         assert r.returncode == 0, r.stdout
+
+
+@pytest.mark.parametrize("which", ["action.yml", "setup/action.yml"])
+@pytest.mark.parametrize("python", ["/bin/true", "/bin/false", "perl", "/bin"])
+def test_something_that_is_not_a_python_is_a_clear_error(
+    tmp_path: Path, which: str, python: str
+) -> None:
+    """``python: /bin/true``: the step succeeded without running the command or taking the
+    lock; /bin/false failed it without a word; perl printed screens of its errors."""
+    if shutil.which(python) is None and not os.path.isdir(python):
+        pytest.skip(f"no {python} here")
+    script = _run_script(BOOTSTRAP.parents[1] / which)
+    out = tmp_path / "out"
+    out.write_text("")
+    env = clean_env(
+        {
+            "LOCAL_MUTEX_INPUT_PYTHON": python,
+            "GITHUB_ACTION_PATH": str(BOOTSTRAP.parents[1 if which == "action.yml" else 0]),
+            "GITHUB_OUTPUT": str(out),
+            "RUNNER_TOOL_CACHE": str(tmp_path / "tc"),
+            "LOCAL_MUTEX_INPUT_NAME": "not-python",
+            "LOCAL_MUTEX_INPUT_RUN": f"touch {tmp_path}/ran",
+            "LOCAL_MUTEX_INPUT_LOCK_DIR": str(tmp_path),
+        }
+    )
+    r = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == ""
+    assert r.stdout == (
+        f"::error::local-mutex: '{python}' is not a Python interpreter that runs (it did not "
+        "answer -c 'print(...)'): name a Python 3.9 or newer (the python input, else "
+        "$LOCAL_MUTEX_PYTHON, else python3)\n"
+    )
+    assert not (tmp_path / "ran").exists()
+    assert out.read_text() == ("acquired=false\n" if which == "action.yml" else "")
+
+
+@pytest.mark.parametrize("which", ["action.yml", "setup/action.yml"])
+def test_the_interpreters_name_is_escaped_in_the_error(tmp_path: Path, which: str) -> None:
+    """'$py' went into the ``::error::`` line raw: a line break ended the annotation (the
+    rest of the name could be a workflow command of its own), a % was taken for an escape,
+    and dash's echo turned a backslash-n into a line break."""
+    script = _run_script(BOOTSTRAP.parents[1] / which)
+    python = str(tmp_path / "100%\\new\r\n::warning::no python")
+    r = subprocess.run(
+        ["sh", "-c", script],
+        env=clean_env({"LOCAL_MUTEX_INPUT_PYTHON": python}),
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stdout.splitlines()
+    shown = str(tmp_path / "100%25\\new%0D%0A::warning::no python")
+    assert line.startswith(f"::error::local-mutex: no Python interpreter '{shown}' on this")
