@@ -11,6 +11,8 @@ The install is a copy of the package into ``$RUNNER_TOOL_CACHE/local-mutex/<vers
 renamed into place under a kernel lock, so two runners' first use installs once and nobody
 ever sees a half-written install. Only an install that no other user could have written is
 used (``_trusted``); where another user's holds the name, ours is ``<version>-<digest>-u<uid>``.
+One damaged since (a file deleted or changed) is installed again. ``setup`` adds click
+(``bootstrap_click.py``).
 
 This file must parse on any Python, 2.7 included (a runner's ``python`` may be Python 2),
 so that an old interpreter gets the friendly error in ``main`` instead of a SyntaxError: no
@@ -35,15 +37,17 @@ class BootstrapError(Exception):
     pass
 
 
-def install_key():
-    # type: () -> str
-    """``<version>-<digest of the package files>``: a new commit of the action reinstalls."""
+def install_key(base=PACKAGE_SRC):
+    # type: (str) -> str
+    """``<version>-<digest of the package files>``: a new commit of the action reinstalls.
+    Of an install's copy (``base``), what the copy holds: the key it was installed under if
+    it is whole."""
     # crc32 of names and contents: a cache key, not a security boundary (the cache is the
     # runner user's own), and zlib costs this warm path far less than hashlib.
     digest, size = 0, 0
     version = "0"
     for name in _package_files():
-        with open(os.path.join(PACKAGE_SRC, name), "rb") as f:
+        with open(os.path.join(base, name), "rb") as f:
             data = f.read()
         digest = zlib.crc32(name.encode() + b"\0" + data + b"\0", digest)
         size += len(data)
@@ -52,17 +56,23 @@ def install_key():
     return version + "-" + format(digest, "08x") + format(size, "x")
 
 
+_files = []  # type: list[str]
+
+
 def _package_files():
     # type: () -> list[str]
     """Every file of the package, subpackages included, relative and sorted."""
-    found = []
+    if _files:
+        return _files
+    found = _files
     for root, dirs, files in os.walk(PACKAGE_SRC):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         rel = os.path.relpath(root, PACKAGE_SRC)
         for name in files:
             if not name.endswith(".pyc"):
                 found.append(name if rel == "." else os.path.join(rel, name))
-    return sorted(found)
+    found.sort()
+    return found
 
 
 def cache_roots(env):
@@ -139,9 +149,11 @@ def _safe_path(root):
         path = parent
 
 
-def _trusted_install(final):
-    # type: (str) -> bool
-    """A complete install, every file and directory of it belonging to ``_owners``."""
+def _trusted_install(final, key):
+    # type: (str, str) -> bool
+    """A complete install, every file and directory of it belonging to ``_owners``, and
+    whole: the package as ``key`` says, the launcher there (one damaged since -- a file
+    deleted or cut short -- is installed again, not run into a traceback)."""
     if not os.path.exists(os.path.join(final, COMPLETE)):
         return False
     try:
@@ -151,9 +163,11 @@ def _trusted_install(final):
             for name in dirs + files:
                 if not _trusted(name, os.lstat(os.path.join(top, name))):
                     return False
-    except OSError:
+        if not os.path.isfile(os.path.join(final, "bin", "local-mutex")):
+            return False
+        return install_key(os.path.join(final, "lib", "local_mutex")) == key
+    except Exception:  # unreadable, or a _version.py that says no version
         return False
-    return True
 
 
 def _candidates(root, key):
@@ -172,7 +186,7 @@ def ensure_installed(env):
     for root in roots:
         if os.path.isdir(root) and _safe_path(root):
             for final in _candidates(root, key):
-                if _trusted_install(final):
+                if _trusted_install(final, key):
                     return final
     for root in roots:
         if _usable(root):
@@ -201,19 +215,25 @@ def _install(root, key):
             if leftover.startswith(mine):  # ours is running while we hold the lock
                 shutil.rmtree(os.path.join(root, leftover), ignore_errors=True)
         for final in _candidates(root, key):
-            if _trusted_install(final):
+            if _trusted_install(final, key):
                 return final
             if os.path.lexists(final) and not _trusted(final, os.lstat(final)):
                 continue  # another user's: ours goes under our own name
             tmp = tempfile.mkdtemp(prefix=mine, dir=root)
             try:
                 _populate(tmp, final)
-                if os.path.lexists(final):
-                    shutil.rmtree(final)  # left by an install that died before completing
+                if os.path.lexists(final):  # left by an install that died before completing,
+                    try:  # or damaged since
+                        shutil.rmtree(final)
+                    except OSError:  # root's, say: ours goes under our own name
+                        shutil.rmtree(tmp, ignore_errors=True)
+                        continue
                 os.rename(tmp, final)
             except OSError as exc:
                 shutil.rmtree(tmp, ignore_errors=True)
-                if exc.errno in (errno.EEXIST, errno.ENOTEMPTY) and not _trusted_install(final):
+                if exc.errno in (errno.EEXIST, errno.ENOTEMPTY) and not _trusted_install(
+                    final, key
+                ):
                     continue  # another user's rename came first: ours goes under our name
                 raise
             except BaseException:
@@ -266,90 +286,30 @@ def _sh_quote(text):
     return "'" + text.replace("'", "'\\''") + "'"
 
 
-def _ensure_click(final):
-    # type: (str) -> None
-    """--help and shell completion need click; nothing else does."""
-    try:
-        import click  # noqa: F401
-
-        return
-    except ImportError:
-        pass
-    lib = os.path.join(final, "lib")
-    if os.path.isdir(os.path.join(lib, "click")):
-        return
-    try:
-        installed = _install_click(final, lib)
-    except OSError:  # an install of root's (or the runner's): not ours to add to
-        installed = False
-    if not installed:
-        print(
-            "::warning::local-mutex: could not install click; everything works but "
-            "--help and shell completion, which need `pip install click`",
-            file=sys.stderr,
-        )
-
-
-def _install_click(final, lib):
-    # type: (str, str) -> bool
-    lock_fd = os.open(
-        os.path.join(final, ".click.lock"),
-        os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-        0o600,
-    )
-    umask = os.umask(0o022)  # what pip writes is part of the install (``_trusted``)
-    try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX)
-        if os.path.isdir(os.path.join(lib, "click")):
-            return True
-        import subprocess
-
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--no-input",
-                "--target",
-                lib,
-                "click>=8.0",
-            ],
-            stdout=subprocess.DEVNULL,
-            check=False,
-        )
-        return result.returncode == 0
-    finally:
-        os.umask(umask)
-        os.close(lock_fd)
-
-
 def setup(env, final):
     # type: (dict[str, str], str) -> int
-    sys.path.insert(0, os.path.join(final, "lib"))
-    _ensure_click(final)
-    from local_mutex.ui.github import format_outputs
+    from bootstrap_click import annotate, ensure_click
 
+    sys.path.insert(0, os.path.join(final, "lib"))
+    ensure_click(final)
+    try:
+        from local_mutex.backends.flock.lockdir import resolve_lock_dir
+        from local_mutex.errors import ValidationError
+        from local_mutex.ui.github import format_outputs
+    except Exception as exc:
+        return _unusable(final, exc, "setup")
     shim = os.path.join(final, "lib", "local_mutex", "local-mutex.sh")
     bin_dir = os.path.join(final, "bin")
     if "\n" in bin_dir or "\r" in bin_dir:  # one path a line: it would add paths of its own
-        print(
-            "::error::local-mutex: the tool cache path has a line break: " + repr(bin_dir),
-            file=sys.stderr,
-        )
+        annotate("error", "local-mutex: the tool cache path has a line break: " + repr(bin_dir))
         return 2
     values = {"LOCAL_MUTEX_CLI": shim, "LOCAL_MUTEX_PYTHON": sys.executable}
     lock_dir = env.get("LOCAL_MUTEX_INPUT_LOCK_DIR", "")
     if lock_dir:
-        from local_mutex.backends.flock.lockdir import resolve_lock_dir
-        from local_mutex.errors import ValidationError
-
         try:
             values["LOCAL_MUTEX_LOCK_DIR"] = resolve_lock_dir(lock_dir)
         except ValidationError as exc:
-            print("::error::local-mutex: " + str(exc), file=sys.stderr)
+            annotate("error", "local-mutex: " + str(exc))
             return 2
     with open(env["GITHUB_PATH"], "a", encoding="utf-8") as f:
         f.write(bin_dir + "\n")
@@ -379,21 +339,54 @@ def main(argv):
                 f.write("acquired=false\n")
         return 2
     mode = argv[1] if len(argv) > 1 else ""
+    if mode not in ("action", "setup"):
+        print("usage: bootstrap.py action|setup", file=sys.stderr)
+        return 2
+    # bootstrap_click, beside this file: also under PYTHONSAFEPATH (which leaves this
+    # directory off sys.path), and last, so that it shadows nothing.
+    sys.path.append(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ)
     try:
         final = ensure_installed(env)
     except (OSError, BootstrapError) as exc:
-        print("::error::local-mutex: install failed: " + str(exc), file=sys.stderr)
-        return 125
+        return _failed("install failed: " + str(exc), mode)
     if mode == "setup":
         return setup(env, final)
-    if mode == "action":
-        sys.path.insert(0, os.path.join(final, "lib"))
+    sys.path.insert(0, os.path.join(final, "lib"))
+    try:
         from local_mutex.action import main as action_main
+    except Exception as exc:
+        return _unusable(final, exc, mode)
+    return action_main()
 
-        return action_main()
-    print("usage: bootstrap.py action|setup", file=sys.stderr)
-    return 2
+
+def _unusable(final, exc, mode):
+    # type: (str, Exception, str) -> int
+    """The install passed every check, yet does not import (a .pyc file damaged in place):
+    one line, not a traceback."""
+    why = type(exc).__name__ + ": " + str(exc)
+    return _failed(
+        "the install at " + final + " does not import (" + why + "); if it was damaged, "
+        "delete it: the next step installs it again",
+        mode,
+    )
+
+
+def _failed(message, mode):
+    # type: (str, str) -> int
+    """One ``::error::`` line, and exit status 125 (nothing ran); the action's outputs say
+    so as for any other error."""
+    from bootstrap_click import annotate
+
+    annotate("error", "local-mutex: " + message)
+    output = os.environ.get("GITHUB_OUTPUT")
+    if output and mode == "action":
+        try:
+            with open(output, "a", encoding="utf-8") as f:
+                f.write("acquired=false\n")
+        except OSError:
+            pass
+    return 125
 
 
 if __name__ == "__main__":

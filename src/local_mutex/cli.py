@@ -66,17 +66,25 @@ def main(argv: "Sequence[str] | None" = None) -> int:
 
         ensure()
         try:
-            from .commands.clicktree import show
-        except ModuleNotFoundError as exc:
-            if exc.name != "click":
-                raise
-            from .commands.options import UsageError
+            import click  # noqa: F401
 
-            # The plain form and the verbs need no click; only help and completion do.
+            from .commands.clicktree import show
+        except Exception as exc:
+            # Not there, not for this Python (a SyntaxError), or too old (a name missing):
+            # the plain form and the verbs need no click; only help and completion do.
+            if "click" in sys.modules and not (
+                isinstance(exc, ImportError) and (exc.name or "").partition(".")[0] == "click"
+            ):
+                raise  # click imported: the error is ours
+            has = (
+                "does not have"
+                if isinstance(exc, ModuleNotFoundError) and exc.name == "click"
+                else f"cannot import ({type(exc).__name__}: {exc})"
+            )
             return _reporter().failure(
                 UsageError(
-                    f"help and shell completion need click, which {sys.executable} does "
-                    "not have: pip install click (the setup action installs it); "
+                    f"help and shell completion need click, which {sys.executable} {has}: "
+                    "pip install click (the setup action installs it); "
                     "usage: local-mutex [OPTIONS] NAME COMMAND [LOCK_DIR]"
                 )
             )

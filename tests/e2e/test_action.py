@@ -263,6 +263,75 @@ def test_bare_runner_python_without_click(tmp_path: Path) -> None:
     assert "no click here" in r.step_lines and "ran on a bare python" in r.step_lines
 
 
+def test_a_python_input_that_is_not_a_python_fails_the_step(tmp_path: Path) -> None:
+    """``python: /bin/true``: the step succeeded, with no lock taken, no command run and no
+    outputs; the setup step succeeded too, and later steps had no CLI."""
+    r = run_act(
+        tmp_path,
+        workflow(f"""
+        - id: lock
+          uses: ./lm
+          with:
+            name: not-python
+            python: /bin/true
+            run: touch {tmp_path}/ran
+        - if: always()
+          run: echo "outcome=$OUTCOME acquired=$ACQUIRED"
+          env:
+            OUTCOME: ${{{{ steps.lock.outcome }}}}
+            ACQUIRED: ${{{{ steps.lock.outputs.acquired }}}}
+        - id: setup
+          if: always()
+          uses: ./lm/setup
+          with:
+            python: /bin/true
+        - if: always()
+          run: echo "setup=${{{{ steps.setup.outcome }}}}"
+        """),
+    )
+    assert not r.succeeded, r.output
+    assert not (tmp_path / "ran").exists()
+    assert "outcome=failure acquired=false" in r.step_lines
+    assert "setup=failure" in r.step_lines
+    errors = [x for x in r.output.splitlines() if "::error::local-mutex: '/bin/true'" in x]
+    assert len(errors) == 2, r.output
+
+
+def test_an_index_that_never_answers_is_one_warning_of_a_few_seconds(tmp_path: Path) -> None:
+    """Setup on a python without click, with a package index that takes connections and
+    never answers: each such step stalled ~100 s in pip's retries, whose warnings flooded
+    the log. One warning annotation now, and the next setup step does not ask again."""
+    import socket
+
+    bare = tmp_path / "bare-python"  # -S: no site-packages, no click
+    bare.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    bare.chmod(0o755)
+    (tmp_path / "links").mkdir()
+    with socket.socket() as index:
+        index.bind(("127.0.0.1", 0))
+        index.listen(64)  # answers nothing: connections wait in the backlog
+        pip = {
+            "PIP_CONFIG_FILE": os.devnull,
+            "PIP_INDEX_URL": f"http://127.0.0.1:{index.getsockname()[1]}/simple",
+            "PIP_NO_INDEX": "0",
+            "PIP_FIND_LINKS": str(tmp_path / "links"),
+            "PIP_CACHE_DIR": str(tmp_path / "pip-cache"),
+        }
+        setup = f"""
+        - uses: ./lm/setup
+          with:
+            python: {bare}
+        """
+        r = run_act(tmp_path, workflow(setup + setup + "- run: local-mutex n true"), env=pip)
+    assert r.succeeded, r.output
+    warnings = [x for x in r.output.splitlines() if "::warning::" in x]
+    assert len(warnings) == 2, r.output
+    assert all("::warning::local-mutex: could not install click for" in x for x in warnings)
+    assert " ago; pip is tried again " in warnings[1]
+    assert not [x for x in r.step_lines if "::warning::" in x]  # each a command, not text
+    assert "Retrying" not in r.output and "\x1b[" not in "".join(r.step_lines)
+
+
 def test_two_runs_at_once_never_overlap(tmp_path: Path) -> None:
     locks, log = tmp_path / "locks", tmp_path / "log"
     locks.mkdir()

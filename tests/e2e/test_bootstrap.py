@@ -4,16 +4,31 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers import CLI, clean_env, hold_until, old_pythons, pyenv_python, version_of, wait_for
+from helpers import (
+    CLI,
+    clean_env,
+    hold_until,
+    needs_pyenv,
+    old_pythons,
+    pyenv_python,
+    version_of,
+    wait_for,
+)
 
 BOOTSTRAP = Path(__file__).resolve().parents[2] / "setup" / "bootstrap.py"
+BOOTSTRAP_CLICK = BOOTSTRAP.with_name("bootstrap_click.py")
+# pip, where setup installs click: no package index nor any pip setting of the machine's
+# (a test's own wheels or index come in through ``extra``).
+NO_INDEX = {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1"}
 
 
 def _setup(
@@ -37,9 +52,13 @@ def _setup(
             "LOCAL_MUTEX_INPUT_LOCK_DIR": lock_dir,
             "XDG_CACHE_HOME": str(xdg or tmp / "xdg"),  # never the real home
             "TMPDIR": str(tmp),  # nor the machine's /tmp (the last resort)
+            **NO_INDEX,
             **(extra or {}),
         }
     )
+    for pip_setting in [k for k in env if k.startswith("PIP_") and k not in NO_INDEX]:
+        if pip_setting not in (extra or {}):
+            env.pop(pip_setting)
     for runners_own in ("RUNNER_TEMP", "GITHUB_WORKSPACE"):  # whose files are trusted
         if runners_own not in (extra or {}):
             env.pop(runners_own, None)
@@ -123,6 +142,251 @@ def test_a_partial_install_is_never_used(tmp_path: Path) -> None:
     assert (install / ".complete").exists()
     assert "SystemExit(99)" not in (install / "lib" / "local_mutex" / "cli.py").read_text()
     assert not leftover.exists()
+
+
+@pytest.mark.parametrize("mode", ["action", "setup"])
+@pytest.mark.parametrize("damage", ["deleted", "cut short"])
+def test_a_damaged_install_is_installed_again(tmp_path: Path, mode: str, damage: str) -> None:
+    """A module of a complete install deleted (with its .pyc) or cut short: every later
+    action step ended in a ModuleNotFoundError traceback (only ``.complete`` and the
+    owners were checked), and setup handed later steps the broken CLI."""
+    cache = tmp_path / "tc"
+    assert _setup(cache, tmp_path).returncode == 0
+    (install,) = [p for p in (cache / "local-mutex").iterdir() if not p.name.startswith(".")]
+    package = install / "lib" / "local_mutex"
+    module = package / "lifecycle.py"
+    whole = module.read_text()
+    if damage == "deleted":
+        module.unlink()
+        for compiled in (package / "__pycache__").glob("lifecycle.*.pyc"):
+            compiled.unlink()
+    else:
+        module.write_text(whole[: len(whole) // 2])
+    if mode == "setup":
+        r = _setup(cache, tmp_path)
+        assert r.returncode == 0, r.stderr
+    out, locks = tmp_path / "out", tmp_path / "locks"
+    out.write_text("")
+    locks.mkdir()
+    r = _action(
+        tmp_path,
+        {"NAME": "mended", "RUN": "echo ran", "LOCK_DIR": str(locks)},
+        {"GITHUB_OUTPUT": str(out), "XDG_CACHE_HOME": str(tmp_path / "xdg")},
+    )
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == "ran\n"
+    assert "acquired=true" in out.read_text()
+    assert module.read_text() == whole  # installed again where it was
+
+
+def test_an_install_that_does_not_import_is_one_error_line(tmp_path: Path) -> None:
+    """Damage the checks cannot see (a compiled file spoilt in place, its source intact):
+    one ``::error::`` line and exit 125 (nothing ran, ``acquired=false``), not a
+    traceback."""
+    cache = tmp_path / "tc"
+    assert _setup(cache, tmp_path).returncode == 0
+    (install,) = [p for p in (cache / "local-mutex").iterdir() if not p.name.startswith(".")]
+    tag = sys.implementation.cache_tag
+    compiled = install / "lib" / "local_mutex" / "__pycache__" / f"action.{tag}.pyc"
+    data = compiled.read_bytes()
+    compiled.write_bytes(data[:16] + b"\xff" * (len(data) - 16))  # the header still matches
+    out, locks = tmp_path / "out", tmp_path / "locks"
+    out.write_text("")
+    locks.mkdir()
+    r = _action(
+        tmp_path,
+        {"NAME": "spoilt", "RUN": "echo ran", "LOCK_DIR": str(locks)},
+        {"GITHUB_OUTPUT": str(out), "XDG_CACHE_HOME": str(tmp_path / "xdg")},
+    )
+    assert r.returncode == 125, r.stderr
+    assert r.stdout == ""
+    (line,) = r.stderr.splitlines()
+    assert line.startswith(f"::error::local-mutex: the install at {install} does not import (")
+    assert out.read_text() == "acquired=false\n"
+
+
+def _click_wheel(wheels: Path, version: str, requires_python: str) -> None:
+    """A wheel of the click these tests run with, released as ``version`` for Python
+    ``requires_python``, with syntax of 3.10 (``match``) that makes it a SyntaxError to 3.9,
+    as click 8.2 and later are."""
+    import base64
+    import hashlib
+    import zipfile
+
+    import click
+
+    src = Path(click.__file__).parent
+    files = {
+        f"click/{f.relative_to(src)}": f.read_bytes()
+        for f in sorted(src.rglob("*"))
+        if f.is_file() and "__pycache__" not in f.parts
+    }
+    files["click/_newer.py"] = b"def f(x):\n    match x:\n        case _:\n            return x\n"
+    files["click/__init__.py"] += b"\nfrom . import _newer as _newer\n"
+    info = f"click-{version}.dist-info"
+    files[f"{info}/METADATA"] = (
+        f"Metadata-Version: 2.1\nName: click\nVersion: {version}\n"
+        f"Requires-Python: {requires_python}\n"
+    ).encode()
+    files[f"{info}/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}\n")
+    files[f"{info}/RECORD"] = ("".join(record) + f"{info}/RECORD,,\n").encode()
+    wheels.mkdir(exist_ok=True)
+    with zipfile.ZipFile(wheels / f"click-{version}-py3-none-any.whl", "w") as whl:
+        for name, data in files.items():
+            whl.writestr(name, data)
+
+
+def _without_click(*versions: str) -> str | None:
+    """The first pyenv interpreter of ``versions`` that cannot import click."""
+    for version in versions:
+        python = pyenv_python(version)
+        if (
+            python
+            and subprocess.run([python, "-c", "import click"], capture_output=True).returncode
+        ):
+            return python
+    return None
+
+
+NEWER = _without_click("3.13", "3.12", "3.11", "3.10")
+
+
+@needs_pyenv("3.9")
+@pytest.mark.skipif(NEWER is None, reason="no pyenv Python >= 3.10 without click here")
+def test_click_is_kept_per_interpreter(tmp_path: Path) -> None:
+    """One install serves every interpreter of the host: the click a 3.13 step installed
+    (click 8.2 and later need 3.10) was a SyntaxError traceback to a later 3.9 step's
+    setup, and to its --help. Each gets a click of its own, and one that will not import
+    counts as none."""
+    assert NEWER is not None
+    old = pyenv_python("3.9")
+    assert old is not None
+    wheels = tmp_path / "wheels"
+    _click_wheel(wheels, "99.0", ">=3.10")
+    cache, pip = tmp_path / "tc", {"PIP_FIND_LINKS": str(wheels)}
+    env_file = tmp_path / "env"
+
+    def cli_help(python: str) -> subprocess.CompletedProcess[str]:
+        cli = _runner_file(env_file.read_text())["LOCAL_MUTEX_CLI"]
+        return subprocess.run(
+            ["sh", cli, "--help"],
+            env=clean_env({"LOCAL_MUTEX_PYTHON": python}),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    r = _setup(cache, tmp_path, python=NEWER, extra=pip)
+    assert r.returncode == 0 and "::warning::" not in r.stderr, r.stderr
+    assert cli_help(NEWER).stdout.startswith("Usage: local-mutex")
+    r = _setup(cache, tmp_path, python=old, extra=pip)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    (warning,) = [x for x in r.stderr.splitlines() if "::" in x]
+    assert warning.startswith(f"::warning::local-mutex: could not install click for {old}: ")
+    h = cli_help(old)
+    assert h.returncode == 2 and "Traceback" not in h.stderr, h.stderr
+    assert "help and shell completion need click" in h.stderr
+    assert cli_help(NEWER).stdout.startswith("Usage: local-mutex")  # its click is still its
+
+
+def test_a_click_this_python_cannot_import_is_none(tmp_path: Path) -> None:
+    """A click on the interpreter's path that fails to import (here a SyntaxError) was a
+    traceback; setup installs one of the install's own, which the CLI then uses."""
+    broken = tmp_path / "broken"
+    (broken / "click").mkdir(parents=True)
+    (broken / "click" / "__init__.py").write_text("def f(x:\n")
+    wheels = tmp_path / "wheels"
+    _click_wheel(wheels, "99.0", ">=3.10")
+    extra = {"PIP_FIND_LINKS": str(wheels), "PYTHONPATH": f"{broken}{os.pathsep}"}
+    r = _setup(tmp_path / "tc", tmp_path, extra=extra)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and "::warning::" not in r.stderr, r.stderr
+    cli = _runner_file((tmp_path / "env").read_text())["LOCAL_MUTEX_CLI"]
+    h = subprocess.run(
+        ["sh", cli, "--help"],
+        env=clean_env({"LOCAL_MUTEX_PYTHON": sys.executable, **extra}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert h.returncode == 0 and h.stdout.startswith("Usage: local-mutex"), h.stderr
+
+
+class _Silent:
+    """A package index at a loopback port that takes connections and never answers."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/simple"
+        self.taken: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.taken.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.taken:
+            conn.close()
+
+
+def test_an_index_that_never_answers_costs_seconds_and_only_once(tmp_path: Path) -> None:
+    """Every setup step on an interpreter without click waited out pip's timeouts and
+    retries (~100 s), its retry warnings flooded the log, and the warning that followed
+    did not start a line. Now: a few seconds, pip's words summed up in one warning line,
+    and not again for a while."""
+    bare = tmp_path / "bare-python"  # -S: no site-packages, no click
+    bare.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    bare.chmod(0o755)
+    index = _Silent()
+    try:
+        extra = {"PIP_INDEX_URL": index.url, "PIP_NO_INDEX": "0"}
+        r = _setup(tmp_path / "tc", tmp_path, python=str(bare), extra=extra)
+        assert r.returncode == 0, r.stderr
+        assert index.taken  # pip did ask
+        lines = r.stderr.splitlines()
+        (warning,) = [x for x in lines if "::" in x or "\x1b" in x or "Retrying" in x]
+        assert warning.startswith(
+            f"::warning::local-mutex: could not install click for {sys.executable}: pip gave up"
+        )
+        assert lines[-1].startswith("local-mutex: ready at ")
+        (install,) = [
+            p for p in (tmp_path / "tc" / "local-mutex").iterdir() if not p.name.startswith(".")
+        ]
+        (failed,) = (install / "deps").glob("*.failed")
+        # The next steps do not ask again (each would wait as long) ...
+        asked = len(index.taken)
+        r = _setup(tmp_path / "tc", tmp_path, python=str(bare), extra=extra)
+        assert r.returncode == 0, r.stderr
+        assert len(index.taken) == asked
+        (warning,) = [x for x in r.stderr.splitlines() if "::" in x]
+        assert warning.startswith("::warning::local-mutex: could not install click") and (
+            " ago; pip is tried again " in warning
+        )
+        # ... until a while has passed.
+        long_ago = time.time() - 3600
+        os.utime(failed, (long_ago, long_ago))
+        assert _setup(tmp_path / "tc", tmp_path, python=str(bare), extra=extra).returncode == 0
+        assert len(index.taken) > asked
+    finally:
+        index.close()
 
 
 def _install_key() -> str:
@@ -271,16 +535,18 @@ def test_an_old_python_gets_the_friendly_error(tmp_path: Path, version: str, mod
 
 
 @pytest.mark.parametrize("version", old_pythons())
-def test_an_old_python_compiles_the_bootstrap(tmp_path: Path, version: str) -> None:
+@pytest.mark.parametrize("path", [BOOTSTRAP, BOOTSTRAP_CLICK], ids=lambda p: p.name)
+def test_an_old_python_compiles_the_bootstrap(tmp_path: Path, version: str, path: Path) -> None:
     """The whole file compiles (not just the lines that run before the version check)."""
     python = pyenv_python(version)
     assert python is not None
     code = "import sys; compile(open(sys.argv[1]).read(), sys.argv[1], 'exec')"
-    r = subprocess.run([python, "-c", code, str(BOOTSTRAP)], capture_output=True, text=True)
+    r = subprocess.run([python, "-c", code, str(path)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
 
-def test_the_bootstrap_uses_no_syntax_that_python_2_7_or_3_0_lacks() -> None:
+@pytest.mark.parametrize("path", [BOOTSTRAP, BOOTSTRAP_CLICK], ids=lambda p: p.name)
+def test_the_bootstrap_uses_no_syntax_that_python_2_7_or_3_0_lacks(path: Path) -> None:
     """What the interpreters here cannot all check (3.0 to 3.5): no f-strings, no
     annotations of any kind (Python 2 has none: signatures are typed in comments), no
     keyword-only parameters, ``nonlocal``, ``yield from``, ``raise ... from`` or starred
@@ -289,7 +555,7 @@ def test_the_bootstrap_uses_no_syntax_that_python_2_7_or_3_0_lacks() -> None:
     import io
     import tokenize
 
-    source = BOOTSTRAP.read_text()
+    source = path.read_text()
     fstring_start = getattr(tokenize, "FSTRING_START", None)
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == fstring_start:
@@ -537,3 +803,57 @@ def test_a_missing_interpreter_is_a_clear_error(tmp_path: Path, which: str) -> N
             [str(shellcheck), "-s", "sh", "-"], input=script, capture_output=True, text=True
         )
         assert r.returncode == 0, r.stdout
+
+
+@pytest.mark.parametrize("which", ["action.yml", "setup/action.yml"])
+@pytest.mark.parametrize("python", ["/bin/true", "/bin/false", "perl", "/bin"])
+def test_something_that_is_not_a_python_is_a_clear_error(
+    tmp_path: Path, which: str, python: str
+) -> None:
+    """``python: /bin/true``: the step succeeded without running the command or taking the
+    lock; /bin/false failed it without a word; perl printed screens of its errors."""
+    if shutil.which(python) is None and not os.path.isdir(python):
+        pytest.skip(f"no {python} here")
+    script = _run_script(BOOTSTRAP.parents[1] / which)
+    out = tmp_path / "out"
+    out.write_text("")
+    env = clean_env(
+        {
+            "LOCAL_MUTEX_INPUT_PYTHON": python,
+            "GITHUB_ACTION_PATH": str(BOOTSTRAP.parents[1 if which == "action.yml" else 0]),
+            "GITHUB_OUTPUT": str(out),
+            "RUNNER_TOOL_CACHE": str(tmp_path / "tc"),
+            "LOCAL_MUTEX_INPUT_NAME": "not-python",
+            "LOCAL_MUTEX_INPUT_RUN": f"touch {tmp_path}/ran",
+            "LOCAL_MUTEX_INPUT_LOCK_DIR": str(tmp_path),
+        }
+    )
+    r = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == ""
+    assert r.stdout == (
+        f"::error::local-mutex: '{python}' is not a Python interpreter that runs (it did not "
+        "answer -c 'print(...)'): name a Python 3.9 or newer (the python input, else "
+        "$LOCAL_MUTEX_PYTHON, else python3)\n"
+    )
+    assert not (tmp_path / "ran").exists()
+    assert out.read_text() == ("acquired=false\n" if which == "action.yml" else "")
+
+
+@pytest.mark.parametrize("which", ["action.yml", "setup/action.yml"])
+def test_the_interpreters_name_is_escaped_in_the_error(tmp_path: Path, which: str) -> None:
+    """'$py' went into the ``::error::`` line raw: a line break ended the annotation (the
+    rest of the name could be a workflow command of its own), a % was taken for an escape,
+    and dash's echo turned a backslash-n into a line break."""
+    script = _run_script(BOOTSTRAP.parents[1] / which)
+    python = str(tmp_path / "100%\\new\r\n::warning::no python")
+    r = subprocess.run(
+        ["sh", "-c", script],
+        env=clean_env({"LOCAL_MUTEX_INPUT_PYTHON": python}),
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stdout.splitlines()
+    shown = str(tmp_path / "100%25\\new%0D%0A::warning::no python")
+    assert line.startswith(f"::error::local-mutex: no Python interpreter '{shown}' on this")

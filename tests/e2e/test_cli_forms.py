@@ -842,3 +842,24 @@ def test_help_without_click_says_what_is_missing(ask: list[str]) -> None:
     )
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr and "need click" in r.stderr, r.stderr
+
+
+def test_help_with_a_click_this_python_cannot_import_says_so(tmp_path: Path) -> None:
+    """A click that fails to import (one for a newer Python: a SyntaxError) was a
+    traceback, not the line that says help needs click."""
+    broken = tmp_path / "click"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("def f(x:\n")
+    src = Path(__file__).resolve().parents[2] / "src"
+    env = clean_env({"PYTHONPATH": f"{tmp_path}{os.pathsep}{src}"})
+    r = subprocess.run(
+        [sys.executable, "-m", "local_mutex", "--help"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and "need click" in r.stderr, r.stderr
+    assert "cannot import (SyntaxError" in r.stderr
