@@ -178,7 +178,8 @@ class hold:  # noqa: N801 - reads as a function: ``with hold("name"):``
         self._args = (name, where, remote, allow_other_owner)
         _remote(remote, os.environ, where)  # refused here, not at the ``with``
         # By thread: one object may serve several, as a threading.Lock does (a shared
-        # hold's second thread overwrote the first's, whose lock then stayed held).
+        # hold's second thread overwrote the first's, whose lock then stayed held). A child
+        # forked inside a block finds its parent's there: not its own (``taken_here``).
         self._held: dict[int, Held] = {}
 
     def __enter__(self) -> HeldLock:
@@ -193,7 +194,7 @@ class hold:  # noqa: N801 - reads as a function: ``with hold("name"):``
                 allow_other_owner=allow_other_owner,
             )
             me = _thread.get_ident()
-            if me in self._held:
+            if me in self._held and self._held[me].taken_here:
                 raise NestingError(
                     f"lock {display(name_bytes(name))} is already held by this thread"
                 )
@@ -227,7 +228,8 @@ class hold:  # noqa: N801 - reads as a function: ``with hold("name"):``
                     if held.lock is not None:  # cut short by a Ctrl-C: let go now
                         held.__exit__(None, None, None)
                 finally:
-                    held.backend.close()
+                    if held.taken_here:  # a forked child's would end the parent's session
+                        held.backend.close()  # (or remove its git work tree)
 
 
 def status(

@@ -101,6 +101,9 @@ class Held:
                     continue
 
     def __exit__(self, *exc: object) -> None:
+        if not self.taken_here:  # a forked child: no watcher here, and its copy of the
+            self._end()  # turn may have been taken when the fork came
+            return
         try:
             with self._turn:  # a look under way ends first; none starts after this
                 self._stop = True
@@ -109,20 +112,31 @@ class Held:
         if self.lost is not None and exc[0] is None:
             raise self.lost
 
+    @property
+    def taken_here(self) -> bool:
+        """In the process that took it, not a child forked inside the block."""
+        return os.getpid() == self._pid
+
     def _end(self) -> None:
         """Let go; the block's state is cleared last, so that an end a Ctrl-C cut short is
         seen as not done, and done again (``api.hold``)."""
         lock, key = self.lock, self._key
         if lock is None:
             return
-        ours = os.getpid() == self._pid  # a forked child only closes its copies: the lock
-        try:  # is the parent's, and an unlock would free it for everyone
-            if ours:
-                lock.release()
+        if not self.taken_here:
+            # A forked child: the lock is the parent's. A kernel lock's copies close (an
+            # unlock would free it for everyone); a remote lock's session or work tree is
+            # left alone: closing it would end the parent's lock, or its git directory.
+            self.lock = self._key = None
+            if self.backend.kind == "flock":
+                lock.close()
+            return
+        try:
+            lock.release()
         finally:  # closing the last descriptor lets go too, should release() be cut short
             try:
                 lock.close()
             finally:
-                if ours and key is not None:
+                if key is not None:
                     _held_here.pop(key, None)
                 self.lock = self._key = None

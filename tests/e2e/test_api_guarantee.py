@@ -253,3 +253,55 @@ def test_one_hold_object_serves_several_threads(lock_dir: Path) -> None:
     out, err = host.communicate(timeout=30)
     assert host.returncode == 0, err
     assert out.splitlines() == ["True free", "False free", "fds ['0', '1', '2', '3']"], out
+
+
+FORKED_CHILD_LEAVES = """
+import os, subprocess, sys, threading, time
+import local_mutex as lm
+where = {where}
+LOCK = lm.hold("forked-remote", **where)
+with LOCK:
+    held = LOCK._held[threading.get_ident()]
+    if {take_turn}:
+        held._turn.acquire()  # as the watcher has it while it looks (a git renewal: seconds)
+    child = os.fork()
+    if child == 0:  # leaves the block: must neither hang on the turn nor end the lock
+        sys.exit(0)
+    if {take_turn}:
+        held._turn.release()
+    for _ in range(200):
+        if os.waitpid(child, os.WNOHANG)[0]:
+            break
+        time.sleep(0.05)
+    else:
+        print("child stuck leaving the block", flush=True)
+        os.kill(child, 9)
+    print("still held:", lm.status("forked-remote", **where).held, flush=True)
+    other = subprocess.run([sys.executable, "-c",
+        "import local_mutex as lm; lm.run('forked-remote', command='echo OTHER', wait=0, **"
+        + repr(where) + ")"], capture_output=True, text=True)
+    print("outsider:", "NotAcquired" in other.stderr, flush=True)
+print("released:", not lm.status("forked-remote", **where).held, flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("take_turn", [False, True], ids=["at rest", "watcher looking"])
+@pytest.mark.parametrize("kind", ["flock", "git"])
+def test_a_forked_child_leaving_a_block_ends_nothing_of_the_parents(
+    kind: str, take_turn: bool, lock_dir: Path, tmp_path: Path
+) -> None:
+    """A child forked inside ``hold()`` that left the block: on a git remote it removed the
+    parent's git work tree (its release then failed, the branch stayed locked); and with any
+    lock, a fork while the watcher looked left the child's copy of the turn taken, and the
+    child hung for good leaving the block. (PostgreSQL: ``test_postgres``.)"""
+    if kind == "git":
+        remote = tmp_path / "locks.git"
+        subprocess.run(["git", "init", "-q", "--bare", str(remote)], check=True)
+        where = {"remote": f"file://{remote}"}
+    else:
+        where = {"lock_dir": str(lock_dir)}
+    host = _host(FORKED_CHILD_LEAVES.format(where=where, take_turn=take_turn))
+    out, err = host.communicate(timeout=100)
+    assert host.returncode == 0, err
+    assert out.splitlines() == ["still held: True", "outsider: True", "released: True"], (out, err)

@@ -355,6 +355,23 @@ def test_a_job_with_an_empty_identity_variable_releases_its_own_hold(
     wait_for(lambda: not _held(pg, name_key(b"pg-act")), 10, "the hold to end")
 
 
+@pytest.mark.parametrize("take_turn", [False, True], ids=["at rest", "watcher looking"])
+def test_a_child_forked_inside_a_hold_leaves_the_parents_session_alone(
+    pg: PgServer, take_turn: bool
+) -> None:
+    """The child's leaving the block closed its copy of the parent's session (psycopg says
+    goodbye on an explicit close): the server ended the parent's lock mid-block, and an
+    outsider ran while the parent was still inside."""
+    from test_api_guarantee import FORKED_CHILD_LEAVES
+
+    code = FORKED_CHILD_LEAVES.format(where={"remote": pg.url}, take_turn=take_turn)
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=pg.env(), capture_output=True, text=True, timeout=100
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["still held: True", "outsider: True", "released: True"], r
+
+
 def test_a_reentrant_run_inside_a_hold_of_its_job_runs_inside_it(
     pg: PgServer, env: dict[str, str], tmp_path: Path
 ) -> None:
