@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from local_mutex.action import INPUT_PREFIX, ActionInputs, boolean, seconds
+from local_mutex.action_inputs import INPUT_PREFIX, ActionInputs, boolean, seconds
 from local_mutex.errors import ValidationError
 
 # The mode an input is used by, where run does not use it (others are refused: below).

@@ -14,7 +14,16 @@ MAX_LINES = 400
 
 # Top to bottom: a module may import its own layer or those below it, never above.
 LAYERS = [
-    ("entry", ["local_mutex.cli", "local_mutex.action", "local_mutex.api", "local_mutex.__main__"]),
+    (
+        "entry",
+        [
+            "local_mutex.cli",
+            "local_mutex.action",
+            "local_mutex.action_inputs",
+            "local_mutex.api",
+            "local_mutex.__main__",
+        ],
+    ),
     ("commands", ["local_mutex.commands"]),
     ("holds", ["local_mutex.holds"]),
     ("lifecycle", ["local_mutex.lifecycle", "local_mutex.held", "local_mutex.runspec"]),
