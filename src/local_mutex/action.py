@@ -17,7 +17,7 @@ from .backends import Ending, open_backend
 from .errors import EXIT_IOERR, Interrupted, LocalMutexError, NotAcquired, ValidationError
 from .identity import ENV_GIT_TOKEN, utc_stamp
 from .lifecycle import run_locked
-from .names import name_bytes
+from .names import digest, name_bytes
 from .nesting import ENV_HELD
 from .runspec import Command, Options
 from .ui import github
@@ -154,6 +154,7 @@ def _hold(inputs: ActionInputs, step: _Step, backend: Backend) -> int:
     from .holds.start import delivered, job_anchor
 
     delivered(info)  # the job's end ends it too (its anchor), whoever has the token
+    _note_job_hold(step, backend, inputs.name, "1")
     step.outputs.update({"acquired": "true", "waited-seconds": f"{info.waited:.3f}"})
     if backend.persistent_holds:
         ends = "until a release step (remote holds do not end with the job)"
@@ -191,10 +192,16 @@ def _release(inputs: ActionInputs, step: _Step, backend: Backend) -> int:
     except NotOurHold as exc:
         if inputs.token or inputs.force:  # another's hold, asked for by name: refused
             raise
-        # "Ends this job's hold", and this job has none: its hold step skipped (if-locked:
+        if step.env.get(_job_hold_var(backend, inputs.name)):  # this job took one: lost
+            raise NotOurHold(
+                f"this job's hold of {inputs.name} is gone (its ttl-seconds, its holder "
+                f"stopped, or its lease taken over): {exc}"
+            ) from None
+        # "Ends this job's hold", and this job took none: its hold step skipped (if-locked:
         # skip) or failed, and an `if: always()` release must not fail the job for that.
         step.reporter.warning(f"nothing released: this job holds no hold of it ({exc})")
         return 0
+    _note_job_hold(step, backend, inputs.name, "")
     step.outputs["released"] = "true" if done.was_held else "false"
     if done.was_held:
         step.outputs["held-seconds"] = f"{done.held_seconds or 0.0:.3f}"
@@ -207,6 +214,20 @@ def _release(inputs: ActionInputs, step: _Step, backend: Backend) -> int:
     else:
         report_release(step.reporter, inputs.name, done)
     return 0
+
+
+def _job_hold_var(backend: Backend, name: str) -> str:
+    """The variable a hold step sets for the job's later steps: this job took a hold of
+    the name there (a release that then finds none of this job's says it was lost)."""
+    where = backend.address.encode("utf-8", "surrogateescape") + b"\0" + name_bytes(name)
+    return f"LOCAL_MUTEX_JOB_HOLD_{digest(where)[:16]}"
+
+
+def _note_job_hold(step: _Step, backend: Backend, name: str, value: str) -> None:
+    try:
+        github.append(step.env.get("GITHUB_ENV"), f"{_job_hold_var(backend, name)}={value}\n")
+    except OSError:  # best effort: a release then takes a lost hold for one never taken
+        pass
 
 
 def _check(inputs: ActionInputs, step: _Step, backend: Backend) -> int:

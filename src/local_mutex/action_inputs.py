@@ -73,9 +73,10 @@ class ActionInputs:
         remote = env.get(INPUT_PREFIX + "REMOTE", _REMOTE_LEFT_OUT)
         asked = None if remote == _REMOTE_LEFT_OUT else remote.strip()
         if asked == "":  # as the CLI refuses --remote ''
+            left_out = "on $LOCAL_MUTEX_REMOTE" if env.get("LOCAL_MUTEX_REMOTE") else "here"
             raise ValidationError(
                 "remote is empty (an unset secret?): a lock on this machine would not exclude "
-                "the other machines; leave the input out to lock here"
+                f"the other machines; leave the input out to lock {left_out}"
             )
         self.remote = remote_address(asked, env)
         self.key_prefix = get("KEY_PREFIX")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,41 @@ def test_a_release_after_a_skipped_hold_passes_and_ends_nobody_elses(tmp_path: P
         assert _state("train", locks)["state"] == "held"
     finally:
         rel = run_cli(["release", "--lock-dir", str(locks), "--force", "train"])
+    assert rel.returncode == 0, rel.stderr
+
+
+def test_a_release_of_a_hold_this_job_lost_fails(tmp_path: Path) -> None:
+    """The release that passes where the job took no hold passed where the job's own hold
+    was lost too (its ttl ran out, another took the lock): that is a failure to say."""
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    cli = f"{sys.executable} -m local_mutex"
+    try:
+        r = run_act(
+            tmp_path,
+            workflow(f"""
+            - uses: ./lm
+              with:
+                mode: hold
+                name: lost
+                lock-dir: {locks}
+                ttl-seconds: 1
+            - run: |
+                until {cli} -q status --lock-dir {locks} lost; do sleep 0.05; done
+                env -u GITHUB_RUN_ID {cli} hold --lock-dir {locks} lost > /dev/null
+            - if: always()
+              uses: ./lm
+              with:
+                mode: release
+                name: lost
+                lock-dir: {locks}
+            """),
+        )
+        assert not r.succeeded, r.output
+        assert "this job's hold of lost is gone (its ttl-seconds" in r.output, r.output
+        assert "nothing released" not in r.output
+    finally:
+        rel = run_cli(["release", "--lock-dir", str(locks), "--force", "lost"])
     assert rel.returncode == 0, rel.stderr
 
 

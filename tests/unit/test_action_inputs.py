@@ -346,6 +346,9 @@ def test_an_empty_remote_is_refused_and_a_left_out_one_is_the_jobs_default() -> 
     this machine, silently: the other machines' runs were not excluded."""
     for empty in ("", "  "):
         assert refused(name="n", run="m", remote=empty).startswith("remote is empty")
+    job_wide_too = {INPUT_PREFIX + "REMOTE": "", "LOCAL_MUTEX_REMOTE": "https://h/r.git"}
+    with pytest.raises(ValidationError, match=r"leave the input out to lock on \$LOCAL_MUTEX"):
+        ActionInputs(job_wide_too)
     assert inputs(name="n", run="m").remote is None  # left out: this machine
     assert inputs(name="n", run="m", remote="$LOCAL_MUTEX_REMOTE").remote is None
     job_wide = {"LOCAL_MUTEX_REMOTE": "https://h/r.git"}
