@@ -183,7 +183,7 @@ def test_a_ctrl_c_on_any_line_of_a_blocks_start_or_end_leaves_nothing_held(
     raised before any of its code runs, which no Python code can guard (CPython's own
     bpo-29988; ``threading.Lock`` has the same window)."""
     host = _host(f"""
-        import inspect, os, signal, sys
+        import inspect, os, signal, sys, time
         import local_mutex as lm
         from local_mutex import held, lifecycle
         D = {str(lock_dir)!r}
@@ -208,12 +208,14 @@ def test_a_ctrl_c_on_any_line_of_a_blocks_start_or_end_leaves_nothing_held(
                 return on_line
             sys.settrace(tracer)
             try:
-                with lm.hold("k", lock_dir=D):
-                    pass
+                try:
+                    with lm.hold("k", lock_dir=D):
+                        pass
+                finally:
+                    sys.settrace(None)
+                time.sleep(0)  # one sent on a last line may be taken only at the next call
             except KeyboardInterrupt:
                 pass
-            finally:
-                sys.settrace(None)
             if fired and (lifecycle._held_here or lm.status("k", D).state != "free"):
                 leaks.append(where[1])
                 lifecycle._held_here.clear()
