@@ -23,6 +23,7 @@ from helpers import (
     version_of,
     wait_for,
 )
+from helpers.gitserver import Silent
 
 BOOTSTRAP = Path(__file__).resolve().parents[2] / "setup" / "bootstrap.py"
 BOOTSTRAP_CLICK = BOOTSTRAP.with_name("bootstrap_click.py")
@@ -165,18 +166,24 @@ def test_a_damaged_install_is_installed_again(tmp_path: Path, mode: str, damage:
     if mode == "setup":
         r = _setup(cache, tmp_path)
         assert r.returncode == 0, r.stderr
+    r, out = _run_once(tmp_path, "mended")
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == "ran\n"
+    assert "acquired=true" in out.read_text()
+    assert module.read_text() == whole  # installed again where it was
+
+
+def _run_once(tmp_path: Path, name: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """The action runs ``echo ran`` under ``name``: its result, and its outputs file."""
     out, locks = tmp_path / "out", tmp_path / "locks"
     out.write_text("")
     locks.mkdir()
     r = _action(
         tmp_path,
-        {"NAME": "mended", "RUN": "echo ran", "LOCK_DIR": str(locks)},
+        {"NAME": name, "RUN": "echo ran", "LOCK_DIR": str(locks)},
         {"GITHUB_OUTPUT": str(out), "XDG_CACHE_HOME": str(tmp_path / "xdg")},
     )
-    assert r.returncode == 0, r.stderr
-    assert "Traceback" not in r.stderr and r.stdout == "ran\n"
-    assert "acquired=true" in out.read_text()
-    assert module.read_text() == whole  # installed again where it was
+    return r, out
 
 
 def test_an_install_that_does_not_import_is_one_error_line(tmp_path: Path) -> None:
@@ -190,14 +197,7 @@ def test_an_install_that_does_not_import_is_one_error_line(tmp_path: Path) -> No
     compiled = install / "lib" / "local_mutex" / "__pycache__" / f"action.{tag}.pyc"
     data = compiled.read_bytes()
     compiled.write_bytes(data[:16] + b"\xff" * (len(data) - 16))  # the header still matches
-    out, locks = tmp_path / "out", tmp_path / "locks"
-    out.write_text("")
-    locks.mkdir()
-    r = _action(
-        tmp_path,
-        {"NAME": "spoilt", "RUN": "echo ran", "LOCK_DIR": str(locks)},
-        {"GITHUB_OUTPUT": str(out), "XDG_CACHE_HOME": str(tmp_path / "xdg")},
-    )
+    r, out = _run_once(tmp_path, "spoilt")
     assert r.returncode == 125, r.stderr
     assert r.stdout == ""
     (line,) = r.stderr.splitlines()
@@ -319,34 +319,6 @@ def test_a_click_this_python_cannot_import_is_none(tmp_path: Path) -> None:
     assert h.returncode == 0 and h.stdout.startswith("Usage: local-mutex"), h.stderr
 
 
-class _Silent:
-    """A package index at a loopback port that takes connections and never answers."""
-
-    def __init__(self) -> None:
-        import socket
-        import threading
-
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/simple"
-        self.taken: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.taken.append(conn)
-
-    def close(self) -> None:
-        self.sock.close()
-        for conn in self.taken:
-            conn.close()
-
-
 def test_an_index_that_never_answers_costs_seconds_and_only_once(tmp_path: Path) -> None:
     """Every setup step on an interpreter without click waited out pip's timeouts and
     retries (~100 s), its retry warnings flooded the log, and the warning that followed
@@ -355,12 +327,12 @@ def test_an_index_that_never_answers_costs_seconds_and_only_once(tmp_path: Path)
     bare = tmp_path / "bare-python"  # -S: no site-packages, no click
     bare.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
     bare.chmod(0o755)
-    index = _Silent()
+    index = Silent()  # a loopback "index" that takes connections and never answers
     try:
-        extra = {"PIP_INDEX_URL": index.url, "PIP_NO_INDEX": "0"}
+        extra = {"PIP_INDEX_URL": index.url.replace("/locks.git", "/simple"), "PIP_NO_INDEX": "0"}
         r = _setup(tmp_path / "tc", tmp_path, python=str(bare), extra=extra)
         assert r.returncode == 0, r.stderr
-        assert index.taken  # pip did ask
+        assert index.held  # pip did ask
         lines = r.stderr.splitlines()
         (warning,) = [x for x in lines if "::" in x or "\x1b" in x or "Retrying" in x]
         assert warning.startswith(
@@ -372,10 +344,10 @@ def test_an_index_that_never_answers_costs_seconds_and_only_once(tmp_path: Path)
         ]
         (failed,) = (install / "deps").glob("*.failed")
         # The next steps do not ask again (each would wait as long) ...
-        asked = len(index.taken)
+        asked = len(index.held)
         r = _setup(tmp_path / "tc", tmp_path, python=str(bare), extra=extra)
         assert r.returncode == 0, r.stderr
-        assert len(index.taken) == asked
+        assert len(index.held) == asked
         (warning,) = [x for x in r.stderr.splitlines() if "::" in x]
         assert warning.startswith("::warning::local-mutex: could not install click") and (
             " ago; pip is tried again " in warning
@@ -384,7 +356,7 @@ def test_an_index_that_never_answers_costs_seconds_and_only_once(tmp_path: Path)
         long_ago = time.time() - 3600
         os.utime(failed, (long_ago, long_ago))
         assert _setup(tmp_path / "tc", tmp_path, python=str(bare), extra=extra).returncode == 0
-        assert len(index.taken) > asked
+        assert len(index.held) > asked
     finally:
         index.close()
 
