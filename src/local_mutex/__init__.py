@@ -11,6 +11,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ._version import __version__ as __version__
     from .api import HeldLock as HeldLock
+    from .api import Locks as Locks
     from .api import hold as hold
     from .api import list_locks as list_locks
     from .api import lock_path as lock_path
@@ -56,6 +57,7 @@ __all__ = [
     "LocalMutexError",
     "LockLost",
     "LockStatus",
+    "Locks",
     "NestingError",
     "NoRoom",
     "NotAcquired",

@@ -249,20 +249,31 @@ def status(
         backend.close()
 
 
+class Locks(list["LockStatus"]):
+    """What ``list_locks`` returns: a list of LockStatus, and ``unlisted``, why each file
+    at a lock path was left out (a FIFO, a symlink, another user's file: what `run`
+    refuses), as the CLI warns of each."""
+
+    unlisted: list[str]
+
+
 def list_locks(
     lock_dir: str | os.PathLike[str] | None = None,
     *,
     include_free: bool = False,
     remote: str | None = None,
-) -> list[LockStatus]:
-    """Every held lock in ``lock_dir`` (all lock files with ``include_free``)."""
+) -> Locks:
+    """Every held lock in ``lock_dir`` (all lock files with ``include_free``); what was
+    left out is in ``.unlisted``."""
     _flag("include_free", include_free)
     where = _lock_dir(lock_dir)
     backend = open_backend(
         _remote(remote, os.environ, where), lock_dir=where, env=os.environ, reading=True
     )
     try:
-        return backend.list_locks(include_free=include_free)
+        found = Locks(backend.list_locks(include_free=include_free))
+        found.unlisted = list(backend.unlisted)
+        return found
     finally:
         backend.close()
 

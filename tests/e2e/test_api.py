@@ -723,3 +723,13 @@ def test_a_signal_during_the_release_is_not_a_did_not_run(lock_dir: Path, marks:
     assert (marks / "done").exists() and (marks / "sent").exists(), out.stderr
     lines = out.stdout.splitlines()
     assert lines in (["KeyboardInterrupt"], ["returned 0", "late"]), out.stdout
+
+
+def test_list_locks_says_what_it_left_out(lock_dir: Path) -> None:
+    """A FIFO at a lock path was dropped from the list without a word (the CLI warns)."""
+    os.mkfifo(lock_file(lock_dir, "fifo"))
+    found = local_mutex.list_locks(str(lock_dir), include_free=True)
+    assert found == [] and isinstance(found, list)
+    (why,) = found.unlisted
+    assert why.endswith("is not a regular file; refusing to use it; not listed"), why
+    assert local_mutex.list_locks(str(lock_dir)).unlisted == [why]
