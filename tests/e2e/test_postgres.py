@@ -225,9 +225,14 @@ def test_ten_concurrent_no_wait_exactly_one_wins(drivers: Any, tmp_path: Path) -
     winners = [o for o in outcomes if o["event"] == "acquired"]
     losers = [o for o in outcomes if o["event"] == "error"]
     assert len(winners) == 1, outcomes
-    assert {o["kind"] for o in losers} == {"NotAcquired"} and len(losers) == 9
-    assert all(o["code"] == 75 for o in losers)
-    assert f"pid {winners[0]['pid']}" in losers[0]["message"]  # names the holder
+    refused = [o for o in losers if o["kind"] == "NotAcquired"]
+    # --no-wait gives up connecting after about 1 s (README): a machine too busy to connect
+    # ten clients in that time makes a loser "not acquired ...: cannot reach" (69), never
+    # a second winner (seen once, in a CI run of three workers).
+    slow = [o for o in losers if o["kind"] == "Unavailable" and "not acquired" in o["message"]]
+    assert refused and len(refused) + len(slow) == 9, losers
+    assert all(o["code"] == 75 for o in refused) and all(o["code"] == 69 for o in slow)
+    assert f"pid {winners[0]['pid']}" in refused[0]["message"]  # names the holder
 
 
 def test_status_shows_holder_and_waiters_in_queue_order(
