@@ -134,11 +134,9 @@ def no_such_option(
     among them): cpu-mutex's ``-- make -j8``, unless the option is ours mistyped."""
     hint = option_meant(flag, verb, known)
     said = flag.partition("=")[0] if flag.startswith("--") else flag  # --token=SECRET: no
-    if after_dash:
+    if after_dash and (not hint or _on_path(after_dash[0])):  # a program's, not ours
         name, *words = after_dash
-        problem = program_after_dash(f"no such option: {said!r}", name, words, typed, bool(hint))
-        if not hint or _on_path(name):
-            return UsageError(problem)
+        return UsageError(program_after_dash(f"no such option: {said!r}", name, words, typed))
     return UsageError(
         f"no such option: {said!r}{f' ({hint})' if hint else ''} (see local-mutex {verb} --help)"
     )
