@@ -15,7 +15,7 @@ try:
 except ImportError:
     from hashlib import sha256  # type: ignore[assignment,no-redef,unused-ignore]
 
-from .errors import InvalidCommand, InvalidName
+from .errors import InvalidCommand, InvalidName, ValidationError
 
 LOCK_PREFIX = "local-mutex-"
 LOCK_SUFFIX = ".lock"
@@ -29,15 +29,21 @@ def name_bytes(name: str | bytes) -> bytes:
     InvalidName for what stands for no bytes: a lone surrogate, something not a name."""
     if isinstance(name, bytes):
         return name
+    if not isinstance(name, str):
+        raise InvalidName(f"a lock name is a str or bytes, not {type(name).__name__}")
+    return encoded(f"lock name {name!r}", name, InvalidName)
+
+
+def encoded(what: str, text: str, error: type[ValidationError]) -> bytes:
+    """The bytes ``text`` stands for (``\\udc80``-``\\udcff``: the raw bytes
+    ``surrogateescape`` read); ``error`` for a lone surrogate, which stands for none."""
     try:
-        return os.fsencode(name)
+        return os.fsencode(text)
     except UnicodeEncodeError as exc:
-        raise InvalidName(
-            f"lock name {name!r} holds {name[exc.start]!r} at {exc.start}: a lone surrogate, "
-            "which encodes to no bytes"
+        raise error(
+            f"{what} holds {text[exc.start]!r} at {exc.start}: a lone surrogate, which "
+            "encodes to no bytes"
         ) from None
-    except TypeError:
-        raise InvalidName(f"a lock name is a str or bytes, not {type(name).__name__}") from None
 
 
 def display(raw: bytes) -> str:

@@ -3,10 +3,8 @@ Shared by every verb, the action and the Python API; ``lifecycle`` carries it ou
 
 from __future__ import annotations
 
-import os
-
 from .errors import InvalidCommand, LockLost, NestingError, ValidationError
-from .names import shell_quote, validate_command
+from .names import encoded, shell_quote, validate_command
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -85,17 +83,10 @@ class Command:
 
 def passable(what: str, text: str, error: type[ValidationError] = InvalidCommand) -> None:
     """Refuse what no program can be given (found only once the lock was taken, it ended
-    a run with 70): a NUL byte, or a lone surrogate, which encodes to no bytes at all
-    (``\\udc80``-``\\udcff`` stand for the raw bytes ``surrogateescape`` read: kept)."""
+    a run with 70): a NUL byte, or a lone surrogate (``names.encoded``)."""
     if "\0" in text:
         raise error(f"{what} holds a NUL byte, which no system call takes")
-    try:
-        os.fsencode(text)
-    except UnicodeEncodeError as exc:
-        raise error(
-            f"{what} holds {text[exc.start]!r} at {exc.start}: a lone surrogate, which "
-            "encodes to no bytes"
-        ) from None
+    encoded(what, text, error)
 
 
 # As the command line's bound: past it, timers overflow.
