@@ -63,6 +63,7 @@ _NOT_CACHED = (
     f"{_PACKAGE}.backends.flock.proclocks",
     f"{_PACKAGE}.backends.flock.slots",
     f"{_PACKAGE}.backends.flock.state",
+    f"{_PACKAGE}.nudge",
     f"{_PACKAGE}.commands.clicktree",
     f"{_PACKAGE}.commands.suggest",
     f"{_PACKAGE}._site",

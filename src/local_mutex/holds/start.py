@@ -25,6 +25,7 @@ from ..errors import (
     ValidationError,
 )
 from ..names import display, validate_name
+from ..nudge import Nudge
 from ..runspec import check_message
 
 TYPE_CHECKING = False
@@ -140,7 +141,7 @@ def start_hold(
         os.close(write_end)
         os.close(ack_read)
     try:
-        with os.fdopen(read_end, "rb") as ready, interruptible():
+        with os.fdopen(read_end, "rb") as ready, interruptible(), Nudge():
             answer = ready.read().decode("utf-8", "surrogateescape")
     except BaseException:
         # Stopped while the holder waits (or just as it took the lock and said so): it

@@ -12,6 +12,7 @@ import os
 
 from .._fastsignal import StopHandlers, break_write, note_stop, signal
 from ..errors import Interrupted
+from ..wakeup import WakeupPipe
 from .supervisor import FORWARDED
 
 TYPE_CHECKING = False
@@ -32,10 +33,7 @@ class Relay:
         # command ended is in no report of its, yet it was a request to stop (``each``).
         self.relayed: list[int] = []
         self.saved: dict[int, object] = {}
-        # Our end of the interpreter's wakeup fd, and the caller's (asyncio's) it replaced.
-        self.wake: int | None = None
-        self._wake_w = -1
-        self._theirs = -1
+        self.wakeup = WakeupPipe()
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         try:
@@ -79,57 +77,31 @@ class Relay:
         """A stop signal that another thread of the process takes (ours has them blocked
         across the fork) runs its handler here only when this thread next runs Python
         code; the keeper sleeps in poll() until the command's end. The interpreter's
-        wakeup fd, written by whichever thread takes a signal, ends that sleep."""
-        try:
-            wake, wake_w = os.pipe()
-        except OSError:  # out of descriptors: the keeper's poll falls back to a short timeout
-            return
-        os.set_blocking(wake, False)
-        os.set_blocking(wake_w, False)
-        self._theirs = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-        self.wake, self._wake_w = wake, wake_w
+        wakeup fd, written by whichever thread takes a signal, ends that sleep (out of
+        descriptors, the keeper's poll falls back to a short timeout)."""
+        self.wakeup.install()
+
+    @property
+    def wake(self) -> int | None:
+        """What the keeper polls: readable once a signal came."""
+        return self.wakeup.read_end
 
     def drain(self) -> None:
         """Empty the wakeup pipe (the handlers run as this thread returns to Python code);
         the signals that are not ours go on to the caller's wakeup fd (an event loop's)."""
-        if self.wake is not None:
-            self._drain(self.wake)
-
-    def _drain(self, wake: int) -> None:
-        while True:
-            try:
-                data = os.read(wake, 512)
-            except OSError:  # EAGAIN: empty
-                return
-            if not data:
-                return
-            theirs = bytes(b for b in data if b not in self.saved)
-            if theirs and self._theirs >= 0:
-                try:
-                    os.write(self._theirs, theirs)
-                except OSError:
-                    pass
+        self.wakeup.read(self.saved)
 
     def restore(self) -> None:
         """The caller's handlers and wakeup fd back -- the wakeup fd first: SIGCONT, not
         blocked here, then reaches both."""
-        wake, self.wake = self.wake, None
         try:
-            if wake is not None:
-                try:
-                    # Their warn_on_full_buffer cannot be read back: a lost warning is harmless.
-                    signal.set_wakeup_fd(self._theirs, warn_on_full_buffer=False)
-                except (OSError, ValueError):  # theirs was closed (or made blocking) meanwhile
-                    signal.set_wakeup_fd(-1)
-                    self._theirs = -1  # its number may be another file's by now
+            if self.wakeup.read_end is not None:
+                self.wakeup.uninstall()
             for sig, handler in self.saved.items():
                 if handler is not None:
                     signal.signal(sig, handler)  # type: ignore[arg-type]
         finally:
-            if wake is not None:
-                self._drain(wake)
-                os.close(wake)
-                os.close(self._wake_w)
+            self.wakeup.close(self.saved)
 
 
 class SignalsHeld(StopHandlers):

@@ -45,13 +45,19 @@ def wait_lock(fd: int, *, shared: bool = False, timeout: float | None = None) ->
     Main thread only when ``timeout`` is set: the ceiling is a SIGALRM. Wrap the call in
     ``interruptible()`` to turn the usual stop signals into ``Interrupted``.
     """
+    from ...nudge import Nudge  # only paid for when the lock is busy
+
     if timeout is None:
-        fcntl.flock(fd, _mode(shared))
+        if main_thread():
+            with Nudge(alarm=False):
+                fcntl.flock(fd, _mode(shared))
+        else:
+            fcntl.flock(fd, _mode(shared))
         return True
     if not main_thread():
         return _poll_lock(fd, shared, timeout)
     try:
-        with _AlarmIn(max(timeout, 0.001)):
+        with _AlarmIn(max(timeout, 0.001)), Nudge(alarm=True):
             fcntl.flock(fd, _mode(shared))
         return True
     except _Alarm:

@@ -1,0 +1,117 @@
+"""A stop signal ends a wait in flock() whenever it came: also one whose handler the
+interpreter marked due without waking the main thread's sleep -- caught a moment before
+the sleep began (the race a busy machine or the holder's own watcher thread hits, which no
+test can time), or, as here, caught on another thread of the program (which a test can).
+Real processes, a real lock held by another, real signals."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from helpers import CLI, Procs, clean_env, hold_until, wait_for
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+# A host program: a helper thread waits until the main thread sleeps in flock(), then
+# takes a SIGTERM itself -- the interpreter marks the handler due, and nothing wakes the
+# main thread. It must stop waiting at once, not when the lock comes free (60 s later).
+HOST = """
+import os, signal, sys, threading, time
+import local_mutex as lm
+
+MAIN = os.getpid()
+
+def asleep_in_flock():
+    with open(f"/proc/self/task/{MAIN}/wchan") as f:
+        return "lock" in f.read()  # locks_lock_inode_wait (flock_lock_inode_wait before 5.x)
+
+def poke():
+    while not asleep_in_flock():
+        time.sleep(0.01)
+    print("poked", flush=True)
+    signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)  # the program's own
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+usr1 = []
+signal.signal(signal.SIGUSR1, lambda signum, frame: usr1.append(signum))
+
+host_r, host_w = os.pipe()
+os.set_blocking(host_w, False)
+signal.set_wakeup_fd(host_w)  # the program's own (asyncio has one): it keeps working
+fds = sorted(os.listdir("/proc/self/fd"))
+threading.Thread(target=poke, daemon=True).start()
+try:
+    CALL
+    print("not interrupted", flush=True)
+except lm.Interrupted as exc:
+    print("interrupted", exc.signum, flush=True)
+print("wakeup fd back:", signal.set_wakeup_fd(-1) == host_w, flush=True)
+print("the program's fd got its own:", list(os.read(host_r, 64)), usr1, flush=True)
+end = time.monotonic() + 10
+while time.monotonic() < end and (
+    sorted(os.listdir("/proc/self/fd")) != fds or len(os.listdir("/proc/self/task")) > 1
+):
+    time.sleep(0.02)
+print("fds as before:", sorted(os.listdir("/proc/self/fd")) == fds, flush=True)
+print("threads left:", len(os.listdir("/proc/self/task")) - 1, flush=True)
+"""
+
+CALLS = {
+    "hold, no ceiling": 'with lm.hold("db", lock_dir=LOCK_DIR): pass',
+    "run, a ceiling": 'lm.run("db", command="true", lock_dir=LOCK_DIR, wait=120)',
+}
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_a_stop_the_interpreter_marked_due_ends_the_wait_at_once(
+    call: str, procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    procs.start(["db", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    code = HOST.replace("CALL", CALLS[call].replace("LOCK_DIR", repr(str(lock_dir))))
+    host = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=clean_env({"PYTHONPATH": str(SRC)}),
+        capture_output=True,
+        text=True,
+        timeout=45,  # the holder lets go after 60 s: only then did the wait end before
+    )
+    lines = host.stdout.splitlines()
+    assert lines[:2] == ["poked", "interrupted 15"], (host.stdout, host.stderr)
+    assert lines[2:] == [
+        "wakeup fd back: True",
+        "the program's fd got its own: [10] [10]",
+        "fds as before: True",
+        "threads left: 0",
+    ]
+    assert "Traceback" not in host.stderr, host.stderr
+    (marks / "h.go").touch()
+
+
+@pytest.mark.timeout(60)
+def test_a_waiter_stopped_as_it_begins_to_wait_does_not_run_its_command(
+    procs: Procs, lock_dir: Path, marks: Path, tmp_path: Path
+) -> None:
+    """Through the CLI: the signal lands on a real waiter (in flock, or just before); it
+    leaves with 143 while the lock is still held, and its command never runs."""
+    procs.start(["db", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    ran = tmp_path / "ran"
+    waiter = subprocess.Popen(
+        [*CLI, "db", f"touch {ran}", str(lock_dir)],
+        env=clean_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    assert waiter.stderr is not None
+    assert b"waiting for lock db" in waiter.stderr.readline()
+    waiter.terminate()  # as soon as it says it waits: at the edge of the sleep
+    assert waiter.wait(20) == 143
+    assert not ran.exists()
+    (marks / "h.go").touch()
