@@ -13,7 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CLI, Procs, clean_env, hold_until, wait_for
+from helpers import (
+    CLI,
+    Procs,
+    clean_env,
+    hold_until,
+    lock_file,
+    lock_is_free,
+    wait_for,
+)
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -92,6 +100,73 @@ def test_a_stop_the_interpreter_marked_due_ends_the_wait_at_once(
     ]
     assert "Traceback" not in host.stderr, host.stderr
     (marks / "h.go").touch()
+
+
+# The CLI itself, run by a program with one more thread, which takes a SIGTERM once the
+# main thread sleeps where WHERE says: the verbs' other blocking waits.
+CLI_HOST = """
+import os, signal, sys, threading, time
+from local_mutex.cli import main
+
+MAIN = os.getpid()
+
+def asleep():
+    with open(f"/proc/self/task/{MAIN}/wchan") as f:
+        return WHERE in f.read()
+
+def poke():
+    while not asleep():
+        time.sleep(0.01)
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+threading.Thread(target=poke, daemon=True).start()
+sys.exit(main(ARGV))
+"""
+
+VERBS = {
+    # a run waiting for the lock, in flock()
+    "run": ("lock", ["db", "touch RAN", "LOCK_DIR"]),
+    # hold's caller, reading its holder's answer while the holder waits for the lock
+    "hold": ("pipe_read", ["hold", "db", "--lock-dir", "LOCK_DIR"]),
+    # each, waiting for its first item from a producer that has none yet
+    "each": ("poll_schedule_timeout", ["each", "--lock-dir", "LOCK_DIR", "k-{}", "touch RAN"]),
+}
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("verb", sorted(VERBS))
+def test_a_stop_the_interpreter_marked_due_ends_a_verbs_wait(
+    verb: str, procs: Procs, lock_dir: Path, marks: Path, tmp_path: Path
+) -> None:
+    procs.start(["db", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    ran = tmp_path / "ran"
+    where, argv = VERBS[verb]
+    argv = [a.replace("LOCK_DIR", str(lock_dir)).replace("RAN", str(ran)) for a in argv]
+    code = CLI_HOST.replace("WHERE", repr(where)).replace("ARGV", repr(argv))
+    host = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=clean_env({"PYTHONPATH": str(SRC)}),
+        stdin=subprocess.PIPE,  # each's producer: open, and silent
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert host.stdin is not None and host.stderr is not None
+    try:
+        # Before, it waited for the lock (60 s away) or for an item (never).
+        host.wait(30)
+        err = host.stderr.read()
+    finally:
+        host.kill()
+        host.stdin.close()
+        host.stderr.close()
+        (marks / "h.go").touch()
+    assert host.returncode == 143, err
+    assert "Traceback" not in err, err
+    assert not ran.exists()
+    if verb == "hold":  # its holder went with it: the lock is the first run's, then free
+        wait_for(lambda: lock_is_free(lock_file(lock_dir, "db")), 30, "the lock to be free")
 
 
 @pytest.mark.timeout(60)

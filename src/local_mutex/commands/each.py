@@ -23,6 +23,7 @@ from ..errors import (
 )
 from ..lifecycle import run_locked
 from ..names import display, name_bytes
+from ..nudge import Nudge
 from ..ui.lines import duration
 from ..ui.output import STDIN, closed_by_caller
 from . import Failed, reporter_for, using
@@ -130,13 +131,18 @@ class StdinItems:
     def read1(self, size: int) -> bytes:
         if self.fd is None:
             raise ItemsUnreadable("cannot read items: stdin is closed")
+        import select
+
         while True:
             try:
-                return os.read(self.fd, size)
+                if select.select([self.fd], [], [], 0)[0]:
+                    return os.read(self.fd, size)
+                # Asleep until there is more, or the end -- and a stop signal taken just
+                # before the sleep began ends it too (``Nudge``), not the producer's next item.
+                with Nudge():
+                    select.select([self.fd], [], [])
             except BlockingIOError:
-                import select
-
-                select.select([self.fd], [], [])  # sleeps until there is more, or the end
+                continue  # another reader of the pipe took what there was
             except OSError as exc:
                 raise ItemsUnreadable(f"cannot read items from stdin: {exc.strerror}") from None
 
