@@ -272,8 +272,9 @@ def test_a_stop_signal_while_waiting_for_the_next_item_stops_the_batch(
         p.stdin.write(b"a\n")
         p.stdin.flush()
         wait_for(marks / "ran")
-        wait_for(  # asleep in select() until stdin is readable
-            lambda: sleeps_in(p.pid, "poll_schedule_timeout"), what="each reading its stdin"
+        wait_for(  # asleep in select() until stdin is readable; the item's keeper polls too
+            lambda: not pw.children(p.pid) and sleeps_in(p.pid, "poll_schedule_timeout"),
+            what="each reading its stdin",
         )
         p.send_signal(sig)
         assert p.wait(30) == 128 + sig, (marks / "err").read_text()
