@@ -24,42 +24,70 @@ from .wakeup import WakeupPipe
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
+    from typing import TypeVar
+
+    _T = TypeVar("_T")
 
 # When the watcher sends a caught signal again, in seconds after it came: by the first, a
 # waiter that took it in time has left; later ones for a machine too busy for the first.
 _AGAIN_AFTER = (0.02, 0.1, 0.5, 2.0)
+_BLOCKED = (*STOP_SIGNALS, signal.SIGALRM)  # while a wait's edges are set up and taken down
 
 
 class Nudge:
-    """``with Nudge(alarm=...):`` around a blocking call in the main thread, inside an
-    ``interruptible``; ``alarm``: a SIGALRM ends it too (the wait's ceiling)."""
+    """``with Nudge(alarm=...) as nudge: nudge.call(blocking, *args)`` in the main thread,
+    inside an ``interruptible``; ``alarm``: a SIGALRM ends the wait too (its ceiling)."""
 
     def __init__(self, *, alarm: bool = False) -> None:
         self.alarm = alarm
-        self.waiting = False
-        self.turn = _thread.allocate_lock()  # a send again and the wait's end take turns
+        # Held by the watcher while it sends, by the main thread from the wait's end on:
+        # a signal sent again is then already pending, and none is sent after. Owned and
+        # reentrant, so the wait's end and ``__exit__`` may both take it.
+        self.over = _thread.RLock()
         self.wakeup: WakeupPipe | None = None
         self.ends: frozenset[int] = frozenset()
+
+    def call(self, blocking: Callable[..., _T], *args: object) -> _T:
+        """``blocking(*args)``, woken by a stop signal whenever it came."""
+        try:
+            return blocking(*args)
+        finally:
+            # C calls only, so no handler runs between the wait's end and the first: a
+            # signal sent again meanwhile is pending, and taken at the second (a system
+            # call), here -- not once the wait's handlers are gone.
+            self.over.acquire()
+            signal.pthread_sigmask(signal.SIG_BLOCK, ())
 
     def __enter__(self) -> Nudge:
         if not hasattr(select, "poll"):
             return self
+        # Blocked while the pipe and the watcher are set up: a handler raising halfway
+        # would leave the wakeup fd ours (the with statement cleans up only after this).
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
+        try:
+            self._start()
+        except BaseException:
+            self.__exit__()
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            raise
+        try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # what came meanwhile, now
+            return self
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def _start(self) -> None:
         self.ends = self._ends()
         wakeup = WakeupPipe()
         try:
             if not wakeup.install():
-                return self
+                return
         except ValueError:  # not the main thread: no handler runs here anyway
-            return self
+            return
         self.wakeup = wakeup
-        self.waiting = True
-        try:
-            _thread.start_new_thread(self._watch, (wakeup, _thread.get_ident()))
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
+        _thread.start_new_thread(self._watch, (wakeup, _thread.get_ident()))
 
     def _ends(self) -> frozenset[int]:
         """The signals whose handler ends this wait: sent again, they end it again."""
@@ -91,27 +119,29 @@ class Nudge:
                         again = _steps(_AGAIN_AFTER)
                         due = next(again)
                     continue
-                with self.turn:
-                    if self.waiting:
-                        for sig in caught:
-                            signal.pthread_kill(main, sig)
-                due = next(again, None) if self.waiting else None
+                if not self.over.acquire(False):
+                    due = None  # the wait is over: read on, until the pipe's end
+                    continue
+                try:
+                    for sig in caught:
+                        signal.pthread_kill(main, sig)
+                finally:
+                    self.over.release()
+                due = next(again, None)
         finally:
             wakeup.close_read_end(self.ends)  # the main thread closes the write end
 
     def __exit__(self, *exc: object) -> None:
-        wakeup, self.wakeup = self.wakeup, None
-        if wakeup is None:
-            return
-        # Signals blocked meanwhile: a handler raising here cannot leave the watcher
-        # sending to a wait that is over. Unblocked last, a signal sent again just before
-        # the end is taken here, by this wait's handlers, not by whatever comes after it.
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, (*STOP_SIGNALS, signal.SIGALRM))
+        # Signals blocked first: a handler raising here cannot leave the watcher sending
+        # to a wait that is over, nor the wakeup fd ours. Unblocked last, a signal sent
+        # again just before the end is taken here, by this wait's handlers.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
         try:
-            with self.turn:
-                self.waiting = False
-            wakeup.uninstall()
-            wakeup.close_write_end()
+            wakeup, self.wakeup = self.wakeup, None
+            if wakeup is not None:
+                self.over.acquire()  # the wait ended by an error before ``call`` took it
+                wakeup.uninstall()
+                wakeup.close_write_end()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 

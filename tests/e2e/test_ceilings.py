@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from helpers import Procs, hold_until, run_cli, wait_for
+from helpers import Procs, clean_env, hold_until, run_cli, wait_for
+
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def test_wait_ceiling_expires_with_75_and_names_the_holder(
@@ -243,3 +246,49 @@ def test_a_command_that_ended_before_the_ceiling_is_no_timeout(
     )
     assert r.returncode == 0, r.stderr
     assert b"ran past" not in r.stderr
+
+
+ARMING_SLOWLY = """
+import sys, time
+import local_mutex as lm
+from local_mutex.backends.flock import kernel
+
+ARMING = kernel._AlarmIn.__enter__.__code__
+
+def slowly(frame, event, arg):
+    # A machine too busy to get from one line to the next within the ceiling: each line
+    # of the arming takes 5 ms, past the 1 ms the alarm is set for.
+    if frame.f_code is not ARMING:
+        return None
+    if event == "line":
+        time.sleep(0.005)
+    return slowly
+
+sys.settrace(slowly)
+try:
+    with lm.hold("db", lock_dir=sys.argv[1], wait=0.001):
+        print("acquired")
+except lm.NotAcquired:
+    print("not acquired")
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_ceiling_whose_alarm_fires_while_it_is_being_armed_is_kept(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """The alarm came before the wait marked itself armed: its handler let it pass, and the
+    wait ignored its ceiling until the lock came free (here 60 s later)."""
+    procs.start(["db", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    try:
+        host = subprocess.run(
+            [sys.executable, "-c", ARMING_SLOWLY, str(lock_dir)],
+            env=clean_env({"PYTHONPATH": str(SRC)}),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    finally:
+        (marks / "h.go").touch()
+    assert host.stdout == "not acquired\n", host.stderr

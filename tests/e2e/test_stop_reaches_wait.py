@@ -190,3 +190,85 @@ def test_a_waiter_stopped_as_it_begins_to_wait_does_not_run_its_command(
     assert waiter.wait(20) == 143
     assert not ran.exists()
     (marks / "h.go").touch()
+
+
+@pytest.mark.timeout(120)
+def test_a_stop_on_any_line_of_a_waits_edges_leaves_the_program_as_it_was(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """A SIGINT on each line of the wait's set-up and take-down (the ceiling's alarm, the
+    borrowed wakeup fd and its watcher), the lock busy: whatever line it lands on, the
+    program gets back its wakeup fd, its SIGALRM handler, its signal mask and no timer,
+    and no descriptor stays open -- but for the first line of an ``__exit__``, which no
+    Python code can guard (CPython's bpo-29988)."""
+    procs.start(["db", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    code = f"""
+        import dis, os, signal, sys, time
+        import local_mutex as lm
+        from local_mutex import nudge, wakeup
+        from local_mutex.backends.flock import kernel
+        D = {str(lock_dir)!r}
+        host_r, host_w = os.pipe()
+        os.set_blocking(host_w, False)
+        signal.set_wakeup_fd(host_w)
+        fns = (kernel._AlarmIn.__enter__, kernel._AlarmIn.__exit__, nudge.Nudge.__enter__,
+               nudge.Nudge._start, nudge.Nudge.call, nudge.Nudge.__exit__,
+               wakeup.WakeupPipe.install, wakeup.WakeupPipe.uninstall,
+               wakeup.WakeupPipe.close_write_end)
+        lines = set()
+        for fn in fns:
+            code = fn.__code__
+            starts = sorted({{n for _, n in dis.findlinestarts(code) if n}})
+            starts = [n for n in starts if n > code.co_firstlineno]
+            if fn.__name__ == "__exit__":
+                starts = starts[1:]
+            lines |= {{(code, n) for n in starts}}
+        fds = sorted(os.listdir("/proc/self/fd"))
+        fired, bad = [], []
+        for code, line in sorted(lines, key=lambda w: (w[0].co_name, w[1])):
+            fired.clear()
+            def tracer(frame, event, arg):
+                if frame.f_code is not code:
+                    return None
+                def on_line(frame, event, arg):
+                    if event == "line" and frame.f_lineno == line and not fired:
+                        fired.append(line)
+                        os.kill(os.getpid(), signal.SIGINT)
+                    return on_line
+                return on_line
+            sys.settrace(tracer)
+            try:
+                try:
+                    with lm.hold("db", lock_dir=D, wait=0.2):
+                        pass
+                finally:
+                    sys.settrace(None)
+                time.sleep(0)
+            except (KeyboardInterrupt, lm.Interrupted, lm.NotAcquired):
+                pass
+            end = time.monotonic() + 5
+            while sorted(os.listdir("/proc/self/fd")) != fds and time.monotonic() < end:
+                time.sleep(0.01)
+            state = (
+                signal.set_wakeup_fd(host_w) == host_w,
+                signal.getsignal(signal.SIGALRM) == signal.SIG_DFL,
+                signal.pthread_sigmask(signal.SIG_BLOCK, []) == set(),
+                signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0),
+                sorted(os.listdir("/proc/self/fd")) == fds,
+            )
+            if fired and not all(state):
+                bad.append((code.co_name, line, state))
+        print("bad", bad, "of", len(lines), "lines", flush=True)
+    """
+    try:
+        host = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            env=clean_env({"PYTHONPATH": str(SRC)}),
+            capture_output=True,
+            text=True,
+            timeout=100,
+        )
+    finally:
+        (marks / "h.go").touch()
+    assert host.stdout.startswith("bad [] of "), (host.stdout, host.stderr)

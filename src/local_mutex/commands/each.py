@@ -139,8 +139,8 @@ class StdinItems:
                     return os.read(self.fd, size)
                 # Asleep until there is more, or the end -- and a stop signal taken just
                 # before the sleep began ends it too (``Nudge``), not the producer's next item.
-                with Nudge():
-                    select.select([self.fd], [], [])
+                with Nudge() as nudge:
+                    nudge.call(select.select, [self.fd], [], [])
             except BlockingIOError:
                 continue  # another reader of the pipe took what there was
             except OSError as exc:

@@ -141,8 +141,8 @@ def start_hold(
         os.close(write_end)
         os.close(ack_read)
     try:
-        with os.fdopen(read_end, "rb") as ready, interruptible(), Nudge():
-            answer = ready.read().decode("utf-8", "surrogateescape")
+        with os.fdopen(read_end, "rb") as ready, interruptible(), Nudge() as nudge:
+            answer = nudge.call(ready.read).decode("utf-8", "surrogateescape")
     except BaseException:
         # Stopped while the holder waits (or just as it took the lock and said so): it
         # is ours to end -- its SIGTERM lets go of whatever it holds.

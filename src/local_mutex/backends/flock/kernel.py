@@ -9,7 +9,7 @@ from __future__ import annotations
 import fcntl
 import time
 
-from ..._fastsignal import interruptible, main_thread, signal
+from ..._fastsignal import STOP_SIGNALS, interruptible, main_thread, signal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -20,6 +20,9 @@ __all__ = ["interruptible", "try_lock", "unlock", "wait_lock"]
 
 class _Alarm(Exception):
     pass
+
+
+_UNSET = object()  # no handler of ours put in place yet
 
 
 def _mode(shared: bool) -> int:
@@ -49,16 +52,16 @@ def wait_lock(fd: int, *, shared: bool = False, timeout: float | None = None) ->
 
     if timeout is None:
         if main_thread():
-            with Nudge(alarm=False):
-                fcntl.flock(fd, _mode(shared))
+            with Nudge() as nudge:
+                nudge.call(fcntl.flock, fd, _mode(shared))
         else:
             fcntl.flock(fd, _mode(shared))
         return True
     if not main_thread():
         return _poll_lock(fd, shared, timeout)
     try:
-        with _AlarmIn(max(timeout, 0.001)), Nudge(alarm=True):
-            fcntl.flock(fd, _mode(shared))
+        with _AlarmIn(max(timeout, 0.001)), Nudge(alarm=True) as nudge:
+            nudge.call(fcntl.flock, fd, _mode(shared))
         return True
     except _Alarm:
         # The alarm may have landed just after flock() returned: a non-blocking
@@ -85,31 +88,47 @@ class _AlarmIn:
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
         self.armed = False
-        self.previous: object = None
+        self.previous: object = _UNSET
         self.theirs = (0.0, 0.0)  # a timer our caller had set: (delay, interval)
         self.start = 0.0
-        self.mask: set[int | signal.Signals] = set()
+        self.mask: set[int | signal.Signals] | None = None
 
     def _fire(self, signum: int, frame: FrameType | None) -> None:
         if self.armed:
             raise _Alarm
 
     def __enter__(self) -> None:
-        self.previous = signal.signal(signal.SIGALRM, self._fire)
-        # A caller that blocks SIGALRM (inherited across exec) would make the ceiling wait
-        # for the lock instead: it is unblocked for the wait -- before we arm, so that one
-        # already pending is not taken for ours.
-        self.mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
-        self.start = time.monotonic()
-        self.theirs = signal.setitimer(signal.ITIMER_REAL, self.seconds)
-        self.armed = True
+        try:
+            self.previous = signal.signal(signal.SIGALRM, self._fire)
+            # A caller that blocks SIGALRM (inherited across exec) would make the ceiling
+            # wait for the lock instead: it is unblocked for the wait -- before we arm, so
+            # that one already pending is not taken for ours.
+            self.mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
+            self.start = time.monotonic()
+            self.theirs = signal.setitimer(signal.ITIMER_REAL, 0)  # stopped while we wait
+            # Armed before the timer starts: one that fired before this line (a machine
+            # too busy to get here within a short ceiling) found us unarmed, and the wait
+            # then ignored its ceiling until the lock came free.
+            self.armed = True
+            signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        except BaseException:  # our alarm already: the with statement will not clean up
+            self.__exit__()
+            raise
 
     def __exit__(self, *exc: object) -> None:
-        self.armed = False  # a SIGALRM still in flight must not raise past this point
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
-        signal.signal(signal.SIGALRM, self.previous)  # type: ignore[arg-type]
-        delay, interval = self.theirs
-        if delay > 0:  # an embedding program's own timer: late at worst, never lost
-            left = delay - (time.monotonic() - self.start)
-            signal.setitimer(signal.ITIMER_REAL, max(left, 0.001), interval)
+        # Stop signals blocked first: one raising halfway would leave our timer and handler.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, (*STOP_SIGNALS, signal.SIGALRM))
+        try:
+            self.armed = False  # a SIGALRM still in flight must not raise past this point
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            if self.previous is not _UNSET:
+                signal.signal(signal.SIGALRM, self.previous)  # type: ignore[arg-type]
+                self.previous = _UNSET
+            delay, interval = self.theirs
+            self.theirs = (0.0, 0.0)
+            if delay > 0:  # an embedding program's own timer: late at worst, never lost
+                left = delay - (time.monotonic() - self.start)
+                signal.setitimer(signal.ITIMER_REAL, max(left, 0.001), interval)
+        finally:
+            mask, self.mask = (blocked if self.mask is None else self.mask), None
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
