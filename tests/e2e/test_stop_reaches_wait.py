@@ -272,3 +272,46 @@ def test_a_stop_on_any_line_of_a_waits_edges_leaves_the_program_as_it_was(
     finally:
         (marks / "h.go").touch()
     assert host.stdout.startswith("bad [] of "), (host.stdout, host.stderr)
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_while_the_waiter_asks_who_holds_the_lock_ends_the_wait(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """A waiter reads /proc/locks and the holder's record to say who holds the lock; a stop
+    signal then (a Ctrl-C some 100 ms after starting) raised inside that look, whose
+    ``except Exception`` took it for an unreadable file: the wait went on until the lock
+    came free (8 in 150 real Ctrl-Cs at that moment hung so). A real SIGTERM lands there
+    (``settrace`` picks the moment)."""
+    procs.start(["db", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    code = f"""
+        import os, signal, sys, time
+        import local_mutex as lm
+        from local_mutex.backends.flock import state
+        LOOK = state.status_of_path.__code__
+        def tracer(frame, event, arg):
+            if frame.f_code is LOOK and event == "call":
+                sys.settrace(None)
+                os.kill(os.getpid(), signal.SIGTERM)
+            return None
+        sys.settrace(tracer)
+        try:
+            with lm.hold("db", lock_dir={str(lock_dir)!r}, wait=30):
+                print("acquired")
+        except lm.Interrupted as exc:
+            print("interrupted", exc.signum)
+        except lm.NotAcquired:
+            print("not acquired")
+    """
+    try:
+        host = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            env=clean_env({"PYTHONPATH": str(SRC)}),
+            capture_output=True,
+            text=True,
+            timeout=25,  # before, it waited out its 30 s
+        )
+    finally:
+        (marks / "h.go").touch()
+    assert host.stdout == "interrupted 15\n", host.stderr

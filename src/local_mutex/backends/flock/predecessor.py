@@ -26,6 +26,7 @@ import stat
 import time
 
 from ... import nesting
+from ...errors import Interrupted
 from . import kernel, record
 from .lockdir import as_proc_names_it, file_id, is_file_at
 from .proclocks import KernelLock, held_elsewhere, key_of, read_proc_locks
@@ -343,6 +344,8 @@ def _say(lock: FlockLock, found: Predecessor, reporter: Reporter | None, said: b
     mark = holder_record(lock.label, "", shared=lock.shared, env=lock.env, extra=extra)
     try:
         record.write_record(lock.fd, mark, lock.path)
+    except Interrupted:  # a stop signal meanwhile: for the wait, not lost here
+        raise
     except Exception:  # a full disk: we wait all the same
         pass
     if reporter is not None:

@@ -14,7 +14,7 @@ import stat
 import time
 
 from ... import _proc
-from ...errors import CannotTell, InvalidName
+from ...errors import CannotTell, Interrupted, InvalidName
 from ...identity import utc_stamp
 from ...names import LOCK_PREFIX, LOCK_SUFFIX, lock_filename
 from ..base import Holder, LockStatus, Waiter
@@ -329,6 +329,8 @@ def ordered(items: list[LockStatus]) -> list[LockStatus]:
 def kernel_holders(path: str) -> list[Holder]:
     try:
         return status_of_path(path).holders
+    except Interrupted:  # a stop signal while we looked: for the wait, not lost here
+        raise
     except Exception:
         return []
 
@@ -337,6 +339,8 @@ def queue_position(path: str) -> str | None:
     """``position 2 of 3 in the queue`` for this process, when the kernel tells."""
     try:
         st = status_of_path(path)
+    except Interrupted:
+        raise
     except Exception:
         return None
     me = os.getpid()
