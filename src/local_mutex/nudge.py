@@ -17,6 +17,7 @@ has ended. No handler of the caller's runs twice.
 from __future__ import annotations
 
 import _thread
+import os
 import select
 
 from ._fastsignal import STOP_SIGNALS, interruptible, signal
@@ -33,6 +34,18 @@ if TYPE_CHECKING:
 # waiter that took it in time has left; later ones for a machine too busy for the first.
 _AGAIN_AFTER = (0.02, 0.1, 0.5, 2.0)
 _BLOCKED = (*STOP_SIGNALS, signal.SIGALRM)  # while a wait's edges are set up and taken down
+# The waits under way (one at most: the main thread's).
+_active: set[Nudge] = set()
+
+
+def _forked() -> None:
+    """A child forked by another thread while the main thread waits: it has no watcher,
+    and its signals must not reach the parent's (a worker pool's terminate())."""
+    for nudge in list(_active):
+        if nudge.wakeup is not None:
+            nudge.wakeup.forget()
+            nudge.wakeup = None
+    _active.clear()
 
 
 class Nudge:
@@ -47,6 +60,9 @@ class Nudge:
         self.over = _thread.RLock()
         self.wakeup: WakeupPipe | None = None
         self.ends: frozenset[int] = frozenset()
+        # Sent again and not yet seen on the pipe: their bytes are ours alone. The rest go
+        # on to the caller's wakeup fd, the signal that ended the wait too, as before.
+        self.resent: dict[int, int] = {}
 
     def call(self, blocking: Callable[..., _T], *args: object) -> _T:
         """``blocking(*args)``, woken by a stop signal whenever it came."""
@@ -87,6 +103,7 @@ class Nudge:
         except ValueError:  # not the main thread: no handler runs here anyway
             return
         self.wakeup = wakeup
+        _active.add(self)
         _thread.start_new_thread(self._watch, (wakeup, _thread.get_ident()))
 
     def _ends(self) -> frozenset[int]:
@@ -110,7 +127,7 @@ class Nudge:
         try:
             while True:
                 if poller.poll(None if due is None else due * 1000):
-                    data = wakeup.read(self.ends)
+                    data = wakeup.read(self._theirs_too)
                     if not data:  # the write end closed: the wait is over
                         return
                     new = {n for n in data if n in self.ends} - caught
@@ -124,12 +141,19 @@ class Nudge:
                     continue
                 try:
                     for sig in caught:
+                        self.resent[sig] = self.resent.get(sig, 0) + 1
                         signal.pthread_kill(main, sig)
                 finally:
                     self.over.release()
                 due = next(again, None)
         finally:
-            wakeup.close_read_end(self.ends)  # the main thread closes the write end
+            wakeup.close_read_end(self._theirs_too)  # the main thread closes the write end
+
+    def _theirs_too(self, signum: int) -> bool:
+        if self.resent.get(signum, 0) > 0:
+            self.resent[signum] -= 1
+            return False
+        return True
 
     def __exit__(self, *exc: object) -> None:
         # Signals blocked first: a handler raising here cannot leave the watcher sending
@@ -138,6 +162,7 @@ class Nudge:
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
         try:
             wakeup, self.wakeup = self.wakeup, None
+            _active.discard(self)
             if wakeup is not None:
                 self.over.acquire()  # the wait ended by an error before ``call`` took it
                 wakeup.uninstall()
@@ -152,3 +177,7 @@ def _steps(after: tuple[float, ...]) -> Iterator[float]:
     for at in after:
         yield at - last
         last = at
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)

@@ -14,7 +14,9 @@ from ._fastsignal import signal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Container
+    from collections.abc import Callable
+
+    Keep = Callable[[int], bool]  # is this signal's byte the caller's too?
 
 
 class WakeupPipe:
@@ -40,9 +42,9 @@ class WakeupPipe:
         self.read_end, self._write_end = read_end, write_end
         return True
 
-    def read(self, ours: Container[int]) -> bytes:
+    def read(self, keep: Keep) -> bytes:
         """The signals caught since the last read (b"" at the end: the pipe is closed);
-        those not ``ours`` go on to the caller's wakeup fd."""
+        those ``keep`` says are the caller's too go on to the caller's wakeup fd."""
         data = b""
         while self.read_end is not None:
             try:
@@ -52,7 +54,7 @@ class WakeupPipe:
             if not chunk:
                 break
             data += chunk
-        theirs = bytes(b for b in data if b not in ours)
+        theirs = bytes(b for b in data if keep(b))
         if theirs and self._theirs >= 0:
             try:
                 os.write(self._theirs, theirs)
@@ -75,14 +77,26 @@ class WakeupPipe:
             os.close(self._write_end)
             self._write_end = -1
 
-    def close(self, ours: Container[int]) -> None:
+    def close(self, keep: Keep) -> None:
         """Both ends, after passing on what is left."""
         self.close_write_end()
-        self.close_read_end(ours)
+        self.close_read_end(keep)
 
-    def close_read_end(self, ours: Container[int]) -> None:
+    def close_read_end(self, keep: Keep) -> None:
         """After passing on what is left (the write end closed: all there will be)."""
         if self.read_end is not None:
-            self.read(ours)
+            self.read(keep)
             os.close(self.read_end)
             self.read_end = None
+
+    def forget(self) -> None:
+        """In a child forked meanwhile: the caller's wakeup fd back, our ends closed -- the
+        child's signals are not the parent's to learn of."""
+        try:
+            signal.set_wakeup_fd(self._theirs, warn_on_full_buffer=False)
+        except (OSError, ValueError):
+            signal.set_wakeup_fd(-1)
+        for fd in (self.read_end, self._write_end):
+            if fd is not None and fd >= 0:
+                os.close(fd)
+        self.read_end, self._write_end = None, -1

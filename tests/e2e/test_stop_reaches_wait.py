@@ -59,7 +59,7 @@ try:
 except lm.Interrupted as exc:
     print("interrupted", exc.signum, flush=True)
 print("wakeup fd back:", signal.set_wakeup_fd(-1) == host_w, flush=True)
-print("the program's fd got its own:", list(os.read(host_r, 64)), usr1, flush=True)
+print("the program's fd got:", list(os.read(host_r, 64)), usr1, flush=True)
 end = time.monotonic() + 10
 while time.monotonic() < end and (
     sorted(os.listdir("/proc/self/fd")) != fds or len(os.listdir("/proc/self/task")) > 1
@@ -94,7 +94,7 @@ def test_a_stop_the_interpreter_marked_due_ends_the_wait_at_once(
     assert lines[:2] == ["poked", "interrupted 15"], (host.stdout, host.stderr)
     assert lines[2:] == [
         "wakeup fd back: True",
-        "the program's fd got its own: [10] [10]",
+        "the program's fd got: [10, 15] [10]",  # both, as before; not what was sent again
         "fds as before: True",
         "threads left: 0",
     ]
@@ -315,3 +315,59 @@ def test_a_stop_while_the_waiter_asks_who_holds_the_lock_ends_the_wait(
     finally:
         (marks / "h.go").touch()
     assert host.stdout == "interrupted 15\n", host.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_child_forked_while_the_program_waits_keeps_its_signals_to_itself(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """Another thread forks while the main thread waits (a worker pool): the child inherited
+    the borrowed wakeup fd, so a SIGTERM to the child (``pool.terminate()``) reached the
+    parent's watcher, which sent it on -- the parent stopped waiting, signalled by nobody.
+    The child's own signals now go to the program's wakeup fd in the child, as before."""
+    procs.start(["db", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    code = f"""
+        import os, signal, sys, threading, time
+        import local_mutex as lm
+        host_r, host_w = os.pipe()
+        os.set_blocking(host_w, False)
+        signal.set_wakeup_fd(host_w)
+        PARENT = os.getpid()
+        def asleep_in_flock():
+            with open(f"/proc/self/task/{{PARENT}}/wchan") as f:
+                return "lock" in f.read()
+        def forker():
+            while not asleep_in_flock():
+                time.sleep(0.005)
+            if os.fork() == 0:
+                signal.signal(signal.SIGTERM, lambda signum, frame: None)
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.1)
+                ok = signal.set_wakeup_fd(-1) == host_w and os.read(host_r, 64) == bytes([15])
+                print("child: its signal in the program's fd:", ok, flush=True)
+                os._exit(0)
+        threading.Thread(target=forker, daemon=True).start()
+        try:
+            with lm.hold("db", lock_dir={str(lock_dir)!r}, wait=3):
+                print("parent: acquired", flush=True)
+        except lm.Interrupted:
+            print("parent: interrupted, by nobody", flush=True)
+        except lm.NotAcquired:
+            print("parent: not acquired", flush=True)
+        os.wait()
+    """
+    try:
+        host = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            env=clean_env({"PYTHONPATH": str(SRC)}),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    finally:
+        (marks / "h.go").touch()
+    assert sorted(host.stdout.splitlines()) == [
+        "child: its signal in the program's fd: True",
+        "parent: not acquired",
+    ], host.stderr

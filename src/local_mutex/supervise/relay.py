@@ -81,6 +81,9 @@ class Relay:
         descriptors, the keeper's poll falls back to a short timeout)."""
         self.wakeup.install()
 
+    def _theirs_too(self, signum: int) -> bool:
+        return signum not in self.saved
+
     @property
     def wake(self) -> int | None:
         """What the keeper polls: readable once a signal came."""
@@ -89,7 +92,7 @@ class Relay:
     def drain(self) -> None:
         """Empty the wakeup pipe (the handlers run as this thread returns to Python code);
         the signals that are not ours go on to the caller's wakeup fd (an event loop's)."""
-        self.wakeup.read(self.saved)
+        self.wakeup.read(self._theirs_too)
 
     def restore(self) -> None:
         """The caller's handlers and wakeup fd back -- the wakeup fd first: SIGCONT, not
@@ -101,7 +104,7 @@ class Relay:
                 if handler is not None:
                     signal.signal(sig, handler)  # type: ignore[arg-type]
         finally:
-            self.wakeup.close(self.saved)
+            self.wakeup.close(self._theirs_too)
 
 
 class SignalsHeld(StopHandlers):
