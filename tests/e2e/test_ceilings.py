@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from helpers import Procs, clean_env, hold_until, run_cli, wait_for
-
-SRC = Path(__file__).resolve().parents[2] / "src"
+from helpers import Procs, hold_until, run_cli, run_program, wait_for
 
 
 def test_wait_ceiling_expires_with_75_and_names_the_holder(
@@ -281,14 +278,5 @@ def test_a_ceiling_whose_alarm_fires_while_it_is_being_armed_is_kept(
     wait ignored its ceiling until the lock came free (here 60 s later)."""
     procs.start(["db", hold_until(marks), str(lock_dir)])
     wait_for(marks / "h.held")
-    try:
-        host = subprocess.run(
-            [sys.executable, "-c", ARMING_SLOWLY, str(lock_dir)],
-            env=clean_env({"PYTHONPATH": str(SRC)}),
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    finally:
-        (marks / "h.go").touch()
+    host = run_program(ARMING_SLOWLY, str(lock_dir), timeout=30)
     assert host.stdout == "not acquired\n", host.stderr

@@ -15,15 +15,15 @@ import pytest
 
 from helpers import (
     CLI,
+    SRC,
     Procs,
     clean_env,
     hold_until,
     lock_file,
     lock_is_free,
+    run_program,
     wait_for,
 )
-
-SRC = Path(__file__).resolve().parents[2] / "src"
 
 # A host program: a helper thread waits until the main thread sleeps in flock(), then
 # takes a SIGTERM itself -- the interpreter marks the handler due, and nothing wakes the
@@ -83,13 +83,8 @@ def test_a_stop_the_interpreter_marked_due_ends_the_wait_at_once(
     procs.start(["db", hold_until(marks), str(lock_dir)])
     wait_for(marks / "h.held")
     code = HOST.replace("CALL", CALLS[call].replace("LOCK_DIR", repr(str(lock_dir))))
-    host = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env=clean_env({"PYTHONPATH": str(SRC)}),
-        capture_output=True,
-        text=True,
-        timeout=45,  # the holder lets go after 60 s: only then did the wait end before
-    )
+    # The holder lets go after 60 s: only then did the wait end before.
+    host = run_program(code, timeout=45)
     lines = host.stdout.splitlines()
     assert lines[:2] == ["poked", "interrupted 15"], (host.stdout, host.stderr)
     assert lines[2:] == [
@@ -99,7 +94,6 @@ def test_a_stop_the_interpreter_marked_due_ends_the_wait_at_once(
         "threads left: 0",
     ]
     assert "Traceback" not in host.stderr, host.stderr
-    (marks / "h.go").touch()
 
 
 # The CLI itself, run by a program with one more thread, which takes a SIGTERM once the
@@ -261,16 +255,7 @@ def test_a_stop_on_any_line_of_a_waits_edges_leaves_the_program_as_it_was(
                 bad.append((code.co_name, line, state))
         print("bad", bad, "of", len(lines), "lines", flush=True)
     """
-    try:
-        host = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(code)],
-            env=clean_env({"PYTHONPATH": str(SRC)}),
-            capture_output=True,
-            text=True,
-            timeout=100,
-        )
-    finally:
-        (marks / "h.go").touch()
+    host = run_program(code, timeout=100)
     assert host.stdout.startswith("bad [] of "), (host.stdout, host.stderr)
 
 
@@ -304,16 +289,7 @@ def test_a_stop_while_the_waiter_asks_who_holds_the_lock_ends_the_wait(
         except lm.NotAcquired:
             print("not acquired")
     """
-    try:
-        host = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(code)],
-            env=clean_env({"PYTHONPATH": str(SRC)}),
-            capture_output=True,
-            text=True,
-            timeout=25,  # before, it waited out its 30 s
-        )
-    finally:
-        (marks / "h.go").touch()
+    host = run_program(code, timeout=25)  # before, it waited out its 30 s
     assert host.stdout == "interrupted 15\n", host.stderr
 
 
@@ -357,16 +333,7 @@ def test_a_child_forked_while_the_program_waits_keeps_its_signals_to_itself(
             print("parent: not acquired", flush=True)
         os.wait()
     """
-    try:
-        host = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(code)],
-            env=clean_env({"PYTHONPATH": str(SRC)}),
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    finally:
-        (marks / "h.go").touch()
+    host = run_program(code, timeout=30)
     assert sorted(host.stdout.splitlines()) == [
         "child: its signal in the program's fd: True",
         "parent: not acquired",

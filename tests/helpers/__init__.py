@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -370,3 +371,17 @@ def stopped(pid: int) -> Iterator[None]:
     finally:
         with contextlib.suppress(ProcessLookupError):  # ended meanwhile
             os.kill(pid, signal.SIGCONT)
+
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def run_program(code: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """A Python program using the package of this tree (``code``, dedented), run to its end."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        env=clean_env({"PYTHONPATH": str(SRC)}),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
