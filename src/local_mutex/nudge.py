@@ -71,9 +71,18 @@ class Nudge:
         finally:
             # C calls only, so no handler runs between the wait's end and the first: a
             # signal sent again meanwhile is pending, and taken at the second (a system
-            # call), here -- not once the wait's handlers are gone.
-            self.over.acquire()
+            # call), here -- not once the wait's handlers are gone. A handler raising
+            # while the first waits for the watcher must not leave it sending.
+            late: BaseException | None = None
+            while True:
+                try:
+                    self.over.acquire()
+                    break
+                except BaseException as exc:
+                    late = exc
             signal.pthread_sigmask(signal.SIG_BLOCK, ())
+            if late is not None:
+                raise late
 
     def __enter__(self) -> Nudge:
         if not hasattr(select, "poll"):
@@ -166,7 +175,7 @@ class Nudge:
             if wakeup is not None:
                 self.over.acquire()  # the wait ended by an error before ``call`` took it
                 wakeup.uninstall()
-                wakeup.close_write_end()
+                wakeup.close_write_end()  # the watcher reads its end, and ends
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
