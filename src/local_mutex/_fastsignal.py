@@ -31,10 +31,12 @@ __all__ = [
     "STOP_SIGNALS",
     "StopHandlers",
     "deferred_stops",
+    "edges",
     "interruptible",
     "main_thread",
     "note_stop",
     "quiet_stops",
+    "raise_or_keep",
     "signal",
     "stoppable",
     "stops_taken",
@@ -128,12 +130,42 @@ class StopHandlers:
         self.previous.clear()
 
 
+# Exceptions our handlers raise, kept while a wait's edges are set up or taken down
+# (``edges``): raised halfway, they would leave the program's state half ours. Blocking the
+# signals keeps them from this thread only; another thread takes them, and the handler
+# runs here all the same.
+_kept: list[BaseException] = []
+_depth = [0]
+
+
+def raise_or_keep(exc: BaseException) -> None:
+    """From a handler of ours: raise ``exc`` now, or at the end of the ``edges`` block."""
+    if not _depth[0]:
+        raise exc
+    _kept.append(exc)
+
+
+class edges:  # noqa: N801 - used like a function
+    """``with edges():`` -- a block that sets up or takes down a wait whole: what a
+    handler of ours raises meanwhile (``raise_or_keep``) is raised as it ends."""
+
+    def __enter__(self) -> None:
+        _depth[0] += 1
+
+    def __exit__(self, *exc: object) -> None:
+        _depth[0] -= 1
+        if not _depth[0] and _kept:
+            first = _kept[0]
+            _kept.clear()
+            raise first
+
+
 class interruptible(StopHandlers):  # noqa: N801 - used like a function
     """``with interruptible():`` -- a stop signal raises ``Interrupted``, so a waiter that
     is told to stop exits without running anything."""
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
-        raise Interrupted(signum)
+        raise_or_keep(Interrupted(signum))
 
     def __enter__(self: _I) -> _I:
         super().__enter__()

@@ -20,7 +20,7 @@ import _thread
 import os
 import select
 
-from ._fastsignal import STOP_SIGNALS, interruptible, signal
+from ._fastsignal import STOP_SIGNALS, edges, interruptible, signal
 from .wakeup import WakeupPipe
 
 TYPE_CHECKING = False
@@ -87,17 +87,13 @@ class Nudge:
     def __enter__(self) -> Nudge:
         if not hasattr(select, "poll"):
             return self
-        # Blocked while the pipe and the watcher are set up: a handler raising halfway
-        # would leave the wakeup fd ours (the with statement cleans up only after this).
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
         try:
-            self._start()
-        except BaseException:
-            self.__exit__()
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            raise
-        try:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # what came meanwhile, now
+            with edges():  # a stop meanwhile is raised once all is set up, undone below
+                mask = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
+                try:
+                    self._start()
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             return self
         except BaseException:
             self.__exit__()
@@ -165,19 +161,20 @@ class Nudge:
         return True
 
     def __exit__(self, *exc: object) -> None:
-        # Signals blocked first: a handler raising here cannot leave the watcher sending
-        # to a wait that is over, nor the wakeup fd ours. Unblocked last, a signal sent
-        # again just before the end is taken here, by this wait's handlers.
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
-        try:
-            wakeup, self.wakeup = self.wakeup, None
-            _active.discard(self)
-            if wakeup is not None:
-                self.over.acquire()  # the wait ended by an error before ``call`` took it
-                wakeup.uninstall()
-                wakeup.close_write_end()  # the watcher reads its end, and ends
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        # A stop meanwhile is raised once all is taken down (``edges``); signals blocked
+        # here too, so that one sent again just before the end is taken at the last line,
+        # by this wait's handlers.
+        with edges():
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
+            try:
+                wakeup, self.wakeup = self.wakeup, None
+                _active.discard(self)
+                if wakeup is not None:
+                    self.over.acquire()  # the wait ended by an error before ``call`` did
+                    wakeup.uninstall()
+                    wakeup.close_write_end()  # the watcher reads its end, and ends
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _steps(after: tuple[float, ...]) -> Iterator[float]:

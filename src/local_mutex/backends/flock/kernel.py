@@ -9,7 +9,7 @@ from __future__ import annotations
 import fcntl
 import time
 
-from ..._fastsignal import STOP_SIGNALS, interruptible, main_thread, signal
+from ..._fastsignal import STOP_SIGNALS, edges, interruptible, main_thread, raise_or_keep, signal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -95,40 +95,43 @@ class _AlarmIn:
 
     def _fire(self, signum: int, frame: FrameType | None) -> None:
         if self.armed:
-            raise _Alarm
+            raise_or_keep(_Alarm())
 
     def __enter__(self) -> None:
         try:
-            self.previous = signal.signal(signal.SIGALRM, self._fire)
-            # A caller that blocks SIGALRM (inherited across exec) would make the ceiling
-            # wait for the lock instead: it is unblocked for the wait -- before we arm, so
-            # that one already pending is not taken for ours.
-            self.mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
-            self.start = time.monotonic()
-            self.theirs = signal.setitimer(signal.ITIMER_REAL, 0)  # stopped while we wait
-            # Armed before the timer starts: one that fired before this line (a machine
-            # too busy to get here within a short ceiling) found us unarmed, and the wait
-            # then ignored its ceiling until the lock came free.
-            self.armed = True
-            signal.setitimer(signal.ITIMER_REAL, self.seconds)
-        except BaseException:  # our alarm already: the with statement will not clean up
+            with edges():  # our alarm or a stop meanwhile: raised once all is set up
+                self.previous = signal.signal(signal.SIGALRM, self._fire)
+                # A caller that blocks SIGALRM (inherited across exec) would make the
+                # ceiling wait for the lock instead: it is unblocked for the wait -- before
+                # we arm, so that one already pending is not taken for ours.
+                self.mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
+                self.start = time.monotonic()
+                self.theirs = signal.setitimer(signal.ITIMER_REAL, 0)  # stopped meanwhile
+                # Armed before the timer starts: one that fired before this line (a
+                # machine too busy to get here within a short ceiling) found us unarmed,
+                # and the wait then ignored its ceiling until the lock came free.
+                self.armed = True
+                signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        except BaseException:  # the with statement will not clean up after __enter__
             self.__exit__()
             raise
 
     def __exit__(self, *exc: object) -> None:
-        # Stop signals blocked first: one raising halfway would leave our timer and handler.
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, (*STOP_SIGNALS, signal.SIGALRM))
-        try:
-            self.armed = False  # a SIGALRM still in flight must not raise past this point
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            if self.previous is not _UNSET:
-                signal.signal(signal.SIGALRM, self.previous)  # type: ignore[arg-type]
-                self.previous = _UNSET
-            delay, interval = self.theirs
-            self.theirs = (0.0, 0.0)
-            if delay > 0:  # an embedding program's own timer: late at worst, never lost
-                left = delay - (time.monotonic() - self.start)
-                signal.setitimer(signal.ITIMER_REAL, max(left, 0.001), interval)
-        finally:
-            mask, self.mask = (blocked if self.mask is None else self.mask), None
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        # A stop meanwhile is raised once all is taken down: halfway, it left our timer
+        # and handler; a SIGALRM still in flight must not raise past ``armed``.
+        with edges():
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, (*STOP_SIGNALS, signal.SIGALRM))
+            try:
+                self.armed = False
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                if self.previous is not _UNSET:
+                    signal.signal(signal.SIGALRM, self.previous)  # type: ignore[arg-type]
+                    self.previous = _UNSET
+                delay, interval = self.theirs
+                self.theirs = (0.0, 0.0)
+                if delay > 0:  # an embedding program's own timer: late at worst, never lost
+                    left = delay - (time.monotonic() - self.start)
+                    signal.setitimer(signal.ITIMER_REAL, max(left, 0.001), interval)
+            finally:
+                mask, self.mask = (blocked if self.mask is None else self.mask), None
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
