@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 # When the watcher sends a caught signal again, in seconds after it came: by the first, a
 # waiter that took it in time has left; later ones for a machine too busy for the first.
 _AGAIN_AFTER = (0.02, 0.1, 0.5, 2.0)
-_BLOCKED = (*STOP_SIGNALS, signal.SIGALRM)  # while a wait's edges are set up and taken down
 # The waits under way (one at most: the main thread's).
 _active: set[Nudge] = set()
 
@@ -89,11 +88,7 @@ class Nudge:
             return self
         try:
             with edges():  # a stop meanwhile is raised once all is set up, undone below
-                mask = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
-                try:
-                    self._start()
-                finally:
-                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+                self._start()
             return self
         except BaseException:
             self.__exit__()
@@ -161,20 +156,14 @@ class Nudge:
         return True
 
     def __exit__(self, *exc: object) -> None:
-        # A stop meanwhile is raised once all is taken down (``edges``); signals blocked
-        # here too, so that one sent again just before the end is taken at the last line,
-        # by this wait's handlers.
+        # A stop meanwhile (one sent again, too) is raised once all is taken down.
         with edges():
-            mask = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
-            try:
-                wakeup, self.wakeup = self.wakeup, None
-                _active.discard(self)
-                if wakeup is not None:
-                    self.over.acquire()  # the wait ended by an error before ``call`` did
-                    wakeup.uninstall()
-                    wakeup.close_write_end()  # the watcher reads its end, and ends
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            wakeup, self.wakeup = self.wakeup, None
+            _active.discard(self)
+            if wakeup is not None:
+                self.over.acquire()  # the wait ended by an error before ``call`` did
+                wakeup.uninstall()
+                wakeup.close_write_end()  # the watcher reads its end, and ends
 
 
 def _steps(after: tuple[float, ...]) -> Iterator[float]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import fcntl
 import time
 
-from ..._fastsignal import STOP_SIGNALS, edges, interruptible, main_thread, raise_or_keep, signal
+from ..._fastsignal import edges, interruptible, main_thread, raise_or_keep, signal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -120,18 +120,16 @@ class _AlarmIn:
         # A stop meanwhile is raised once all is taken down: halfway, it left our timer
         # and handler; a SIGALRM still in flight must not raise past ``armed``.
         with edges():
-            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, (*STOP_SIGNALS, signal.SIGALRM))
-            try:
-                self.armed = False
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                if self.previous is not _UNSET:
-                    signal.signal(signal.SIGALRM, self.previous)  # type: ignore[arg-type]
-                    self.previous = _UNSET
-                delay, interval = self.theirs
-                self.theirs = (0.0, 0.0)
-                if delay > 0:  # an embedding program's own timer: late at worst, never lost
-                    left = delay - (time.monotonic() - self.start)
-                    signal.setitimer(signal.ITIMER_REAL, max(left, 0.001), interval)
-            finally:
-                mask, self.mask = (blocked if self.mask is None else self.mask), None
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            self.armed = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            if self.mask is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
+                self.mask = None
+            if self.previous is not _UNSET:
+                signal.signal(signal.SIGALRM, self.previous)  # type: ignore[arg-type]
+                self.previous = _UNSET
+            delay, interval = self.theirs
+            self.theirs = (0.0, 0.0)
+            if delay > 0:  # an embedding program's own timer: late at worst, never lost
+                left = delay - (time.monotonic() - self.start)
+                signal.setitimer(signal.ITIMER_REAL, max(left, 0.001), interval)
