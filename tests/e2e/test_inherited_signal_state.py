@@ -79,6 +79,22 @@ def test_an_ignored_sigchld_still_lets_the_keeper_stop_a_command_whose_superviso
             keeper.wait()
 
 
+@pytest.mark.parametrize(("command", "expected"), [("exit 7", 7), ("sleep 0.2 & exit 3", 3)])
+def test_a_blocked_sigchld_still_ends_the_run_with_the_command(
+    lock_dir: Path, command: str, expected: int
+) -> None:
+    """The supervisor sleeps until a signal comes -- SIGCHLD at the command's end: one the
+    caller blocked must not keep it asleep (with the lock held) after the command ended."""
+    r = subprocess.run(
+        _in("block:SIGCHLD", "-q", "c", command, str(lock_dir)),
+        env=clean_env(),
+        capture_output=True,
+        timeout=30,
+    )
+    assert r.returncode == expected, r.stderr
+    assert lock_is_free(lock_file(lock_dir, "c"))
+
+
 def test_a_blocked_sigalrm_does_not_disarm_wait_or_timeout(
     procs: Procs, lock_dir: Path, marks: Path
 ) -> None:

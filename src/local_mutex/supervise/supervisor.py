@@ -23,18 +23,20 @@ import _thread
 import errno
 import fcntl
 import os
+import select
 import time
 
 from .._fastsignal import STOP_SIGNALS, signal
 from ..nesting import ENV_HELD, handed_down
 from ..ui.lines import STOPPING_WRITE_WAIT
+from ..wakeup import WakeupPipe
 from . import reaper, terminal
 from .spec import Spec, find_program
 from .watch import watch_keeper
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
     from types import FrameType
 
 SHELL = "/bin/sh"
@@ -207,6 +209,9 @@ class _Supervisor:
 
 
 def _install(sup: _Supervisor) -> None:
+    # A handler, so that a child's end writes the wakeup fd (see ``_sleeper``); it also
+    # keeps exit statuses were SIGCHLD ignored.
+    signal.signal(signal.SIGCHLD, _child_changed)
     signal.signal(signal.SIGALRM, sup.on_alarm)
     signal.signal(STOP_NOW, sup.on_stop_now)
     for sig in FORWARDED:
@@ -231,9 +236,37 @@ def _write(fd: int, line: str) -> None:
             return  # the keeper is gone; nobody reads this
 
 
+def _child_changed(signum: int, frame: FrameType | None) -> None:
+    """SIGCHLD: nothing to do here; its byte in the wakeup fd ends ``_sleeper``'s sleep."""
+
+
+def _sleeper() -> Callable[[], None]:
+    """Sleep until a signal comes: a child ended or stopped (SIGCHLD), or one we handle.
+    The interpreter writes its wakeup fd for each signal it catches, also for one that
+    lands a moment before the sleep begins -- a blocking waitpid() slept on then, its
+    handler due, and a --timeout, a relayed stop or the keeper's death waited for the
+    command's own end. (Out of descriptors: a look every 20 ms.)"""
+    wake = WakeupPipe()
+    if not wake.install() or wake.read_end is None:
+        return lambda: time.sleep(reaper.POLL)
+    poller = select.poll()
+    poller.register(wake.read_end, select.POLLIN)
+
+    def sleep() -> None:
+        poller.poll()
+        wake.read(_nobody_elses)  # the handlers run as this thread returns to Python code
+
+    return sleep
+
+
+def _nobody_elses(signum: int) -> bool:
+    return False  # the caller's wakeup fd was let go of at the fork
+
+
 def _wait_command(sup: _Supervisor, pid: int, tty: int | None, home: int) -> int:
     """The command's wait status; reaps adopted orphans on the way."""
-    flags = os.WUNTRACED if tty is not None else 0
+    flags = os.WNOHANG | (os.WUNTRACED if tty is not None else 0)
+    sleep = _sleeper()
     while True:
         try:
             # Any child: the command, or an orphan adopted as a subreaper (reaped here so it
@@ -241,6 +274,9 @@ def _wait_command(sup: _Supervisor, pid: int, tty: int | None, home: int) -> int
             got, status = os.waitpid(-1, flags)
         except ChildProcessError:
             return 0
+        if got == 0:
+            sleep()
+            continue
         if got != pid:
             continue  # an adopted orphan ended: reaped, so it never lingers as a zombie
         if os.WIFSTOPPED(status):
@@ -312,8 +348,9 @@ def _run(
     _thread.start_new_thread(_watch_keeper, (sup, life, session))  # born with HANDLED blocked
     # Now requests reach the main thread: the caller's mask, but never blocking what we
     # handle (a caller that blocks SIGALRM or SIGUSR1 would disarm --timeout and our
-    # "stop now"; the command still gets the caller's mask as it was).
-    signal.pthread_sigmask(signal.SIG_SETMASK, set(mask) - set(HANDLED))
+    # "stop now", SIGCHLD our waking at the command's end; the command still gets the
+    # caller's mask as it was).
+    signal.pthread_sigmask(signal.SIG_SETMASK, set(mask) - {*HANDLED, signal.SIGCHLD})
     status = _wait_command(sup, pid, tty, home)
     if sup.stopping or os.WIFSIGNALED(status) or _reports_a_kill(sup.spec, status):
         # Killed by a signal nobody here sent (OOM, kill -9) -- or what it ran was, as a
