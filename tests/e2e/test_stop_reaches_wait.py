@@ -344,3 +344,60 @@ def test_a_child_forked_while_the_program_waits_keeps_its_signals_to_itself(
         "child: its signal in the program's fd: True",
         "parent: not acquired",
     ], host.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_stop_on_any_line_as_the_progress_line_starts_ends_the_wait_cleanly(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """A waiter starts a thread that says, now and then, that it still waits -- right as
+    a Ctrl-C is most likely (the wait's first moment). A stop signal raising inside
+    threading's own code left its locks half-released: exit 1 with ``RuntimeError: release
+    unlocked lock`` instead of 130, or a thread that went on saying we wait. The CLI runs
+    in-process; each line of the progress thread's start and end (ours and threading's, in
+    the main thread; a short ceiling ends the wait) in turn gets a real SIGINT."""
+    procs.start(["db", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    code = f"""
+        import dis, os, signal, sys, threading, time
+        from local_mutex.cli import main
+        from local_mutex.ui import progress
+        WHERE = (progress.__file__, threading.__file__)
+        # Not the first line of ``__exit__``, which no Python code can guard (bpo-29988).
+        EXIT = progress.Progress.__exit__.__code__
+        FIRST = min(n for _, n in dis.findlinestarts(EXIT) if n and n > EXIT.co_firstlineno)
+        n, codes = 0, []
+        while True:
+            n += 1
+            lines = [0]
+            def tracer(frame, event, arg):
+                if frame.f_code.co_filename not in WHERE:
+                    return None
+                if threading.current_thread() is not threading.main_thread():
+                    return None
+                def on_line(frame, event, arg):
+                    if event == "line" and (frame.f_code, frame.f_lineno) != (EXIT, FIRST):
+                        lines[0] += 1
+                        if lines[0] == n:
+                            sys.settrace(None)
+                            os.kill(os.getpid(), signal.SIGINT)
+                    return on_line
+                return on_line
+            sys.settrace(tracer)
+            try:
+                code = main(["--wait", "0.3", "db", "true", {str(lock_dir)!r}])
+            finally:
+                sys.settrace(None)
+            if lines[0] < n:  # past the last line: the ceiling ended this one
+                break
+            end = time.monotonic() + 5
+            while threading.active_count() > 1 and time.monotonic() < end:
+                time.sleep(0.01)
+            codes.append((code, threading.active_count()))
+        print("lines", n - 1, "bad", [(i + 1, c) for i, c in enumerate(codes) if c != (130, 1)])
+    """
+    host = run_program(code, timeout=100)
+    assert host.stdout.startswith("lines "), (host.stdout, host.stderr[-3000:])
+    assert int(host.stdout.split()[1]) > 10, host.stdout  # the tracer saw the start
+    assert host.stdout.rstrip().endswith("bad []"), (host.stdout, host.stderr[-3000:])
+    assert "Traceback" not in host.stderr and "Exception ignored" not in host.stderr, host.stderr

@@ -23,20 +23,19 @@ import _thread
 import errno
 import fcntl
 import os
-import select
 import time
 
 from .._fastsignal import STOP_SIGNALS, signal
 from ..nesting import ENV_HELD, handed_down
 from ..ui.lines import STOPPING_WRITE_WAIT
-from ..wakeup import WakeupPipe
+from ..wakeup import until_a_signal
 from . import reaper, terminal
 from .spec import Spec, find_program
 from .watch import watch_keeper
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
+    from collections.abc import Iterable, Sequence
     from types import FrameType
 
 SHELL = "/bin/sh"
@@ -209,8 +208,7 @@ class _Supervisor:
 
 
 def _install(sup: _Supervisor) -> None:
-    # A handler, so that a child's end writes the wakeup fd (see ``_sleeper``); it also
-    # keeps exit statuses were SIGCHLD ignored.
+    # A handler, so that a child's end writes the wakeup fd (``until_a_signal``).
     signal.signal(signal.SIGCHLD, _child_changed)
     signal.signal(signal.SIGALRM, sup.on_alarm)
     signal.signal(STOP_NOW, sup.on_stop_now)
@@ -237,36 +235,16 @@ def _write(fd: int, line: str) -> None:
 
 
 def _child_changed(signum: int, frame: FrameType | None) -> None:
-    """SIGCHLD: nothing to do here; its byte in the wakeup fd ends ``_sleeper``'s sleep."""
-
-
-def _sleeper() -> Callable[[], None]:
-    """Sleep until a signal comes: a child ended or stopped (SIGCHLD), or one we handle.
-    The interpreter writes its wakeup fd for each signal it catches, also for one that
-    lands a moment before the sleep begins -- a blocking waitpid() slept on then, its
-    handler due, and a --timeout, a relayed stop or the keeper's death waited for the
-    command's own end. (Out of descriptors: a look every 20 ms.)"""
-    wake = WakeupPipe()
-    if not wake.install() or wake.read_end is None:
-        return lambda: time.sleep(reaper.POLL)
-    poller = select.poll()
-    poller.register(wake.read_end, select.POLLIN)
-
-    def sleep() -> None:
-        poller.poll()
-        wake.read(_nobody_elses)  # the handlers run as this thread returns to Python code
-
-    return sleep
-
-
-def _nobody_elses(signum: int) -> bool:
-    return False  # the caller's wakeup fd was let go of at the fork
+    """SIGCHLD: nothing to do here; its byte in the wakeup fd ends the sleep in
+    ``_wait_command``."""
 
 
 def _wait_command(sup: _Supervisor, pid: int, tty: int | None, home: int) -> int:
-    """The command's wait status; reaps adopted orphans on the way."""
+    """The command's wait status; reaps adopted orphans on the way. Never asleep in
+    waitpid(): a stop (a --timeout, a relayed signal, the keeper's death) that landed just
+    before it would wait for the command's own end; a child's end is a signal too."""
     flags = os.WNOHANG | (os.WUNTRACED if tty is not None else 0)
-    sleep = _sleeper()
+    sleep = until_a_signal()
     while True:
         try:
             # Any child: the command, or an orphan adopted as a subreaper (reaped here so it
