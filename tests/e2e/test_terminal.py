@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import select
+import shlex
 import shutil
 import subprocess
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CLI, clean_env
+from helpers import CLI, clean_env, lock_file, lock_is_free
 
 pytestmark = pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid(1)")
 
@@ -20,9 +21,15 @@ def _start_in_terminal(
     args: list[str], env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[bytes], int]:
     """Start the CLI as the leader of a new session whose controlling terminal is a pty."""
+    return _start_in_terminal_raw([*CLI, *args], env)
+
+
+def _start_in_terminal_raw(
+    argv: list[str], env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], int]:
     master, slave = os.openpty()
     proc = subprocess.Popen(
-        ["setsid", "--ctty", *CLI, *args],
+        ["setsid", "--ctty", *argv],
         stdin=slave,
         stdout=slave,
         stderr=slave,
@@ -220,4 +227,42 @@ def test_ctrl_c_typed_before_the_command_execs_stops_it(lock_dir: Path, tmp_path
     finally:
         if proc.poll() is None:
             proc.kill()
+        os.close(master)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize("then", ["kill %1", "bg"])
+def test_a_shell_keeps_its_terminal_after_a_stopped_run_is_killed_or_sent_to_the_background(
+    lock_dir: Path, then: str
+) -> None:
+    """Ctrl-Z, and then ``kill %1`` or ``bg`` in an interactive bash: the shell took the
+    terminal back when its job stopped, and the supervisor, continued, took it again -- for
+    the command (after ``bg`` it read the next line typed at the shell's prompt), then for
+    our caller's group, gone by then (after ``kill %1`` bash lost its prompt and exited)."""
+    job = "echo started; read answer; echo got:$answer"
+    command = " ".join(shlex.quote(a) for a in [*CLI, "-q", "tty", job])
+    proc, master = _start_in_terminal_raw(
+        ["bash", "--norc", "--noprofile", "-i"], {"PS1": "PROMPT$ ", "TERM": "dumb"}
+    )
+    try:
+        _read_until(master, b"PROMPT$ ")
+        os.write(master, f"{command} {shlex.quote(str(lock_dir))}\n".encode())
+        _read_until(master, b"started")
+        os.write(master, b"\x1a")  # Ctrl-Z
+        _read_until(master, b"Stopped")
+        os.write(master, f"{then}; echo shell-$((20+22))\n".encode())
+        _read_until(master, b"shell-42")
+        os.write(master, b"sleep 0.5; echo still-$((40+2))\n")
+        _read_until(master, b"still-42")  # the shell's, not the job's (``bg``: it stops)
+        assert proc.poll() is None, "the shell exited"
+        os.write(master, b"kill %1; wait; echo done-$((40+2))\n")
+        _read_until(master, b"done-42")
+        deadline = time.monotonic() + 20
+        while not lock_is_free(lock_file(lock_dir, "tty")):
+            assert time.monotonic() < deadline, "the lock stayed held"
+            time.sleep(0.02)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
         os.close(master)

@@ -259,8 +259,10 @@ def _wait_command(sup: _Supervisor, pid: int, tty: int | None, home: int) -> int
             continue  # an adopted orphan ended: reaped, so it never lingers as a zombie
         if os.WIFSTOPPED(status):
             # Ctrl-Z in a terminal stopped the command: stop as a shell job would.
-            terminal.stop_with(tty, sup.keeper, home)
-            terminal.give_terminal(tty, pid)
+            terminal.stop_with(tty, sup.keeper, home, pid)
+            # Continued: by ``fg`` (the shell gave our caller's group the terminal), or by
+            # ``bg`` or ``kill %1`` (the shell keeps it).
+            terminal.give_terminal(tty, pid, taking_from=home.__eq__)
             continue
         return status
 
@@ -341,7 +343,11 @@ def _run(
     if sup.stopping:
         gave_up = not sup.stopper.wait_gone()
     signal.setitimer(signal.ITIMER_REAL, 0)
-    terminal.give_terminal(tty, home, resume=False)
+
+    def ours(fg: int) -> bool:  # the command's group, or one gone: not a shell's
+        return fg == sup.pgid or not reaper.group_alive(fg)
+
+    terminal.give_terminal(tty, home, resume=False, taking_from=ours)
     if sup.timed_out:
         code = 137 if sup.kill_sent else 124
     else:

@@ -9,7 +9,7 @@ from .._fastsignal import signal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Callable, Iterable, Mapping
 
     from .spec import Spec
 
@@ -24,13 +24,24 @@ def foreground_tty() -> int | None:
     return None
 
 
-def give_terminal(tty: int | None, pgid: int, *, resume: bool = True) -> None:
-    """Make ``pgid`` the terminal's foreground group so it can read keys and get Ctrl-C."""
+def give_terminal(
+    tty: int | None,
+    pgid: int,
+    *,
+    resume: bool = True,
+    taking_from: Callable[[int], bool] | None = None,
+) -> None:
+    """Make ``pgid`` the terminal's foreground group so it can read keys and get Ctrl-C --
+    with ``taking_from``, only if it says yes to the group that has it now (one gone is
+    still named by the kernel): a terminal the shell took back (its job stopped, then
+    ``bg`` or ``kill %1``) stays the shell's. Taken from it, the shell lost its prompt; an
+    interactive bash exited."""
     if tty is None:
         return
     previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
     try:
-        os.tcsetpgrp(tty, pgid)
+        if taking_from is None or taking_from(os.tcgetpgrp(tty)):
+            os.tcsetpgrp(tty, pgid)
     except OSError:
         pass  # not our terminal after all (e.g. we lost it): the command still runs
     finally:
@@ -84,10 +95,10 @@ def spawn_in_foreground(
         os._exit(127)
 
 
-def stop_with(tty: int | None, keeper: int, home: int) -> None:
+def stop_with(tty: int | None, keeper: int, home: int, command: int) -> None:
     """Ctrl-Z stopped the command: stop the keeper and ourselves as a shell job would, so
     the shell sees its job stopped; ``fg`` continues us all."""
-    give_terminal(tty, home, resume=False)
+    give_terminal(tty, home, resume=False, taking_from=command.__eq__)
     try:
         os.kill(keeper, signal.SIGSTOP)
     except OSError:
