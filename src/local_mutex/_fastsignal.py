@@ -164,6 +164,8 @@ class interruptible(StopHandlers):  # noqa: N801 - used like a function
     """``with interruptible():`` -- a stop signal raises ``Interrupted``, so a waiter that
     is told to stop exits without running anything."""
 
+    ends_waits = True  # a ``Nudge`` sends such a signal again until the wait has ended
+
     def handle(self, signum: int, frame: FrameType | None) -> None:
         raise_or_keep(Interrupted(signum))
 

@@ -9,9 +9,9 @@ thread of an embedding program, only marks the handler due: the wait went on unt
 lock came free, a stopped waiter lingering for minutes and a ceiling not kept.
 
 While the main thread waits, a helper thread reads the interpreter's wakeup fd
-(``WakeupPipe``); a stop signal whose handler is an ``interruptible``'s, or the ceiling's
-alarm, is sent again to the main thread, a few times and a little later, until the wait
-has ended. No handler of the caller's runs twice.
+(``WakeupPipe``); a stop signal whose handler ends waits (``interruptible``'s, the
+PostgreSQL wait's), or the ceiling's alarm, is sent again to the main thread, a few times
+and a little later, until the wait has ended. No handler of the caller's runs twice.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import _thread
 import os
 import select
 
-from ._fastsignal import STOP_SIGNALS, edges, interruptible, signal
+from ._fastsignal import STOP_SIGNALS, edges, signal
 from .wakeup import WakeupPipe
 
 TYPE_CHECKING = False
@@ -111,7 +111,8 @@ class Nudge:
         ends = {
             sig
             for sig in STOP_SIGNALS
-            if isinstance(getattr(signal.getsignal(sig), "__self__", None), interruptible)
+            if getattr(getattr(signal.getsignal(sig), "__self__", None), "ends_waits", False)
+            is True
         }
         if self.alarm:
             ends.add(signal.SIGALRM)

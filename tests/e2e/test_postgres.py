@@ -546,6 +546,62 @@ def test_a_stop_signal_while_waiting_leaves_no_waiter(
     wait_for(lambda: _waiting(pg, key) == 0, 5, "the cancelled wait left the queue")
 
 
+# A program waiting in the server's queue through the API; once the test says it is queued
+# and its main thread sleeps in poll(), a second thread takes a SIGTERM itself: the
+# interpreter marks the handler due and nothing wakes the main thread -- as when the
+# signal lands a moment before the sleep (a hold's own watcher sends one just then).
+QUEUED_HOST = """
+import os, signal, sys, threading, time
+import local_mutex as lm
+
+MAIN, URL, QUEUED = os.getpid(), sys.argv[1], sys.argv[2]
+
+def poke():
+    while not os.path.exists(QUEUED):
+        time.sleep(0.01)
+    while True:
+        with open(f"/proc/self/task/{MAIN}/wchan") as f:
+            if "poll" in f.read():
+                break
+        time.sleep(0.01)
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+threading.Thread(target=poke, daemon=True).start()
+try:
+    lm.run("queued", command="true", remote=URL)
+    print("ran")
+except lm.Interrupted as exc:
+    print("interrupted", exc.signum)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads /proc for wchan")
+def test_a_stop_the_interpreter_marked_due_ends_the_wait_in_the_queue(
+    pg: PgServer, drivers: Any, tmp_path: Path
+) -> None:
+    drivers("queued", stop=str(tmp_path / "stop"), hold_for=45).expect("acquired")
+    queued = tmp_path / "queued"
+    host = subprocess.Popen(
+        [sys.executable, "-c", QUEUED_HOST, pg.url, str(queued)],
+        env=pg.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        key = name_key(b"queued")
+        wait_for(lambda: _waiting(pg, key) == 1, 20, "the program queued")
+        queued.touch()
+        out, err = host.communicate(timeout=30)  # before, it waited for the lock (45 s)
+        assert out == "interrupted 15\n", err
+        wait_for(lambda: _waiting(pg, key) == 0, 10, "its wait to leave the queue")
+    finally:
+        (tmp_path / "stop").touch()
+        if host.poll() is None:
+            host.kill()
+            host.communicate()
+
+
 def test_server_restart_is_a_lost_lock(pg: PgServer, tmp_path: Path) -> None:
     server = PgServer().start()
     try:

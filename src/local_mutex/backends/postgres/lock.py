@@ -35,7 +35,7 @@ from .keys import describe_key, name_key
 from .nesting import enclosing_entry, held_entry
 from .session import Session
 from .slots import bookend, take_slot
-from .waiting import Interruptible, left, queue_detail, queue_progress, refusal
+from .waiting import Interruptible, left, queue_detail, queue_progress, refusal, wait_in_queue
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -218,7 +218,7 @@ class PostgresLock:
                 queue_progress(self, reporter, progress, start, key, session.backend_pid),
             ):
                 sql = self._statement(_LOCK_SQL[(shared, False)], key, None, shared)
-                session.fetch(sql, timeout=left(limit))
+                wait_in_queue(session, sql, limit)
         except psycopg.errors.LockNotAvailable:
             waited = time.monotonic() - start
             if busy is None:

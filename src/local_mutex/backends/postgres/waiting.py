@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from ..._fastsignal import note_stop
+from ..._fastsignal import note_stop, raise_or_keep
 from ...errors import Interrupted
 from ...ui.progress import Progress
 from . import observe
@@ -54,11 +54,22 @@ def queue_progress(
     return Progress(reporter, lock.label, every, start, look, done=done)
 
 
+def wait_in_queue(session: Session, sql: str, limit: float | None) -> None:
+    """The lock statement, asleep in poll() until the server answers: a stop signal that
+    lands a moment before the sleep begins (a hold's own watcher sends one just then) is
+    sent again, not left unheard until the lock is granted."""
+    from ...nudge import Nudge  # (loaded only once a lock is busy)
+
+    with Nudge() as nudge:
+        nudge.call(lambda: session.fetch(sql, timeout=left(limit)))
+
+
 class Interruptible:
     """SIGINT/SIGTERM/SIGHUP/SIGQUIT raise ``Interrupted`` while we wait (main thread only),
     and say whether it landed inside a server wait that must be cancelled."""
 
     _SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+    ends_waits = True  # a ``Nudge`` sends such a signal again until the wait has ended
 
     def __init__(self) -> None:
         self.previous: dict[int, Any] = {}
@@ -67,8 +78,10 @@ class Interruptible:
 
     def _stop(self, signum: int, frame: object) -> None:
         note_stop(signum)
-        self.interrupted_during_query = self._in_query
-        raise Interrupted(signum)
+        self.interrupted_during_query = self.interrupted_during_query or self._in_query
+        # Kept while a wait is set up or taken down (``edges``): raised halfway, it would
+        # leave the progress line's thread or the borrowed wakeup fd half done.
+        raise_or_keep(Interrupted(signum))
 
     def __enter__(self) -> Interruptible:
         import signal
