@@ -104,19 +104,19 @@ class WakeupPipe:
         self.read_end, self._write_end = None, -1
 
 
-def until_a_signal() -> Callable[[], None]:
-    """A sleep that every signal this process catches ends, for a process whose wakeup fd
-    is its own (the caller's was let go of): also one that lands a moment before the
-    sleep begins, whose handler the interpreter only marks due -- a blocking system call
-    would sleep on. (Out of descriptors: a sleep of 20 ms.)"""
+def until_a_signal() -> Callable[[float | None], None]:
+    """``sleep(at_most)``: a sleep that every signal this process catches ends, for a
+    process whose wakeup fd is its own (the caller's was let go of): also one that lands a
+    moment before the sleep begins, whose handler the interpreter only marks due -- a
+    blocking system call would sleep on. (Out of descriptors: a sleep of 20 ms.)"""
     wake = WakeupPipe()
     if not wake.install() or wake.read_end is None:
-        return lambda: time.sleep(0.02)
+        return lambda at_most: time.sleep(min(at_most or 0.02, 0.02))
     poller = select.poll()  # not select(): descriptors may be past FD_SETSIZE
     poller.register(wake.read_end, select.POLLIN)
 
-    def sleep() -> None:
-        poller.poll()
+    def sleep(at_most: float | None) -> None:
+        poller.poll(None if at_most is None else int(at_most * 1000))
         wake.read(_nobody_elses)  # the handlers run as this thread returns to Python code
 
     return sleep

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CLI, clean_env, lock_file, lock_is_free
+from helpers import CLI, clean_env, lock_file, lock_is_free, wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid(1)")
 
@@ -230,24 +230,53 @@ def test_ctrl_c_typed_before_the_command_execs_stops_it(lock_dir: Path, tmp_path
         os.close(master)
 
 
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
+
+
+def _interactive_bash() -> tuple[subprocess.Popen[bytes], int]:
+    proc, master = _start_in_terminal_raw(
+        ["bash", "--norc", "--noprofile", "-i"], {"PS1": "PROMPT$ ", "TERM": "dumb"}
+    )
+    _read_until(master, b"PROMPT$ ")
+    return proc, master
+
+
+def _start_job(master: int, job: str, lock_dir: Path, pgid: Path) -> None:
+    """Type a run of ``job`` (which writes its pid, its group's id, to ``pgid``) at the
+    shell's prompt; back once the command has the terminal."""
+    command = " ".join(shlex.quote(a) for a in [*CLI, "-q", "tty", job, str(lock_dir)])
+    os.write(master, f"{command}\n".encode())
+    _in_the_foreground(master, pgid)
+
+
+def _in_the_foreground(master: int, pgid: Path) -> None:
+    deadline = time.monotonic() + 20
+    while not (pgid.exists() and pgid.read_text().strip()):
+        assert time.monotonic() < deadline, "the command did not start"
+        time.sleep(0.02)
+    while os.tcgetpgrp(master) != int(pgid.read_text()):
+        assert time.monotonic() < deadline, "the command did not get the terminal"
+        time.sleep(0.02)
+
+
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 @pytest.mark.parametrize("then", ["kill %1", "bg"])
 def test_a_shell_keeps_its_terminal_after_a_stopped_run_is_killed_or_sent_to_the_background(
-    lock_dir: Path, then: str
+    lock_dir: Path, tmp_path: Path, then: str
 ) -> None:
     """Ctrl-Z, and then ``kill %1`` or ``bg`` in an interactive bash: the shell took the
     terminal back when its job stopped, and the supervisor, continued, took it again -- for
     the command (after ``bg`` it read the next line typed at the shell's prompt), then for
     our caller's group, gone by then (after ``kill %1`` bash lost its prompt and exited)."""
-    job = "echo started; read answer; echo got:$answer"
-    command = " ".join(shlex.quote(a) for a in [*CLI, "-q", "tty", job])
-    proc, master = _start_in_terminal_raw(
-        ["bash", "--norc", "--noprofile", "-i"], {"PS1": "PROMPT$ ", "TERM": "dumb"}
-    )
+    pgid = tmp_path / "pgid"
+    job = f"echo $$ > {pgid}; read answer; echo got:$answer"
+    proc, master = _interactive_bash()
     try:
-        _read_until(master, b"PROMPT$ ")
-        os.write(master, f"{command} {shlex.quote(str(lock_dir))}\n".encode())
-        _read_until(master, b"started")
+        _start_job(master, job, lock_dir, pgid)
         os.write(master, b"\x1a")  # Ctrl-Z
         _read_until(master, b"Stopped")
         os.write(master, f"{then}; echo shell-$((20+22))\n".encode())
@@ -261,6 +290,48 @@ def test_a_shell_keeps_its_terminal_after_a_stopped_run_is_killed_or_sent_to_the
         while not lock_is_free(lock_file(lock_dir, "tty")):
             assert time.monotonic() < deadline, "the lock stayed held"
             time.sleep(0.02)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc for process states")
+def test_fg_after_bg_gives_the_command_the_terminal_again(lock_dir: Path, tmp_path: Path) -> None:
+    """Ctrl-Z, ``bg``, ``fg``: the shell gives our caller's group the terminal and
+    continues it; the supervisor, running all along, must pass it on to the command again
+    -- before, the command stopped at its next read, and a Ctrl-Z stopped only the caller,
+    leaving the command running with the lock held. (`fg` sends a job that runs no
+    signal: the supervisor of a job in the background looks every 0.1 s.)"""
+    pgid, go = tmp_path / "pgid", tmp_path / "go"
+    job = f"echo $$ > {pgid}; while [ ! -e {go} ]; do sleep 0.02; done; "
+    job += "read answer; echo got:$answer"
+    proc, master = _interactive_bash()
+    try:
+        _start_job(master, job, lock_dir, pgid)
+        os.write(master, b"\x1a")  # Ctrl-Z
+        _read_until(master, b"Stopped")
+        os.write(master, b"bg; echo shell-$((20+22))\n")
+        _read_until(master, b"shell-42")
+        command = int(pgid.read_text())
+        # Continued (the supervisor first: it continues the command), running in the
+        # background; only then `fg`, which sends a running job no signal.
+        wait_for(lambda: _state(command) != "T", 20, "the command to go on")
+        os.write(master, b"fg\n")
+        _in_the_foreground(master, pgid)  # before, it stayed with our caller's group
+        os.write(master, b"\x1a")  # Ctrl-Z: the command's again, so it stops with the run
+        wait_for(lambda: _state(command) == "T", 20, "the command to stop")
+        _read_until(master, b"Stopped")
+        os.write(master, b"fg\n")
+        _in_the_foreground(master, pgid)
+        go.touch()
+        os.write(master, b"hey\n")
+        _read_until(master, b"got:hey")
+        os.write(master, b"echo done-$((40+2))\n")
+        _read_until(master, b"done-42")
+        assert lock_is_free(lock_file(lock_dir, "tty"))
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -27,11 +27,10 @@ import time
 
 from .._fastsignal import STOP_SIGNALS, signal
 from ..nesting import ENV_HELD, handed_down
-from ..ui.lines import STOPPING_WRITE_WAIT
 from ..wakeup import until_a_signal
 from . import reaper, terminal
 from .spec import Spec, find_program
-from .watch import watch_keeper
+from .watch import say_keeper_gone, watch_keeper
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -209,7 +208,7 @@ class _Supervisor:
 
 def _install(sup: _Supervisor) -> None:
     # A handler, so that a child's end writes the wakeup fd (``until_a_signal``).
-    signal.signal(signal.SIGCHLD, _child_changed)
+    signal.signal(signal.SIGCHLD, _woken)
     signal.signal(signal.SIGALRM, sup.on_alarm)
     signal.signal(STOP_NOW, sup.on_stop_now)
     for sig in FORWARDED:
@@ -234,7 +233,7 @@ def _write(fd: int, line: str) -> None:
             return  # the keeper is gone; nobody reads this
 
 
-def _child_changed(signum: int, frame: FrameType | None) -> None:
+def _woken(signum: int, frame: FrameType | None) -> None:
     """SIGCHLD: nothing to do here; its byte in the wakeup fd ends the sleep in
     ``_wait_command``."""
 
@@ -253,10 +252,13 @@ def _wait_command(sup: _Supervisor, pid: int, tty: int | None, home: int) -> int
         except ChildProcessError:
             return 0
         if got == 0:
-            sleep()
+            sleep(terminal.LOOK_AGAIN if terminal.in_background(tty, pid) else None)
+            terminal.back_in_the_foreground(tty, pid, home)
             continue
         if got != pid:
             continue  # an adopted orphan ended: reaped, so it never lingers as a zombie
+        if os.WIFSTOPPED(status) and terminal.read_in_the_foreground(tty, pid, home, status):
+            continue
         if os.WIFSTOPPED(status):
             # Ctrl-Z in a terminal stopped the command: stop as a shell job would.
             terminal.stop_with(tty, sup.keeper, home, pid)
@@ -361,7 +363,7 @@ def _run(
     if sup.spec.farewell is not None and not gave_up:
         _say_farewell(*sup.spec.farewell)
     if sup.keeper_gone:  # nobody else is left to say why the command ended
-        _say_keeper_gone(sup.keeper, code)
+        say_keeper_gone(sup.keeper, code)
     _write(out, f"done {code} {flags} {signals} {sup.started!r}\n")
     return 0
 
@@ -370,23 +372,6 @@ def _reports_a_kill(spec: Spec, status: int) -> bool:
     """A shell that exited 128+N: how it reports a command killed by signal N."""
     shell = os.path.basename(spec.argv[0]) in _SHELLS
     return shell and os.WIFEXITED(status) and 128 < os.WEXITSTATUS(status) < 128 + signal.NSIG
-
-
-def _say_keeper_gone(keeper: int, code: int) -> None:
-    """The keeper (the process that took the lock) was killed: say so on stderr, where
-    its own bookend would have gone (best effort: nobody may read it)."""
-    import select
-
-    prefix = "::warning::" if os.environ.get("GITHUB_ACTIONS") == "true" else ""
-    line = f"{prefix}local-mutex: pid {keeper}, which took the lock, died; stopped the command"
-    try:
-        # Never blocking on a stderr nobody reads: the lock is ours until we exit.
-        poller = select.poll()
-        poller.register(2, select.POLLOUT)
-        if poller.poll(int(STOPPING_WRITE_WAIT * 1000)):
-            os.write(2, f"{line} (exit {code})\n".encode())
-    except OSError:
-        pass
 
 
 def _say_farewell(fd: int, text: bytes) -> None:

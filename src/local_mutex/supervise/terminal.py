@@ -95,6 +95,39 @@ def spawn_in_foreground(
         os._exit(127)
 
 
+# A job sent to the background (`bg`) looks this often whether the shell brought it back:
+# `fg` sends a job that runs no signal, it only gives our caller's group the terminal.
+LOOK_AGAIN = 0.1
+
+
+def in_background(tty: int | None, command: int) -> bool:
+    """Is the terminal another group's than the command's (the shell's, after `bg`)?"""
+    try:
+        return tty is not None and os.tcgetpgrp(tty) != command
+    except OSError:
+        return False
+
+
+def back_in_the_foreground(tty: int | None, command: int, home: int) -> None:
+    """`fg` after `bg` gave our caller's group the terminal: the command's again (or it
+    would stop at its next read, and a Ctrl-Z would stop our caller alone)."""
+    give_terminal(tty, command, resume=False, taking_from=home.__eq__)
+
+
+def read_in_the_foreground(tty: int | None, command: int, home: int, status: int) -> bool:
+    """The command stopped at the terminal (SIGTTIN, SIGTTOU) that our caller's group has
+    -- `fg` after `bg`, not passed on yet: it is the command's now, and it goes on."""
+    if tty is None or os.WSTOPSIG(status) not in (signal.SIGTTIN, signal.SIGTTOU):
+        return False
+    try:
+        if os.tcgetpgrp(tty) != home:
+            return False  # in the background: it stops, as any job would
+    except OSError:
+        return False
+    give_terminal(tty, command)
+    return True
+
+
 def stop_with(tty: int | None, keeper: int, home: int, command: int) -> None:
     """Ctrl-Z stopped the command: stop the keeper and ourselves as a shell job would, so
     the shell sees its job stopped; ``fg`` continues us all."""

@@ -1,11 +1,14 @@
 """The supervisor's watch of its keeper, in a thread of its own: the keeper's death (its
-pipe's EOF), a lease's stop deadline it no longer renews, a server session that ended."""
+pipe's EOF), a lease's stop deadline it no longer renews, a server session that ended;
+and the line that says the keeper died."""
 
 from __future__ import annotations
 
 import os
 import select
 import time
+
+from ..ui.lines import STOPPING_WRITE_WAIT
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -75,3 +78,18 @@ def watch_keeper(sup: _Supervisor, life: int, session: int | None) -> None:
                     for stale in sup.kept:
                         os.close(stale)
                     sup.kept = fds
+
+
+def say_keeper_gone(keeper: int, code: int) -> None:
+    """The keeper (the process that took the lock) was killed: say so on stderr, where
+    its own bookend would have gone (best effort: nobody may read it)."""
+    prefix = "::warning::" if os.environ.get("GITHUB_ACTIONS") == "true" else ""
+    line = f"{prefix}local-mutex: pid {keeper}, which took the lock, died; stopped the command"
+    try:
+        # Never blocking on a stderr nobody reads: the lock is ours until we exit.
+        poller = select.poll()
+        poller.register(2, select.POLLOUT)
+        if poller.poll(int(STOPPING_WRITE_WAIT * 1000)):
+            os.write(2, f"{line} (exit {code})\n".encode())
+    except OSError:
+        pass
