@@ -166,7 +166,12 @@ class interruptible(StopHandlers):  # noqa: N801 - used like a function
 
     ends_waits = True  # a ``Nudge`` sends such a signal again until the wait has ended
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.raised_for: list[int] = []  # see ``Nudge.call``
+
     def handle(self, signum: int, frame: FrameType | None) -> None:
+        self.raised_for.append(signum)
         raise_or_keep(Interrupted(signum))
 
     def __enter__(self: _I) -> _I:

@@ -21,12 +21,13 @@ import os
 import select
 
 from ._fastsignal import STOP_SIGNALS, edges, signal
+from .errors import Interrupted
 from .wakeup import WakeupPipe
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
-    from typing import TypeVar
+    from typing import Any, TypeVar
 
     _T = TypeVar("_T")
 
@@ -59,12 +60,18 @@ class Nudge:
         self.over = _thread.RLock()
         self.wakeup: WakeupPipe | None = None
         self.ends: frozenset[int] = frozenset()
+        self.owners: list[Any] = []  # what handles them (``raised_for``: see ``call``)
         # Sent again and not yet seen on the pipe: their bytes are ours alone. The rest go
         # on to the caller's wakeup fd, the signal that ended the wait too, as before.
         self.resent: dict[int, int] = {}
 
     def call(self, blocking: Callable[..., _T], *args: object) -> _T:
-        """``blocking(*args)``, woken by a stop signal whenever it came."""
+        """``blocking(*args)``, woken by a stop signal whenever it came -- also one whose
+        ``Interrupted`` Python dropped: raised inside a weakref callback (every import
+        ends with one) or a finalizer, it was only printed, "Exception ignored"."""
+        for owner in self.owners:
+            if owner.raised_for:  # we would not be here had it been raised
+                raise Interrupted(owner.raised_for[0])
         try:
             return blocking(*args)
         finally:
@@ -108,12 +115,13 @@ class Nudge:
 
     def _ends(self) -> frozenset[int]:
         """The signals whose handler ends this wait: sent again, they end it again."""
-        ends = {
-            sig
-            for sig in STOP_SIGNALS
-            if getattr(getattr(signal.getsignal(sig), "__self__", None), "ends_waits", False)
-            is True
-        }
+        ends = set()
+        for sig in STOP_SIGNALS:
+            owner = getattr(signal.getsignal(sig), "__self__", None)
+            if getattr(owner, "ends_waits", False) is True:
+                ends.add(sig)
+                if owner not in self.owners:
+                    self.owners.append(owner)
         if self.alarm:
             ends.add(signal.SIGALRM)
         return frozenset(ends)

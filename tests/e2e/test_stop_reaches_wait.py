@@ -401,3 +401,41 @@ def test_a_stop_on_any_line_as_the_progress_line_starts_ends_the_wait_cleanly(
     assert int(host.stdout.split()[1]) > 10, host.stdout  # the tracer saw the start
     assert host.stdout.rstrip().endswith("bad []"), (host.stdout, host.stderr[-3000:])
     assert "Traceback" not in host.stderr and "Exception ignored" not in host.stderr, host.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_python_dropped_in_a_weakref_callback_still_ends_the_wait(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """What a waiter loads once the lock is busy (who holds it, the progress line) ends,
+    as every import does, with a weakref callback of the import system; an ``Interrupted``
+    raised in there is only printed ("Exception ignored"), and the waiter went on waiting
+    until the lock came free. A real SIGTERM lands in the first such callback."""
+    procs.start(["db", hold_until(marks), str(lock_dir)])
+    wait_for(marks / "h.held")
+    code = f"""
+        import os, signal, sys
+        from local_mutex import _fastsignal
+        from local_mutex.cli import main
+        fired = []
+        def tracer(frame, event, arg):
+            code = frame.f_code
+            if (
+                event == "call"
+                and not fired
+                and code.co_filename.startswith("<frozen importlib._bootstrap")
+                and code.co_name in ("cb", "remove")
+                and type(getattr(signal.getsignal(signal.SIGTERM), "__self__", None))
+                is _fastsignal.interruptible
+            ):
+                fired.append(code.co_name)
+                sys.settrace(None)
+                os.kill(os.getpid(), signal.SIGTERM)
+            return None
+        sys.settrace(tracer)
+        code = main(["db", "true", {str(lock_dir)!r}])
+        print("fired", fired, "exit", code, flush=True)
+    """
+    host = run_program(code, timeout=30)  # before, it waited for the lock (60 s)
+    assert host.stdout.startswith("fired ['"), (host.stdout, host.stderr)
+    assert host.stdout.rstrip().endswith("exit 143"), (host.stdout, host.stderr)

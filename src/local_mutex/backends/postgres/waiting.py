@@ -75,9 +75,11 @@ class Interruptible:
         self.previous: dict[int, Any] = {}
         self.interrupted_during_query = False
         self._in_query = False
+        self.raised_for: list[int] = []  # see ``Nudge.call``
 
     def _stop(self, signum: int, frame: object) -> None:
         note_stop(signum)
+        self.raised_for.append(signum)
         self.interrupted_during_query = self.interrupted_during_query or self._in_query
         # Kept while a wait is set up or taken down (``edges``): raised halfway, it would
         # leave the progress line's thread or the borrowed wakeup fd half done.
