@@ -337,3 +337,40 @@ def test_fg_after_bg_gives_the_command_the_terminal_again(lock_dir: Path, tmp_pa
             proc.kill()
             proc.wait()
         os.close(master)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc for process states")
+@pytest.mark.parametrize("reads", ["after fg", "before fg"])
+def test_a_run_started_in_the_background_gets_the_terminal_on_fg(
+    lock_dir: Path, tmp_path: Path, reads: str
+) -> None:
+    """``local-mutex ... &`` and later ``fg``: the command reads the terminal. Started in
+    the background, the run took no part in the terminal: the command, stopped by its read
+    (SIGTTIN), stayed stopped for good after ``fg``, with the lock held. (Read before
+    ``fg``, the job stops, as any would, until ``fg``.)"""
+    pgid, go = tmp_path / "pgid", tmp_path / "go"
+    job = f"echo $$ > {pgid}; while [ ! -e {go} ]; do sleep 0.02; done; "
+    job += "read answer; echo got:$answer"
+    command = " ".join(shlex.quote(a) for a in [*CLI, "-q", "tty", job, str(lock_dir)])
+    proc, master = _interactive_bash()
+    try:
+        os.write(master, f"{command} &\n".encode())
+        wait_for(lambda: pgid.exists() and pgid.read_text().strip() != "", 20, "the command")
+        if reads == "before fg":
+            go.touch()
+            command = int(pgid.read_text())
+            wait_for(lambda: _state(command) == "T", 20, "the command to stop at its read")
+        os.write(master, b"fg\n")
+        _in_the_foreground(master, pgid)  # before, our caller's group kept it
+        go.touch()
+        os.write(master, b"hey\n")
+        _read_until(master, b"got:hey")
+        os.write(master, b"echo done-$((40+2))\n")
+        _read_until(master, b"done-42")
+        assert lock_is_free(lock_file(lock_dir, "tty"))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)

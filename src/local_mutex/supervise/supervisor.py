@@ -304,7 +304,7 @@ def _run(
     session: int | None,
 ) -> int:
     _install(sup)
-    tty = terminal.foreground_tty()
+    tty, foreground = terminal.controlling_tty()
     home = os.getpgrp()  # the caller's group: the terminal goes back to it
     # A group of our own: whoever kills the caller's whole group (``kill -9 -PGID``,
     # ``timeout``) takes the keeper but not us, and we stop the command before letting go.
@@ -314,7 +314,7 @@ def _run(
     # PID 1, from its very first instant (``prctl``: loaded by the keeper before the fork).
     sup.stopper.subreaper = reaper.become_subreaper(prctl)
     try:
-        pid = sup.start(keep_fds, mask, tty)
+        pid = sup.start(keep_fds, mask, tty if foreground else None)
     except OSError as exc:
         why = exc.strerror or str(exc)
         program = sup.spec.argv[0]

@@ -14,14 +14,15 @@ if TYPE_CHECKING:
     from .spec import Spec
 
 
-def foreground_tty() -> int | None:
-    """fd 0 when it is a terminal whose foreground group is ours, else None."""
+def controlling_tty() -> tuple[int | None, bool]:
+    """fd 0 when it is our controlling terminal (else None), and whether its foreground
+    group is ours -- not for a run started with `&`, whose command gets it on `fg`."""
     try:
-        if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp():
-            return 0
-    except OSError:
+        if os.isatty(0):
+            return 0, os.tcgetpgrp(0) == os.getpgrp()
+    except OSError:  # another session's terminal
         pass
-    return None
+    return None, False
 
 
 def give_terminal(
