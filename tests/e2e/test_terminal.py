@@ -359,8 +359,8 @@ def test_a_run_started_in_the_background_gets_the_terminal_on_fg(
         wait_for(lambda: pgid.exists() and pgid.read_text().strip() != "", 20, "the command")
         if reads == "before fg":
             go.touch()
-            command = int(pgid.read_text())
-            wait_for(lambda: _state(command) == "T", 20, "the command to stop at its read")
+            reader = int(pgid.read_text())
+            wait_for(lambda: _state(reader) == "T", 20, "the command to stop at its read")
         os.write(master, b"fg\n")
         _in_the_foreground(master, pgid)  # before, our caller's group kept it
         go.touch()
