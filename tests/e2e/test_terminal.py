@@ -7,6 +7,7 @@ import select
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -365,6 +366,45 @@ def test_a_run_started_in_the_background_gets_the_terminal_on_fg(
         _in_the_foreground(master, pgid)  # before, our caller's group kept it
         go.touch()
         os.write(master, b"hey\n")
+        _read_until(master, b"got:hey")
+        os.write(master, b"echo done-$((40+2))\n")
+        _read_until(master, b"done-42")
+        assert lock_is_free(lock_file(lock_dir, "tty"))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+
+
+# The command: waits until the shell hands our job the terminal (`fg`), then reads at once.
+READ_AT_ONCE = """
+import os, sys, time
+with open(sys.argv[1], "w") as f:
+    f.write(str(os.getpid()))
+session = os.getsid(0)
+while os.tcgetpgrp(0) == session:
+    time.sleep(0.001)
+print("got:" + sys.stdin.readline().strip(), flush=True)
+"""
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_a_command_that_reads_the_moment_it_is_brought_back_gets_the_terminal(
+    lock_dir: Path, tmp_path: Path
+) -> None:
+    """``&``, then ``fg``, and the command reads at once: it stops (SIGTTIN) before the
+    terminal is passed on to it, and the supervisor, passing it on as that stop came,
+    took the stop for a Ctrl-Z -- the whole job stopped, a second ``fg`` needed."""
+    pid = tmp_path / "pid"
+    argv = [*CLI, "-q", "--lock-dir", str(lock_dir), "tty", "--", sys.executable]
+    command = " ".join(shlex.quote(a) for a in [*argv, "-c", READ_AT_ONCE, str(pid)])
+    proc, master = _interactive_bash()
+    try:
+        os.write(master, f"{command} &\n".encode())
+        wait_for(lambda: pid.exists() and pid.read_text().strip() != "", 20, "the command")
+        os.write(master, b"fg\n")
+        os.write(master, b"hey\n")  # typed ahead: the command's, once it reads
         _read_until(master, b"got:hey")
         os.write(master, b"echo done-$((40+2))\n")
         _read_until(master, b"done-42")

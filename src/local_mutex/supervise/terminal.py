@@ -117,11 +117,12 @@ def back_in_the_foreground(tty: int | None, command: int, home: int) -> None:
 
 def read_in_the_foreground(tty: int | None, command: int, home: int, status: int) -> bool:
     """The command stopped at the terminal (SIGTTIN, SIGTTOU) that our caller's group has
-    -- `fg` after `bg`, not passed on yet: it is the command's now, and it goes on."""
+    -- `fg` after `bg`, not passed on yet: it is the command's now, and it goes on. (Or
+    the command's already: passed on as the stop was on its way to us.)"""
     if tty is None or os.WSTOPSIG(status) not in (signal.SIGTTIN, signal.SIGTTOU):
         return False
     try:
-        if os.tcgetpgrp(tty) != home:
+        if os.tcgetpgrp(tty) not in (home, command):
             return False  # in the background: it stops, as any job would
     except OSError:
         return False
