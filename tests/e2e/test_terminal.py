@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shlex
@@ -9,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -238,12 +240,29 @@ def _state(pid: int) -> str:
         return "gone"
 
 
-def _interactive_bash() -> tuple[subprocess.Popen[bytes], int]:
+@contextlib.contextmanager
+def _interactive_bash() -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """An interactive bash in a terminal of its own (its process, the pty's master)."""
     proc, master = _start_in_terminal_raw(
         ["bash", "--norc", "--noprofile", "-i"], {"PS1": "PROMPT$ ", "TERM": "dumb"}
     )
-    _read_until(master, b"PROMPT$ ")
-    return proc, master
+    try:
+        _read_until(master, b"PROMPT$ ")
+        yield proc, master
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+
+
+def _shell_has_its_prompt_and_the_lock_is_free(
+    proc: subprocess.Popen[bytes], master: int, lock_dir: Path
+) -> None:
+    os.write(master, b"echo done-$((40+2))\n")
+    _read_until(master, b"done-42")
+    assert proc.poll() is None, "the shell exited"
+    assert lock_is_free(lock_file(lock_dir, "tty"))
 
 
 def _start_job(master: int, job: str, lock_dir: Path, pgid: Path) -> None:
@@ -275,8 +294,7 @@ def test_a_shell_keeps_its_terminal_after_a_stopped_run_is_killed_or_sent_to_the
     our caller's group, gone by then (after ``kill %1`` bash lost its prompt and exited)."""
     pgid = tmp_path / "pgid"
     job = f"echo $$ > {pgid}; read answer; echo got:$answer"
-    proc, master = _interactive_bash()
-    try:
+    with _interactive_bash() as (proc, master):
         _start_job(master, job, lock_dir, pgid)
         os.write(master, b"\x1a")  # Ctrl-Z
         _read_until(master, b"Stopped")
@@ -291,11 +309,6 @@ def test_a_shell_keeps_its_terminal_after_a_stopped_run_is_killed_or_sent_to_the
         while not lock_is_free(lock_file(lock_dir, "tty")):
             assert time.monotonic() < deadline, "the lock stayed held"
             time.sleep(0.02)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        os.close(master)
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
@@ -309,8 +322,7 @@ def test_fg_after_bg_gives_the_command_the_terminal_again(lock_dir: Path, tmp_pa
     pgid, go = tmp_path / "pgid", tmp_path / "go"
     job = f"echo $$ > {pgid}; while [ ! -e {go} ]; do sleep 0.02; done; "
     job += "read answer; echo got:$answer"
-    proc, master = _interactive_bash()
-    try:
+    with _interactive_bash() as (proc, master):
         _start_job(master, job, lock_dir, pgid)
         os.write(master, b"\x1a")  # Ctrl-Z
         _read_until(master, b"Stopped")
@@ -330,14 +342,7 @@ def test_fg_after_bg_gives_the_command_the_terminal_again(lock_dir: Path, tmp_pa
         go.touch()
         os.write(master, b"hey\n")
         _read_until(master, b"got:hey")
-        os.write(master, b"echo done-$((40+2))\n")
-        _read_until(master, b"done-42")
-        assert lock_is_free(lock_file(lock_dir, "tty"))
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        os.close(master)
+        _shell_has_its_prompt_and_the_lock_is_free(proc, master, lock_dir)
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
@@ -354,8 +359,7 @@ def test_a_run_started_in_the_background_gets_the_terminal_on_fg(
     job = f"echo $$ > {pgid}; while [ ! -e {go} ]; do sleep 0.02; done; "
     job += "read answer; echo got:$answer"
     command = " ".join(shlex.quote(a) for a in [*CLI, "-q", "tty", job, str(lock_dir)])
-    proc, master = _interactive_bash()
-    try:
+    with _interactive_bash() as (proc, master):
         os.write(master, f"{command} &\n".encode())
         wait_for(lambda: pgid.exists() and pgid.read_text().strip() != "", 20, "the command")
         if reads == "before fg":
@@ -367,14 +371,7 @@ def test_a_run_started_in_the_background_gets_the_terminal_on_fg(
         go.touch()
         os.write(master, b"hey\n")
         _read_until(master, b"got:hey")
-        os.write(master, b"echo done-$((40+2))\n")
-        _read_until(master, b"done-42")
-        assert lock_is_free(lock_file(lock_dir, "tty"))
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        os.close(master)
+        _shell_has_its_prompt_and_the_lock_is_free(proc, master, lock_dir)
 
 
 # The command: waits until the shell hands our job the terminal (`fg`), then reads at once.
@@ -399,18 +396,10 @@ def test_a_command_that_reads_the_moment_it_is_brought_back_gets_the_terminal(
     pid = tmp_path / "pid"
     argv = [*CLI, "-q", "--lock-dir", str(lock_dir), "tty", "--", sys.executable]
     command = " ".join(shlex.quote(a) for a in [*argv, "-c", READ_AT_ONCE, str(pid)])
-    proc, master = _interactive_bash()
-    try:
+    with _interactive_bash() as (proc, master):
         os.write(master, f"{command} &\n".encode())
         wait_for(lambda: pid.exists() and pid.read_text().strip() != "", 20, "the command")
         os.write(master, b"fg\n")
         os.write(master, b"hey\n")  # typed ahead: the command's, once it reads
         _read_until(master, b"got:hey")
-        os.write(master, b"echo done-$((40+2))\n")
-        _read_until(master, b"done-42")
-        assert lock_is_free(lock_file(lock_dir, "tty"))
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        os.close(master)
+        _shell_has_its_prompt_and_the_lock_is_free(proc, master, lock_dir)
