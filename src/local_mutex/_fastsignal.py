@@ -177,12 +177,17 @@ class interruptible(StopHandlers):  # noqa: N801 - used like a function
     def __enter__(self: _I) -> _I:
         super().__enter__()
         # A stop signal that a ``deferred_stops`` around us noted just before this wait
-        # began is one for the wait: waiting on would ignore it until the lock came.
+        # began is one for the wait: waiting on would ignore it until the lock came; so
+        # is a Ctrl-C that the CLI's first handler noted and Python dropped (``heard``).
         for handler in self.previous.values():
             outer = getattr(handler, "__self__", None)
             if isinstance(outer, deferred_stops) and outer.pending:
                 self.__exit__()
                 raise Interrupted(outer.pending[0])
+            heard = getattr(handler, "heard", None)
+            if heard:
+                self.__exit__()
+                raise Interrupted(heard[0])
         return self
 
 

@@ -13,9 +13,36 @@ import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+    from types import FrameType
 
     from .commands.argv import Parsed
     from .ui.lines import Reporter
+
+
+class _Interrupt:
+    """Python's own Ctrl-C, noted: until our handlers are in place, a KeyboardInterrupt
+    raised in the import system's weakref callback (every import ends with one) is only
+    printed, "Exception ignored", and the run went on to run its command. Noted, it ends
+    the run before the command (``main``; ``interruptible`` asks ``heard``)."""
+
+    def __init__(self) -> None:
+        self.heard: list[int] = []
+
+    def __call__(self, signum: int, frame: "FrameType | None") -> None:
+        self.heard.append(signum)
+        raise KeyboardInterrupt
+
+
+_interrupt = _Interrupt()
+try:
+    if TYPE_CHECKING:
+        import signal as _signal
+    else:
+        import _signal  # not ``signal``: it loads enum (see ``_fastsignal``)
+    if _signal.getsignal(_signal.SIGINT) == _signal.default_int_handler:
+        _signal.signal(_signal.SIGINT, _interrupt)
+except (ImportError, ValueError):  # no C module split; not the main thread
+    pass
 
 COMPLETE_VAR = "_LOCAL_MUTEX_COMPLETE"
 # What click's shell completion sets it to; any other value (empty, stray) is no request
@@ -49,6 +76,7 @@ def _command(verb: str) -> "Callable[[Parsed], int]":
 
 
 def main(argv: "Sequence[str] | None" = None) -> int:
+    _interrupt.heard.clear()  # (a program calling us again)
     args = list(sys.argv[1:] if argv is None else argv)
     completing = os.environ.get(COMPLETE_VAR) in _COMPLETIONS
     if args and args[0] not in OTHER_VERBS and not completing:
@@ -132,7 +160,10 @@ def main(argv: "Sequence[str] | None" = None) -> int:
 
         # What a plain run (a local lock) imports belongs in the cache.
         _startup.plain_run = remote_address(parsed.text("remote"), os.environ) is None
-    return _command(verb)(parsed)
+    verb_function = _command(verb)
+    if _interrupt.heard:  # a Ctrl-C Python dropped (see there): the command must not run
+        return 130
+    return verb_function(parsed)
 
 
 def _reporter() -> "Reporter":
@@ -154,7 +185,7 @@ def run_and_exit(entry: "Callable[[], int]") -> None:
     gc.set_threshold(_GC_THRESHOLD, *gc.get_threshold()[1:])
     try:
         _stand_in_for_closed_streams()
-        status = entry()
+        status = 130 if _interrupt.heard else entry()
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except KeyboardInterrupt:

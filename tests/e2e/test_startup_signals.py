@@ -84,3 +84,46 @@ def test_the_hook_really_interrupts(tmp_path: Path) -> None:
         check=False,
     )
     assert "KeyboardInterrupt" in r.stderr
+
+
+# A Ctrl-C inside the import system's weakref callback, once the CLI's module is loaded
+# (and none of the lock's handlers in place): Python only prints a KeyboardInterrupt there.
+DROPPED = """
+import os, runpy, signal, sys
+fired = []
+def tracer(frame, event, arg):
+    code = frame.f_code
+    if (
+        event == "call"
+        and not fired
+        and code.co_filename.startswith("<frozen importlib._bootstrap")
+        and code.co_name in ("cb", "remove")
+        and hasattr(sys.modules.get("local_mutex.cli"), "run_and_exit")  # loaded
+    ):
+        fired.append(code.co_name)
+        sys.settrace(None)
+        print("sent", flush=True)
+        os.kill(os.getpid(), signal.SIGINT)
+    return None
+sys.settrace(tracer)
+runpy.run_module("local_mutex", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_ctrl_c_python_dropped_while_loading_still_keeps_the_command_from_running(
+    tmp_path: Path,
+) -> None:
+    """Before, the KeyboardInterrupt was printed ("Exception ignored") and the run went on:
+    it took the lock and ran the command, exit 0 -- a Ctrl-C lost."""
+    ran = tmp_path / "ran"
+    r = subprocess.run(
+        [sys.executable, "-c", DROPPED, "startup", f"touch {ran}", str(tmp_path)],
+        env=clean_env({"PYTHONPATH": str(SRC)}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert r.stdout == "sent\n", (r.stdout, r.stderr)
+    assert r.returncode == 130, r.stderr
+    assert not ran.exists()
