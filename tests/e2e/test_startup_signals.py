@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import clean_env
+from helpers import clean_env, signal_in_import_callback
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
@@ -88,26 +88,13 @@ def test_the_hook_really_interrupts(tmp_path: Path) -> None:
 
 # A Ctrl-C inside the import system's weakref callback, once the CLI's module is loaded
 # (and none of the lock's handlers in place): Python only prints a KeyboardInterrupt there.
-DROPPED = """
-import os, runpy, signal, sys
-fired = []
-def tracer(frame, event, arg):
-    code = frame.f_code
-    if (
-        event == "call"
-        and not fired
-        and code.co_filename.startswith("<frozen importlib._bootstrap")
-        and code.co_name in ("cb", "remove")
-        and hasattr(sys.modules.get("local_mutex.cli"), "run_and_exit")  # loaded
-    ):
-        fired.append(code.co_name)
-        sys.settrace(None)
-        print("sent", flush=True)
-        os.kill(os.getpid(), signal.SIGINT)
-    return None
-sys.settrace(tracer)
-runpy.run_module("local_mutex", run_name="__main__", alter_sys=True)
-"""
+DROPPED = (
+    signal_in_import_callback(
+        "SIGINT",
+        'hasattr(sys.modules.get("local_mutex.cli"), "run_and_exit")',  # loaded
+    )
+    + 'import runpy; runpy.run_module("local_mutex", run_name="__main__", alter_sys=True)\n'
+)
 
 
 def test_a_ctrl_c_python_dropped_while_loading_still_keeps_the_command_from_running(

@@ -385,3 +385,29 @@ def run_program(code: str, *args: str, timeout: float) -> subprocess.CompletedPr
         text=True,
         timeout=timeout,
     )
+
+
+def signal_in_import_callback(name: str, when: str) -> str:
+    """Program text that sends itself signal ``name`` once, from inside the first weakref
+    callback of the import system run while ``when`` (an expression) holds -- where Python
+    only prints what a handler raises. It prints "sent" as it sends; ``fired`` names the
+    callback."""
+    return f"""
+import os, signal, sys
+fired = []
+def tracer(frame, event, arg):
+    code = frame.f_code
+    if (
+        event == "call"
+        and not fired
+        and code.co_filename.startswith("<frozen importlib._bootstrap")
+        and code.co_name in ("cb", "remove")
+        and ({when})
+    ):
+        fired.append(code.co_name)
+        sys.settrace(None)
+        print("sent", flush=True)
+        os.kill(os.getpid(), signal.{name})
+    return None
+sys.settrace(tracer)
+"""

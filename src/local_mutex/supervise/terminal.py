@@ -96,8 +96,9 @@ def spawn_in_foreground(
         os._exit(127)
 
 
-# A job sent to the background (`bg`) looks this often whether the shell brought it back:
-# `fg` sends a job that runs no signal, it only gives our caller's group the terminal.
+# A run whose command is not in the foreground (`bg`, or started with `&`) looks this often
+# whether the shell brought it back: `fg` sends a running job no signal, it only gives our
+# caller's group the terminal.
 LOOK_AGAIN = 0.1
 
 
