@@ -1376,37 +1376,74 @@ def test_a_session_whose_address_names_a_directory_but_is_tcp_has_a_deadline(
         backend.close()
 
 
-@pytest.mark.parametrize("frozen", ["whole run", "keeper over a Unix socket"])
+@pytest.mark.parametrize(
+    "frozen", ["whole run", "keeper over a Unix socket", "by Ctrl-Z in a terminal"]
+)
 def test_a_run_frozen_past_its_deadline_runs_on_once_thawed(
     pg: PgServer, tmp_path: Path, frozen: str
 ) -> None:
-    """Ctrl-Z stops keeper, supervisor and command alike, for as long as the user likes;
-    the session stays (the kernel answers the server's keepalives). Thawed long past its
-    stop deadline, the supervisor gives the keeper a moment to confirm the lock rather
-    than stopping a command whose lock is still held. Over a Unix socket no partition can
-    cut the session off: a frozen keeper there sets no deadline at all."""
+    """A whole run frozen (a suspended machine) or stopped by Ctrl-Z, for as long as the
+    user likes: the session stays (the kernel answers the server's keepalives). Thawed
+    long past its stop deadline, the supervisor gives the keeper a moment to confirm the
+    lock rather than stopping a command whose lock is still held. (Ctrl-Z stops the
+    keeper, not the supervisor: while the job is stopped, the deadline waits for it.)
+    Over a Unix socket no partition can cut the session off: a frozen keeper there sets
+    no deadline at all."""
     go, pidfile = tmp_path / "go", tmp_path / "pid"
     drop = {"LOCAL_MUTEX_PG_DROP_SECONDS": "6"}
     cmd = f"echo $$ > {pidfile}; while [ ! -e {go} ]; do sleep 0.05; done; exit 7"
-    url = pg.url if frozen == "whole run" else pg.socket_url
+    url = pg.socket_url if frozen == "keeper over a Unix socket" else pg.url
     args = ("run", "--remote", url, "--kill-after", "1", "thawed", cmd)
-    wrapper = _spawn_with(pg, tmp_path, drop, *args)
+    if frozen == "by Ctrl-Z in a terminal" and shutil.which("setsid") is None:
+        pytest.skip("needs setsid(1)")
+    master = -1
+    if frozen == "by Ctrl-Z in a terminal":
+        master, slave = os.openpty()
+        with open(tmp_path / "cli.err", "wb") as err:
+            wrapper = subprocess.Popen(
+                ["setsid", "--ctty", *CLI, *args],
+                env=_cli_env(pg, drop),
+                stdin=slave,
+                stdout=slave,
+                stderr=err,
+            )
+        os.close(slave)
+    else:
+        wrapper = _spawn_with(pg, tmp_path, drop, *args)
     wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "", 20, "command")
     stopped = [wrapper.pid] + ([_children(wrapper.pid)[0]] if frozen == "whole run" else [])
+    if frozen == "by Ctrl-Z in a terminal":
+        os.write(master, b"\x1a")
+        wait_for(lambda: _proc_state(wrapper.pid) == "T", 20, "the job to stop")
+        stopped = []  # `fg` continues it
     for pid in stopped:
         os.kill(pid, signal.SIGSTOP)
     try:
-        # Past the deadline (3.5 s after the last confirmation with these settings).
-        deadline = time.monotonic() + 6
+        # Past the deadline: 7 s after the last confirmation with these settings (the
+        # keeper's bound, 6 s, and the supervisor's second).
+        deadline = time.monotonic() + 9
         while time.monotonic() < deadline:
             time.sleep(0.1)
     finally:
         for pid in reversed(stopped):  # the supervisor first: it wakes to a deadline long past
             os.kill(pid, signal.SIGCONT)
-    time.sleep(3)  # past the thaw grace: a supervisor that stopped the command has by now
-    go.touch()
-    assert wrapper.wait(20) == 7, (tmp_path / "cli.err").read_text()
-    assert _held(pg, name_key(b"thawed")) is False
+        if master >= 0:
+            os.killpg(wrapper.pid, signal.SIGCONT)  # what a shell's `fg` does
+    try:
+        time.sleep(3)  # past the thaw grace: a supervisor that stopped the command has by now
+        go.touch()
+        assert wrapper.wait(20) == 7, (tmp_path / "cli.err").read_text()
+        assert _held(pg, name_key(b"thawed")) is False
+    finally:
+        if master >= 0:
+            os.close(master)
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
 
 
 def test_cli_slots_name_the_slot_holders_and_count_every_waiter(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import _thread
 import errno
 import fcntl
+import math
 import os
 import time
 
@@ -72,6 +73,8 @@ class _Supervisor:
         self.keeper_gone = False
         self.lease_ran_out = False
         self.session_closed = False  # the server ended the lock's session
+        # When Ctrl-Z last stopped our caller's job was continued (inf: stopped now).
+        self.resumed = -math.inf
         self.signals: list[int] = []
         self.last_request: dict[int, float] = {}
         self.kept: list[int] = []  # descriptions of the lock handed down mid-run
@@ -96,6 +99,11 @@ class _Supervisor:
             self._kill_by(min(now + ESCALATE_KILL_AFTER, term + self.spec.kill_after))
         elif signum == signal.SIGTERM:
             self._kill_by(now + self.spec.kill_after)  # a first TERM after an INT
+
+    def on_continue(self, signum: int, frame: FrameType | None) -> None:
+        """Our caller passes on the shell's SIGCONT (``fg``, ``bg``, ``kill %1``)."""
+        if self.resumed == math.inf:
+            self.resumed = time.monotonic()
 
     def _kill_by(self, when: float) -> None:
         """SIGKILL at ``when``, unless one comes sooner already."""
@@ -209,6 +217,7 @@ class _Supervisor:
 def _install(sup: _Supervisor) -> None:
     # A handler, so that a child's end writes the wakeup fd (``until_a_signal``).
     signal.signal(signal.SIGCHLD, _woken)
+    signal.signal(signal.SIGCONT, sup.on_continue)
     signal.signal(signal.SIGALRM, sup.on_alarm)
     signal.signal(STOP_NOW, sup.on_stop_now)
     for sig in FORWARDED:
@@ -260,10 +269,14 @@ def _wait_command(sup: _Supervisor, pid: int, tty: int | None, home: int) -> int
         if os.WIFSTOPPED(status) and terminal.read_in_the_foreground(tty, pid, home, status):
             continue
         if os.WIFSTOPPED(status):
-            # Ctrl-Z in a terminal stopped the command: stop as a shell job would.
-            terminal.stop_with(tty, sup.keeper, home, pid)
-            # Continued: by ``fg`` (the shell gave our caller's group the terminal), or by
-            # ``bg`` or ``kill %1`` (the shell keeps it).
+            # Ctrl-Z: our caller stops with the command; we stay awake (``stop_caller``).
+            sup.resumed = math.inf
+            terminal.stop_caller(tty, sup.keeper, home, pid)
+            while sup.resumed == math.inf and not sup.stopping:
+                sleep(None)
+            if sup.stopping:
+                terminal.continue_caller(sup.keeper)  # to hear how it ended, and let go
+            # ``fg`` gave our caller's group the terminal; ``bg``, ``kill %1`` leave it be.
             terminal.give_terminal(tty, pid, taking_from=home.__eq__)
             continue
         return status

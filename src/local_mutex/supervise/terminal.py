@@ -131,12 +131,22 @@ def read_in_the_foreground(tty: int | None, command: int, home: int, status: int
     return True
 
 
-def stop_with(tty: int | None, keeper: int, home: int, command: int) -> None:
-    """Ctrl-Z stopped the command: stop the keeper and ourselves as a shell job would, so
-    the shell sees its job stopped; ``fg`` continues us all."""
+def stop_caller(tty: int | None, keeper: int, home: int, command: int) -> None:
+    """Ctrl-Z stopped the command: stop our caller as well, so the shell sees its job
+    stopped and takes the terminal back; ``fg``, ``bg`` or ``kill %1`` continues it, and
+    our caller passes the SIGCONT on to us. We never stop ourselves: that SIGCONT could
+    come before our stop and leave us, and the command, stopped for good. Awake, we still
+    enforce --timeout, a lease, and our caller's end."""
     give_terminal(tty, home, resume=False, taking_from=command.__eq__)
     try:
         os.kill(keeper, signal.SIGSTOP)
     except OSError:
         pass
-    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def continue_caller(keeper: int) -> None:
+    """The command was stopped for good while its job was stopped: our caller reports it."""
+    try:
+        os.kill(keeper, signal.SIGCONT)
+    except OSError:
+        pass

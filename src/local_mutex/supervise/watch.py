@@ -44,13 +44,18 @@ def watch_keeper(sup: _Supervisor, life: int, session: int | None) -> None:
                 sup.session_closed = True
                 break
             if not ready:
-                # Woken long past the deadline: we were frozen too (Ctrl-Z stops the whole
-                # run, a suspended machine), the keeper most likely with us. A server session
-                # outlives a freeze (the kernel answers its keepalives; a lease runs out):
-                # once thawed the keeper confirms it, or finds it lost, within a moment.
-                late = time.monotonic() - (deadline or 0.0)
+                # Woken long past the deadline: we were frozen too (a suspended machine), the
+                # keeper most likely with us; or Ctrl-Z stopped the keeper with the command
+                # (lately, or still). A server session outlives either (the kernel answers
+                # its keepalives; a lease runs out): once continued the keeper confirms
+                # it, or finds it lost, within a moment.
+                now = time.monotonic()
+                late = now - (deadline or 0.0)
                 if session is not None and late > FROZEN_IF_LATE and not thawed:
-                    deadline, thawed = time.monotonic() + THAW_GRACE, True
+                    deadline, thawed = now + THAW_GRACE, True
+                    continue
+                if session is not None and now < sup.resumed + THAW_GRACE:
+                    deadline, thawed = min(now, sup.resumed) + THAW_GRACE, True
                     continue
                 sup.lease_ran_out = True
                 break
