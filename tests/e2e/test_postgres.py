@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import run_cli, wait_for
+from helpers import gate, let_through, run_cli, wait_for
 from helpers.pgserver import PASSWORD, GatedProxy, PgServer, ServerUnavailable, find_install, served
 
 psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg) is not installed")
@@ -1389,9 +1389,9 @@ def test_a_run_frozen_past_its_deadline_runs_on_once_thawed(
     keeper, not the supervisor: while the job is stopped, the deadline waits for it.)
     Over a Unix socket no partition can cut the session off: a frozen keeper there sets
     no deadline at all."""
-    go, pidfile = tmp_path / "go", tmp_path / "pid"
+    go, pidfile = gate(tmp_path / "go"), tmp_path / "pid"
     drop = {"LOCAL_MUTEX_PG_DROP_SECONDS": "6"}
-    cmd = f"echo $$ > {pidfile}; while [ ! -e {go} ]; do sleep 0.05; done; exit 7"
+    cmd = f"echo $$ > {pidfile}; read go < {go}; exit 7"
     url = pg.socket_url if frozen == "keeper over a Unix socket" else pg.url
     args = ("run", "--remote", url, "--kill-after", "1", "thawed", cmd)
     if frozen == "by Ctrl-Z in a terminal" and shutil.which("setsid") is None:
@@ -1431,7 +1431,7 @@ def test_a_run_frozen_past_its_deadline_runs_on_once_thawed(
             os.killpg(wrapper.pid, signal.SIGCONT)  # what a shell's `fg` does
     try:
         time.sleep(3)  # past the thaw grace: a supervisor that stopped the command has by now
-        go.touch()
+        let_through(go)
         assert wrapper.wait(20) == 7, (tmp_path / "cli.err").read_text()
         assert _held(pg, name_key(b"thawed")) is False
     finally:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CLI, clean_env, lock_file, lock_is_free, wait_for
+from helpers import CLI, clean_env, gate, let_through, lock_file, lock_is_free, wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid(1)")
 
@@ -216,7 +216,9 @@ def test_a_run_stopped_by_ctrl_z_still_ends_when_it_must(
 
     pid = tmp_path / "pid"
     timeout = ["--timeout", "4"] if then == "the --timeout comes" else []
-    job = f"echo $$ > {pid}; echo ready; sleep 60"
+    # No fork after "ready": a Ctrl-Z that stops a child of dash's vfork() before its exec
+    # leaves dash in the kernel's vfork wait, never stopped -- nor seen stopped by anyone.
+    job = f"echo $$ > {pid}; echo ready; read answer"
     proc, master = _start_in_terminal([*timeout, "tty-lock", job, str(lock_dir)])
     try:
         _read_until(master, b"ready")
@@ -230,7 +232,8 @@ def test_a_run_stopped_by_ctrl_z_still_ends_when_it_must(
         else:
             assert proc.wait(20) == 124
         wait_for(lambda: _state(command) == "gone", 20, "the command to be stopped")
-        assert lock_is_free(lock_file(lock_dir, "tty-lock"))
+        lock = lock_file(lock_dir, "tty-lock")
+        wait_for(lambda: lock_is_free(lock), 20, "the lock to come free")  # as we exit
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -356,8 +359,8 @@ def test_fg_after_bg_gives_the_command_the_terminal_again(lock_dir: Path, tmp_pa
     -- before, the command stopped at its next read, and a Ctrl-Z stopped only the caller,
     leaving the command running with the lock held. (`fg` sends a job that runs no
     signal: the supervisor of a job in the background looks every 0.1 s.)"""
-    pgid, go = tmp_path / "pgid", tmp_path / "go"
-    job = f"echo $$ > {pgid}; while [ ! -e {go} ]; do sleep 0.02; done; "
+    pgid, go = tmp_path / "pgid", gate(tmp_path / "go")
+    job = f"echo $$ > {pgid}; read go < {go}; "
     job += "read answer; echo got:$answer"
     with _interactive_bash() as (proc, master):
         _start_job(master, job, lock_dir, pgid)
@@ -376,7 +379,7 @@ def test_fg_after_bg_gives_the_command_the_terminal_again(lock_dir: Path, tmp_pa
         _read_until(master, b"Stopped")
         os.write(master, b"fg\n")
         _in_the_foreground(master, pgid)
-        go.touch()
+        let_through(go)
         os.write(master, b"hey\n")
         _read_until(master, b"got:hey")
         _shell_has_its_prompt_and_the_lock_is_free(proc, master, lock_dir)
@@ -416,8 +419,8 @@ def test_bg_while_the_run_is_stopping_continues_it(lock_dir: Path, tmp_path: Pat
     for good, with the lock held, while the shell took its job for running."""
     (tmp_path / "sitecustomize.py").write_text(BG_AS_THE_RUN_STOPS)
     src = Path(__file__).resolve().parents[2] / "src"
-    pgid, go = tmp_path / "pgid", tmp_path / "go"
-    job = f"echo $$ > {pgid}; while [ ! -e {go} ]; do sleep 0.02; done; echo went-on"
+    pgid, go = tmp_path / "pgid", gate(tmp_path / "go")
+    job = f"echo $$ > {pgid}; read go < {go}; echo went-on"
     with _interactive_bash({"PYTHONPATH": f"{tmp_path}:{src}"}) as (proc, master):
         _start_job(master, job, lock_dir, pgid)
         os.write(master, b"\x1a")  # Ctrl-Z
@@ -425,7 +428,7 @@ def test_bg_while_the_run_is_stopping_continues_it(lock_dir: Path, tmp_path: Pat
         os.write(master, b"bg\n")
         command = int(pgid.read_text())
         wait_for(lambda: _state(command) not in ("T", "gone"), 30, "the command to go on")
-        go.touch()
+        let_through(go)
         _read_until(master, b"went-on")
         os.write(master, b"wait; echo waited-$((40+2))\n")
         _read_until(master, b"waited-42")
@@ -442,20 +445,21 @@ def test_a_run_started_in_the_background_gets_the_terminal_on_fg(
     the background, the run took no part in the terminal: the command, stopped by its read
     (SIGTTIN), stayed stopped for good after ``fg``, with the lock held. (Read before
     ``fg``, the job stops, as any would, until ``fg``.)"""
-    pgid, go = tmp_path / "pgid", tmp_path / "go"
-    job = f"echo $$ > {pgid}; while [ ! -e {go} ]; do sleep 0.02; done; "
+    pgid, go = tmp_path / "pgid", gate(tmp_path / "go")
+    job = f"echo $$ > {pgid}; read go < {go}; "
     job += "read answer; echo got:$answer"
     command = " ".join(shlex.quote(a) for a in [*CLI, "-q", "tty", job, str(lock_dir)])
     with _interactive_bash() as (proc, master):
         os.write(master, f"{command} &\n".encode())
         wait_for(lambda: pgid.exists() and pgid.read_text().strip() != "", 20, "the command")
         if reads == "before fg":
-            go.touch()
+            let_through(go)
             reader = int(pgid.read_text())
             wait_for(lambda: _state(reader) == "T", 20, "the command to stop at its read")
         os.write(master, b"fg\n")
         _in_the_foreground(master, pgid)  # before, our caller's group kept it
-        go.touch()
+        if reads == "after fg":
+            let_through(go)
         os.write(master, b"hey\n")
         _read_until(master, b"got:hey")
         _shell_has_its_prompt_and_the_lock_is_free(proc, master, lock_dir)

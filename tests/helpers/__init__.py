@@ -411,3 +411,26 @@ def tracer(frame, event, arg):
     return None
 sys.settrace(tracer)
 """
+
+
+def gate(path: Path) -> Path:
+    """A FIFO a shell job waits at (``read go < GATE``) until ``let_through``: no fork while
+    it waits, so a Ctrl-Z never lands between one of dash's vfork()s and its exec -- that
+    child stops, while dash sits in the kernel's vfork wait, never stopped nor seen stopped."""
+    os.mkfifo(path)
+    return path
+
+
+def let_through(fifo: Path) -> None:
+    """Let the job waiting at ``fifo`` (``gate``) go on."""
+
+    def opened() -> bool:
+        try:  # ENXIO until the job opens it (again, once continued)
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            return False
+        os.write(fd, b"go\n")
+        os.close(fd)
+        return True
+
+    wait_for(opened, 20, "the job to wait at its gate")

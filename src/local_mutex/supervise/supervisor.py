@@ -22,7 +22,6 @@ from __future__ import annotations
 import _thread
 import errno
 import fcntl
-import math
 import os
 import time
 
@@ -56,6 +55,9 @@ _SAME_REQUEST = 0.1
 # Python ignores these itself; the command must get the defaults (``yes | head`` needs SIGPIPE).
 # (Signals we catch are reset by exec anyway; ones our caller ignored stay ignored.)
 _RESET_FOR_CHILD = (signal.SIGPIPE, signal.SIGXFSZ)
+# ``_Supervisor.resumed`` while Ctrl-Z keeps our caller's job stopped (not math.inf: the
+# plain path loads no extension module it can do without).
+_STOPPED = float("inf")
 # A top process by these names that exits 128+N reports a command of its killed by signal N.
 _SHELLS = frozenset({"sh", "dash", "bash", "zsh", "ksh", "mksh", "ash", "busybox"})
 
@@ -73,8 +75,8 @@ class _Supervisor:
         self.keeper_gone = False
         self.lease_ran_out = False
         self.session_closed = False  # the server ended the lock's session
-        # When Ctrl-Z last stopped our caller's job was continued (inf: stopped now).
-        self.resumed = -math.inf
+        # When our caller's job, stopped by Ctrl-Z, was last continued (or _STOPPED: now).
+        self.resumed = -_STOPPED
         self.signals: list[int] = []
         self.last_request: dict[int, float] = {}
         self.kept: list[int] = []  # descriptions of the lock handed down mid-run
@@ -102,7 +104,7 @@ class _Supervisor:
 
     def on_continue(self, signum: int, frame: FrameType | None) -> None:
         """Our caller passes on the shell's SIGCONT (``fg``, ``bg``, ``kill %1``)."""
-        if self.resumed == math.inf:
+        if self.resumed == _STOPPED:
             self.resumed = time.monotonic()
 
     def _kill_by(self, when: float) -> None:
@@ -270,9 +272,9 @@ def _wait_command(sup: _Supervisor, pid: int, tty: int | None, home: int) -> int
             continue
         if os.WIFSTOPPED(status):
             # Ctrl-Z: our caller stops with the command; we stay awake (``stop_caller``).
-            sup.resumed = math.inf
+            sup.resumed = _STOPPED
             terminal.stop_caller(tty, sup.keeper, home, pid)
-            while sup.resumed == math.inf and not sup.stopping:
+            while sup.resumed == _STOPPED and not sup.stopping:
                 sleep(None)
             if sup.stopping:
                 terminal.continue_caller(sup.keeper)  # to hear how it ended, and let go
