@@ -393,16 +393,16 @@ BG_AS_THE_RUN_STOPS = """
 import os, signal, time
 real = os.kill
 def kill(pid, sig):
-    real(pid, sig)
     if sig != signal.SIGSTOP or pid == os.getpid():
-        return
+        return real(pid, sig)
     came = []
     theirs = signal.getsignal(signal.SIGCONT)
     def heard(signum, frame):
         came.append(signum)
         if callable(theirs):
             theirs(signum, frame)
-    signal.signal(signal.SIGCONT, heard)
+    signal.signal(signal.SIGCONT, heard)  # before the stop: its SIGCONT may come at once
+    real(pid, sig)
     deadline = time.monotonic() + 20
     while not came and time.monotonic() < deadline:
         time.sleep(0.01)
