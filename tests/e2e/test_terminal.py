@@ -278,6 +278,16 @@ def _state(pid: int) -> str:
         return "gone"
 
 
+def _caller_group(command: int) -> int:
+    """The process group of the run whose command is ``command`` (its grandparent's)."""
+
+    def stat(pid: int) -> list[str]:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+    supervisor = int(stat(command)[1])
+    return int(stat(int(stat(supervisor)[1]))[2])
+
+
 @contextlib.contextmanager
 def _interactive_bash(
     env: dict[str, str] | None = None,
@@ -432,6 +442,72 @@ def test_bg_while_the_run_is_stopping_continues_it(lock_dir: Path, tmp_path: Pat
         _read_until(master, b"went-on")
         os.write(master, b"wait; echo waited-$((40+2))\n")
         _read_until(master, b"waited-42")
+        _shell_has_its_prompt_and_the_lock_is_free(proc, master, lock_dir)
+
+
+# `fg` after `bg` gives our caller's group the terminal, and the supervisor passes it on
+# to the command at its next look (0.1 s later): the hook holds that look until a Ctrl-Z
+# has been typed (once $HOLD exists, until $TYPED does).
+CTRL_Z_RIGHT_AFTER_FG = """
+import os, time
+real = os.tcgetpgrp
+def tcgetpgrp(fd):
+    fg = real(fd)
+    if os.path.exists(os.environ["HOLD"]) and fg == os.getpgid(os.getppid()):
+        deadline = time.monotonic() + 20
+        while not os.path.exists(os.environ["TYPED"]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        fg = real(fd)
+    return fg
+os.tcgetpgrp = tcgetpgrp
+"""
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc for process states")
+@pytest.mark.parametrize("how", ["Ctrl-Z right after fg", "kill -TSTP %1 after bg"])
+def test_a_stop_that_reaches_our_caller_stops_the_command(
+    lock_dir: Path, tmp_path: Path, how: str
+) -> None:
+    """Ctrl-Z, ``bg``, then ``fg`` and at once Ctrl-Z (before the supervisor passed the
+    terminal on), or ``kill -TSTP %1``: the stop reached our caller alone, which stopped --
+    the shell showed the job stopped while the command ran on with the lock. Our caller
+    passes it on to the command now, and the job stops as one."""
+    (tmp_path / "sitecustomize.py").write_text(CTRL_Z_RIGHT_AFTER_FG)
+    src = Path(__file__).resolve().parents[2] / "src"
+    hold, typed = tmp_path / "hold", tmp_path / "typed"
+    env = {"PYTHONPATH": f"{tmp_path}:{src}", "HOLD": str(hold), "TYPED": str(typed)}
+    pgid, go = tmp_path / "pgid", gate(tmp_path / "go")
+    job = f"echo $$ > {pgid}; read go < {go}; read answer; echo got:$answer"
+    with _interactive_bash(env) as (proc, master):
+        _start_job(master, job, lock_dir, pgid)
+        os.write(master, b"\x1a")  # Ctrl-Z
+        _read_until(master, b"Stopped")
+        os.write(master, b"bg; echo shell-$((20+22))\n")
+        _read_until(master, b"shell-42")
+        command = int(pgid.read_text())
+        wait_for(lambda: _state(command) != "T", 20, "the command to go on")
+        if how == "Ctrl-Z right after fg":
+            hold.touch()
+            os.write(master, b"fg\n")
+            home = _caller_group(command)
+            wait_for(lambda: os.tcgetpgrp(master) == home, 20, "fg to give our caller the terminal")
+            os.write(master, b"\x1a")  # Ctrl-Z: to our caller's group
+        else:
+            os.write(master, b"kill -TSTP %1\n")
+        wait_for(lambda: _state(command) == "T", 20, "the command to stop")
+        typed.touch()
+        if how == "kill -TSTP %1 after bg":  # told of at the prompt after the job's stop
+            keeper = _caller_group(command)  # (the job's leader)
+            wait_for(lambda: _state(keeper) == "T", 20, "the job to stop")
+            os.write(master, b"jobs\n")
+        _read_until(master, b"Stopped")
+        hold.unlink(missing_ok=True)
+        os.write(master, b"fg\n")
+        _in_the_foreground(master, pgid)
+        let_through(go)
+        os.write(master, b"hey\n")
+        _read_until(master, b"got:hey")
         _shell_has_its_prompt_and_the_lock_is_free(proc, master, lock_dir)
 
 

@@ -13,6 +13,7 @@ import os
 from .._fastsignal import StopHandlers, break_write, note_stop, signal
 from ..errors import Interrupted
 from ..wakeup import WakeupPipe
+from . import terminal
 from .supervisor import FORWARDED
 
 TYPE_CHECKING = False
@@ -27,6 +28,7 @@ class Relay:
 
     def __init__(self, child: int) -> None:
         self.child: int | None = child  # None: the supervisor is dead (its pid reaped)
+        self.command: int | None = None  # its pid, its group's id: once the supervisor says
         self.done = False
         self.pending: list[int] = []
         # Every stop signal passed on: one that reached the supervisor only after the
@@ -64,7 +66,25 @@ class Relay:
         # The supervisor has a process group of its own, so a shell's ``fg`` (SIGCONT to
         # our group) reaches it only through us.
         self.saved[signal.SIGCONT] = signal.signal(signal.SIGCONT, self._continue)
+        if terminal.controlling_tty()[0] is not None and (
+            signal.getsignal(signal.SIGTSTP) == signal.SIG_DFL
+        ):
+            self.saved[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, self._ctrl_z)
         self._wake_up_on_signals()
+
+    def _ctrl_z(self, signum: int, frame: FrameType | None) -> None:
+        """Ctrl-Z reached our group, not the command's: ``fg`` after ``bg`` gave us the
+        terminal, and the supervisor has not passed it on yet (it looks every 0.1 s). The
+        command stops instead, and the supervisor stops us with it, as a shell's job --
+        stopped alone, we left the command running with the lock while the shell showed
+        the job stopped. (Its pid not known yet, or ended: we stop, as we would have.)"""
+        try:
+            if self.command is not None and not self.done:
+                os.killpg(self.command, signal.SIGTSTP)
+                return
+        except OSError:
+            pass
+        os.kill(os.getpid(), signal.SIGSTOP)
 
     def _continue(self, signum: int, frame: FrameType | None) -> None:
         try:
