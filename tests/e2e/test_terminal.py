@@ -334,6 +334,34 @@ def _in_the_foreground(master: int, pgid: Path) -> None:
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize("where", ["piped into cat", "inside a run whose command is a list"])
+def test_ctrl_z_stops_the_whole_shell_job(lock_dir: Path, tmp_path: Path, where: str) -> None:
+    """Ctrl-Z stops the command's group, then our caller: the shell saw a job stopped only
+    once every process of it was -- ``local-mutex ... | cat`` (cat ran on), or a run inside
+    another's command of several (``true; local-mutex ...``: that shell waited on) -- and
+    kept no prompt. Our caller's whole group stops with it now, as a job would."""
+    pgid = tmp_path / "pgid"
+    job = f"echo $$ > {pgid}; read answer; echo got:$answer"
+    inner = " ".join(shlex.quote(a) for a in [*CLI, "-q", "tty", job, str(lock_dir)])
+    with _interactive_bash() as (proc, master):
+        if where == "piped into cat":
+            os.write(master, f"{inner} | cat\n".encode())
+        else:
+            outer = [*CLI, "-q", "outer", f"true; {inner}", str(lock_dir)]
+            os.write(master, f"{' '.join(shlex.quote(a) for a in outer)}\n".encode())
+        _in_the_foreground(master, pgid)
+        os.write(master, b"\x1a")  # Ctrl-Z
+        _read_until(master, b"Stopped")
+        os.write(master, b"fg\n")
+        _in_the_foreground(master, pgid)
+        os.write(master, b"hey\n")
+        _read_until(master, b"got:hey")
+        _shell_has_its_prompt_and_the_lock_is_free(proc, master, lock_dir)
+        if where != "piped into cat":
+            assert lock_is_free(lock_file(lock_dir, "outer"))
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 @pytest.mark.parametrize("then", ["kill %1", "bg"])
 def test_a_shell_keeps_its_terminal_after_a_stopped_run_is_killed_or_sent_to_the_background(
     lock_dir: Path, tmp_path: Path, then: str
@@ -401,10 +429,13 @@ def test_fg_after_bg_gives_the_command_the_terminal_again(lock_dir: Path, tmp_pa
 # right after it stopped the caller until that SIGCONT has come.
 BG_AS_THE_RUN_STOPS = """
 import os, signal, time
-real = os.kill
-def kill(pid, sig):
-    if sig != signal.SIGSTOP or pid == os.getpid():
-        return real(pid, sig)
+def stopping_our_caller(real, ours):
+    def kill(pid, sig):
+        if sig != signal.SIGSTOP or pid == ours():
+            return real(pid, sig)
+        the_stop(real, pid, sig)
+    return kill
+def the_stop(real, pid, sig):
     came = []
     theirs = signal.getsignal(signal.SIGCONT)
     def heard(signum, frame):
@@ -417,7 +448,8 @@ def kill(pid, sig):
     while not came and time.monotonic() < deadline:
         time.sleep(0.01)
     signal.signal(signal.SIGCONT, theirs)
-os.kill = kill
+os.kill = stopping_our_caller(os.kill, os.getpid)
+os.killpg = stopping_our_caller(os.killpg, os.getpgrp)
 """
 
 

@@ -132,16 +132,23 @@ def read_in_the_foreground(tty: int | None, command: int, home: int, status: int
 
 
 def stop_caller(tty: int | None, keeper: int, home: int, command: int) -> None:
-    """Ctrl-Z stopped the command: stop our caller as well, so the shell sees its job
-    stopped and takes the terminal back; ``fg``, ``bg`` or ``kill %1`` continues it, and
-    our caller passes the SIGCONT on to us. We never stop ourselves: that SIGCONT could
-    come before our stop and leave us, and the command, stopped for good. Awake, we still
+    """Ctrl-Z stopped the command: stop our caller's job as well -- the keeper's whole
+    group (``| cat``; the shell whose list runs us), as the terminal would have -- so the
+    shell sees its job stopped and takes the terminal back (a job one process of which
+    runs on is not stopped: no prompt). ``fg``, ``bg`` or ``kill %1`` continues it, and our
+    caller passes the SIGCONT on to us. We never stop ourselves: that SIGCONT could come
+    before our stop and leave us, and the command, stopped for good. Awake, we still
     enforce --timeout, a lease, and our caller's end."""
     give_terminal(tty, home, resume=False, taking_from=command.__eq__)
     try:
-        os.kill(keeper, signal.SIGSTOP)
+        # All at once (a SIGCONT after part of it would be undone), and not SIGTSTP: the
+        # keeper passes that on to the command (``Relay``).
+        os.killpg(home, signal.SIGSTOP)
     except OSError:
-        pass
+        try:
+            os.kill(keeper, signal.SIGSTOP)  # the group is not all ours to stop
+        except OSError:
+            pass
 
 
 def continue_caller(keeper: int) -> None:
