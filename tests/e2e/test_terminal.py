@@ -362,6 +362,41 @@ def test_ctrl_z_stops_the_whole_shell_job(lock_dir: Path, tmp_path: Path, where:
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc for process states")
+def test_a_stopped_job_whose_timeout_came_ends_whole(lock_dir: Path, tmp_path: Path) -> None:
+    """``local-mutex --timeout 4 ... | cat``, stopped by Ctrl-Z: at the timeout the command
+    is stopped for good and the whole job goes on to its end -- cat too, not left stopped
+    (with the job) until an ``fg``."""
+    pgid = tmp_path / "pgid"
+    job = f"echo $$ > {pgid}; read answer"
+    run = [*CLI, "-q", "--timeout", "4", "tty", job, str(lock_dir)]
+    with _interactive_bash() as (proc, master):
+        os.write(master, f"{' '.join(shlex.quote(a) for a in run)} | cat\n".encode())
+        _in_the_foreground(master, pgid)
+        home = _caller_group(int(pgid.read_text()))
+        os.write(master, b"\x1a")  # Ctrl-Z
+        _read_until(master, b"Stopped")
+        wait_for(lambda: not _members(home), 30, "the job to end (cat too)")
+        os.write(master, b"jobs; echo done-$((40+2))\n")
+        assert b"ran past --timeout 4s" in _read_until(master, b"done-42")
+        _shell_has_its_prompt_and_the_lock_is_free(proc, master, lock_dir)
+
+
+def _members(pgid: int) -> list[int]:
+    """The live processes of a process group."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[2]) == pgid and stat[0] != "Z":
+                found.append(int(entry))
+    return found
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 @pytest.mark.parametrize("then", ["kill %1", "bg"])
 def test_a_shell_keeps_its_terminal_after_a_stopped_run_is_killed_or_sent_to_the_background(
     lock_dir: Path, tmp_path: Path, then: str

@@ -277,7 +277,7 @@ def _wait_command(sup: _Supervisor, pid: int, tty: int | None, home: int) -> int
             while sup.resumed == _STOPPED and not sup.stopping:
                 sleep(None)
             if sup.stopping:
-                terminal.continue_caller(sup.keeper)  # to hear how it ended, and let go
+                terminal.continue_caller(sup.keeper, home)  # to hear how it ended, and let go
             # ``fg`` gave our caller's group the terminal; ``bg``, ``kill %1`` leave it be.
             terminal.give_terminal(tty, pid, taking_from=home.__eq__)
             continue

@@ -140,20 +140,22 @@ def stop_caller(tty: int | None, keeper: int, home: int, command: int) -> None:
     before our stop and leave us, and the command, stopped for good. Awake, we still
     enforce --timeout, a lease, and our caller's end."""
     give_terminal(tty, home, resume=False, taking_from=command.__eq__)
+    # All at once (a SIGCONT after part of it would be undone), and not SIGTSTP: the
+    # keeper passes that on to the command (``Relay``).
+    _to_caller(keeper, home, signal.SIGSTOP)
+
+
+def continue_caller(keeper: int, home: int) -> None:
+    """The command was stopped for good while its job was stopped: the job goes on, and our
+    caller reports how the command ended."""
+    _to_caller(keeper, home, signal.SIGCONT)
+
+
+def _to_caller(keeper: int, home: int, sig: int) -> None:
     try:
-        # All at once (a SIGCONT after part of it would be undone), and not SIGTSTP: the
-        # keeper passes that on to the command (``Relay``).
-        os.killpg(home, signal.SIGSTOP)
-    except OSError:
+        os.killpg(home, sig)
+    except OSError:  # none such any more (an API caller that moved to another group)
         try:
-            os.kill(keeper, signal.SIGSTOP)  # the group is not all ours to stop
+            os.kill(keeper, sig)
         except OSError:
             pass
-
-
-def continue_caller(keeper: int) -> None:
-    """The command was stopped for good while its job was stopped: our caller reports it."""
-    try:
-        os.kill(keeper, signal.SIGCONT)
-    except OSError:
-        pass
