@@ -36,6 +36,28 @@ _GIT_PREFIX = "lock__"  # the key-prefix input's default (action.yml)
 _REMOTE_LEFT_OUT = "$LOCAL_MUTEX_REMOTE"
 
 
+# The CLI's options that are inputs by another name, or by the same name without dashes: an
+# error or warning the run words for the CLI is shown in the inputs' words (``in_input_words``).
+_INPUT_NAMES = {
+    "message": "message",
+    "remote": "remote",
+    "reentrant": "reentrant",
+    "slots": "slots",
+    "shared": "shared",
+    "key-prefix": "key-prefix",
+    "lock-dir": "lock-dir",
+    "ttl": "ttl-seconds",
+}
+
+
+def in_input_words(text: str) -> str:
+    """``--message is too long`` as the action says it: ``message is too long``."""
+    import re
+
+    options = "|".join(re.escape(option) for option in _INPUT_NAMES)
+    return re.sub(rf"(?<![\w-])--({options})(?![\w-])", lambda m: _INPUT_NAMES[m.group(1)], text)
+
+
 class ActionInputs:
     """The action's inputs, parsed and checked; every bad value is a ValidationError."""
 

@@ -655,6 +655,27 @@ def test_the_action_says_what_the_backend_warns_of(tmp_path: Path) -> None:
     assert "::warning::local-mutex: lock dir" in r.stderr and "not sticky" in r.stderr
 
 
+@pytest.mark.parametrize(
+    ("inputs", "said"),
+    [
+        ({"MESSAGE": "m" * 8193}, "message is 8193 characters long; at most 8192"),
+        ({"LOCK_DIR": "", "REMOTE": "garbage"}, "remote 'garbage' is not a lock address"),
+        ({"REENTRANT": "true"}, "reentrant runs inside a hold of this GitHub job"),  # a warning
+    ],
+)
+def test_the_action_names_its_inputs_in_errors(
+    tmp_path: Path, inputs: dict[str, str], said: str
+) -> None:
+    """An error the run finds (not ``ActionInputs``) spoke of the CLI's options (--message,
+    --remote, --reentrant): the action's users set inputs."""
+    r = _action(tmp_path, {"NAME": "words", "RUN": f"touch '{tmp_path}/ran'", **inputs}, {})
+    kind = "warning" if "REENTRANT" in inputs else "error"
+    assert f"::{kind}::local-mutex: {said}" in r.stderr, r.stderr
+    assert "--" not in r.stderr.split(f"::{kind}::", 1)[1], r.stderr
+    assert r.returncode == (0 if kind == "warning" else 2), r.stderr
+    assert (tmp_path / "ran").exists() == (kind == "warning")
+
+
 @pytest.mark.parametrize(("command", "status"), [("exit 3", 3), ("true", 74)])
 def test_outputs_that_cannot_be_written_are_an_error_not_a_traceback(
     tmp_path: Path, command: str, status: int

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from local_mutex.action_inputs import INPUT_PREFIX, ActionInputs, boolean, seconds
+from local_mutex.action_inputs import INPUT_PREFIX, ActionInputs, boolean, in_input_words, seconds
 from local_mutex.errors import ValidationError
 
 # The mode an input is used by, where run does not use it (others are refused: below).
@@ -380,3 +380,18 @@ def test_lock_dir_with_a_remote_input_is_refused() -> None:
 def test_slots_and_shared_are_refused_in_the_inputs_words() -> None:
     message = refused(name="n", run="m", slots="2", shared="true")
     assert "slots and shared exclude each other" in message and "--" not in message
+
+
+@pytest.mark.parametrize(
+    ("cli", "action"),
+    [
+        ("--message is 9 characters long", "message is 9 characters long"),
+        ("--remote 'x' is not a lock address", "remote 'x' is not a lock address"),
+        ("--ttl must be more than 0 seconds", "ttl-seconds must be more than 0 seconds"),
+        ("--slots cannot be --shared", "slots cannot be shared"),
+        ("use --no-wait or --wait 5", "use --no-wait or --wait 5"),  # not inputs by name
+        ("a --remote-ish word, x--remote", "a --remote-ish word, x--remote"),
+    ],
+)
+def test_errors_in_input_words(cli: str, action: str) -> None:
+    assert in_input_words(cli) == action
