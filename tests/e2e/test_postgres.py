@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import gate, let_through, run_cli, wait_for
+from helpers import gate, let_through, proc_state, run_cli, wait_for
 from helpers.pgserver import PASSWORD, GatedProxy, PgServer, ServerUnavailable, find_install, served
 
 psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg) is not installed")
@@ -1414,7 +1414,7 @@ def test_a_run_frozen_past_its_deadline_runs_on_once_thawed(
     stopped = [wrapper.pid] + ([_children(wrapper.pid)[0]] if frozen == "whole run" else [])
     if frozen == "by Ctrl-Z in a terminal":
         os.write(master, b"\x1a")
-        wait_for(lambda: _proc_state(wrapper.pid) == "T", 20, "the job to stop")
+        wait_for(lambda: proc_state(wrapper.pid) == "T", 20, "the job to stop")
         stopped = []  # `fg` continues it
     for pid in stopped:
         os.kill(pid, signal.SIGSTOP)
@@ -1437,13 +1437,6 @@ def test_a_run_frozen_past_its_deadline_runs_on_once_thawed(
     finally:
         if master >= 0:
             os.close(master)
-
-
-def _proc_state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return "gone"
 
 
 def test_cli_slots_name_the_slot_holders_and_count_every_waiter(

@@ -15,7 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CLI, clean_env, gate, let_through, lock_file, lock_is_free, wait_for
+from helpers import (
+    CLI,
+    clean_env,
+    gate,
+    let_through,
+    lock_file,
+    lock_is_free,
+    proc_state,
+    wait_for,
+)
 
 pytestmark = pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid(1)")
 
@@ -224,14 +233,14 @@ def test_a_run_stopped_by_ctrl_z_still_ends_when_it_must(
         _read_until(master, b"ready")
         command = int(pid.read_text())
         os.write(master, b"\x1a")  # Ctrl-Z
-        wait_for(lambda: _state(proc.pid) == "T", 20, "our caller to stop with its command")
-        assert _state(command) == "T"
+        wait_for(lambda: proc_state(proc.pid) == "T", 20, "our caller to stop with its command")
+        assert proc_state(command) == "T"
         if then == "our caller is killed":
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(20)
         else:
             assert proc.wait(20) == 124
-        wait_for(lambda: _state(command) == "gone", 20, "the command to be stopped")
+        wait_for(lambda: proc_state(command) == "gone", 20, "the command to be stopped")
         lock = lock_file(lock_dir, "tty-lock")
         wait_for(lambda: lock_is_free(lock), 20, "the lock to come free")  # as we exit
     finally:
@@ -269,13 +278,6 @@ def test_ctrl_c_typed_before_the_command_execs_stops_it(lock_dir: Path, tmp_path
         if proc.poll() is None:
             proc.kill()
         os.close(master)
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return "gone"
 
 
 def _caller_group(command: int) -> int:
@@ -321,6 +323,33 @@ def _start_job(master: int, job: str, lock_dir: Path, pgid: Path) -> None:
     command = " ".join(shlex.quote(a) for a in [*CLI, "-q", "tty", job, str(lock_dir)])
     os.write(master, f"{command}\n".encode())
     _in_the_foreground(master, pgid)
+
+
+def _stopped_then_sent_to_the_background(master: int, job: str, lock_dir: Path, pgid: Path) -> int:
+    """Start ``job`` (``_start_job``), Ctrl-Z, ``bg``: back once the command runs on in the
+    background (continued by the supervisor: `fg` now sends a running job no signal);
+    its pid."""
+    _start_job(master, job, lock_dir, pgid)
+    os.write(master, b"\x1a")  # Ctrl-Z
+    _read_until(master, b"Stopped")
+    os.write(master, b"bg; echo shell-$((20+22))\n")
+    _read_until(master, b"shell-42")
+    command = int(pgid.read_text())
+    wait_for(lambda: proc_state(command) != "T", 20, "the command to go on")
+    return command
+
+
+def _fg_and_the_command_reads(
+    proc: subprocess.Popen[bytes], master: int, pgid: Path, go: Path, lock_dir: Path
+) -> None:
+    """``fg`` a stopped job waiting at ``go``, then its command reads the terminal; the run
+    ends, and the shell has its prompt back."""
+    os.write(master, b"fg\n")
+    _in_the_foreground(master, pgid)
+    let_through(go)
+    os.write(master, b"hey\n")
+    _read_until(master, b"got:hey")
+    _shell_has_its_prompt_and_the_lock_is_free(proc, master, lock_dir)
 
 
 def _in_the_foreground(master: int, pgid: Path) -> None:
@@ -436,26 +465,13 @@ def test_fg_after_bg_gives_the_command_the_terminal_again(lock_dir: Path, tmp_pa
     job = f"echo $$ > {pgid}; read go < {go}; "
     job += "read answer; echo got:$answer"
     with _interactive_bash() as (proc, master):
-        _start_job(master, job, lock_dir, pgid)
-        os.write(master, b"\x1a")  # Ctrl-Z
-        _read_until(master, b"Stopped")
-        os.write(master, b"bg; echo shell-$((20+22))\n")
-        _read_until(master, b"shell-42")
-        command = int(pgid.read_text())
-        # Continued (the supervisor first: it continues the command), running in the
-        # background; only then `fg`, which sends a running job no signal.
-        wait_for(lambda: _state(command) != "T", 20, "the command to go on")
+        command = _stopped_then_sent_to_the_background(master, job, lock_dir, pgid)
         os.write(master, b"fg\n")
         _in_the_foreground(master, pgid)  # before, it stayed with our caller's group
         os.write(master, b"\x1a")  # Ctrl-Z: the command's again, so it stops with the run
-        wait_for(lambda: _state(command) == "T", 20, "the command to stop")
+        wait_for(lambda: proc_state(command) == "T", 20, "the command to stop")
         _read_until(master, b"Stopped")
-        os.write(master, b"fg\n")
-        _in_the_foreground(master, pgid)
-        let_through(go)
-        os.write(master, b"hey\n")
-        _read_until(master, b"got:hey")
-        _shell_has_its_prompt_and_the_lock_is_free(proc, master, lock_dir)
+        _fg_and_the_command_reads(proc, master, pgid, go, lock_dir)
 
 
 # The shell's `bg` comes while the supervisor is between stopping our caller (the shell's
@@ -504,7 +520,7 @@ def test_bg_while_the_run_is_stopping_continues_it(lock_dir: Path, tmp_path: Pat
         _read_until(master, b"Stopped")
         os.write(master, b"bg\n")
         command = int(pgid.read_text())
-        wait_for(lambda: _state(command) not in ("T", "gone"), 30, "the command to go on")
+        wait_for(lambda: proc_state(command) not in ("T", "gone"), 30, "the command to go on")
         let_through(go)
         _read_until(master, b"went-on")
         os.write(master, b"wait; echo waited-$((40+2))\n")
@@ -547,13 +563,7 @@ def test_a_stop_that_reaches_our_caller_stops_the_command(
     pgid, go = tmp_path / "pgid", gate(tmp_path / "go")
     job = f"echo $$ > {pgid}; read go < {go}; read answer; echo got:$answer"
     with _interactive_bash(env) as (proc, master):
-        _start_job(master, job, lock_dir, pgid)
-        os.write(master, b"\x1a")  # Ctrl-Z
-        _read_until(master, b"Stopped")
-        os.write(master, b"bg; echo shell-$((20+22))\n")
-        _read_until(master, b"shell-42")
-        command = int(pgid.read_text())
-        wait_for(lambda: _state(command) != "T", 20, "the command to go on")
+        command = _stopped_then_sent_to_the_background(master, job, lock_dir, pgid)
         if how == "Ctrl-Z right after fg":
             hold.touch()
             os.write(master, b"fg\n")
@@ -562,20 +572,15 @@ def test_a_stop_that_reaches_our_caller_stops_the_command(
             os.write(master, b"\x1a")  # Ctrl-Z: to our caller's group
         else:
             os.write(master, b"kill -TSTP %1\n")
-        wait_for(lambda: _state(command) == "T", 20, "the command to stop")
+        wait_for(lambda: proc_state(command) == "T", 20, "the command to stop")
         typed.touch()
         if how == "kill -TSTP %1 after bg":  # told of at the prompt after the job's stop
             keeper = _caller_group(command)  # (the job's leader)
-            wait_for(lambda: _state(keeper) == "T", 20, "the job to stop")
+            wait_for(lambda: proc_state(keeper) == "T", 20, "the job to stop")
             os.write(master, b"jobs\n")
         _read_until(master, b"Stopped")
         hold.unlink(missing_ok=True)
-        os.write(master, b"fg\n")
-        _in_the_foreground(master, pgid)
-        let_through(go)
-        os.write(master, b"hey\n")
-        _read_until(master, b"got:hey")
-        _shell_has_its_prompt_and_the_lock_is_free(proc, master, lock_dir)
+        _fg_and_the_command_reads(proc, master, pgid, go, lock_dir)
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
@@ -598,7 +603,7 @@ def test_a_run_started_in_the_background_gets_the_terminal_on_fg(
         if reads == "before fg":
             let_through(go)
             reader = int(pgid.read_text())
-            wait_for(lambda: _state(reader) == "T", 20, "the command to stop at its read")
+            wait_for(lambda: proc_state(reader) == "T", 20, "the command to stop at its read")
         os.write(master, b"fg\n")
         _in_the_foreground(master, pgid)  # before, our caller's group kept it
         if reads == "after fg":

@@ -434,3 +434,11 @@ def let_through(fifo: Path) -> None:
         return True
 
     wait_for(opened, 20, "the job to wait at its gate")
+
+
+def proc_state(pid: int) -> str:
+    """A process's state letter from /proc (T: stopped), or "gone"."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
