@@ -249,6 +249,49 @@ def test_a_run_stopped_by_ctrl_z_still_ends_when_it_must(
         os.close(master)
 
 
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="needs SCHED_IDLE (Linux)")
+def test_a_ctrl_z_that_swallows_fgs_sigcont_does_not_leave_the_run_stopped(
+    lock_dir: Path,
+) -> None:
+    """``fg`` and at once Ctrl-Z: the kernel drops a SIGCONT not yet delivered when a stop
+    signal comes, so our caller, continued by ``fg``, ran only its Ctrl-Z handler -- the
+    supervisor, told of no SIGCONT, kept the command stopped for good while the shell
+    took the job for running (1 in 40 of rapid Ctrl-Z/fg cycles under load). To be sure
+    our caller runs only after both signals came, it is put on our CPU, at idle priority."""
+    import signal
+
+    job = 'echo ready; read answer; echo "got:$answer"'
+    proc, master = _start_in_terminal(["tty-lock", job, str(lock_dir)])
+    mine = os.sched_getaffinity(0)
+    try:
+        _read_until(master, b"ready")
+        os.write(master, b"\x1a")  # Ctrl-Z
+        wait_for(lambda: proc_state(proc.pid) == "T", 20, "the job to stop")
+        cpu = {min(mine)}
+        os.sched_setaffinity(proc.pid, cpu)
+        os.sched_setscheduler(proc.pid, os.SCHED_IDLE, os.sched_param(0))
+        os.sched_setaffinity(0, cpu)
+        os.killpg(proc.pid, signal.SIGCONT)  # `fg` (the terminal is the job's already)
+        os.killpg(proc.pid, signal.SIGTSTP)  # Ctrl-Z
+        os.sched_setaffinity(0, mine)
+        # Stopped again (the Ctrl-Z honoured), or running: never stopped for good.
+        deadline = time.monotonic() + 20
+        os.write(master, b"hey\n")
+        seen = b""
+        while b"got:hey" not in seen:
+            assert time.monotonic() < deadline, f"the run stayed stopped; saw {seen!r}"
+            if proc_state(proc.pid) == "T":
+                os.killpg(proc.pid, signal.SIGCONT)  # `fg` again
+            if select.select([master], [], [], 0.1)[0]:
+                seen += os.read(master, 4096)
+        assert proc.wait(20) == 0
+    finally:
+        os.sched_setaffinity(0, mine)
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+
+
 # A Ctrl-C typed the moment the command got the terminal, before it exec'd: the forked
 # child was still a copy of the supervisor, whose handlers took it (and armed the
 # supervisor's escalation timer there: SIGALRM killed the command 4 s later) or lost it.

@@ -77,7 +77,11 @@ class Relay:
         terminal, and the supervisor has not passed it on yet (it looks every 0.1 s). The
         command stops instead, and the supervisor stops us with it, as a shell's job --
         stopped alone, we left the command running with the lock while the shell showed
-        the job stopped. (Its pid not known yet, or ended: we stop, as we would have.)"""
+        the job stopped. (Its pid not known yet, or ended: we stop, as we would have.)
+        We run, so our job was continued: the supervisor hears of it here too -- a stop
+        signal makes the kernel drop a SIGCONT not yet delivered (``fg`` and at once
+        Ctrl-Z), and with it the one word that its wait for our job to go on is over."""
+        self._continue(signal.SIGCONT, frame)
         try:
             if self.command is not None and not self.done:
                 os.killpg(self.command, signal.SIGTSTP)
