@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import gate, let_through, proc_state, run_cli, wait_for
+from helpers import gate, let_through, proc_state, run_cli, start_as_a_job, wait_for
 from helpers.pgserver import PASSWORD, GatedProxy, PgServer, ServerUnavailable, find_install, served
 
 psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg) is not installed")
@@ -1396,25 +1396,18 @@ def test_a_run_frozen_past_its_deadline_runs_on_once_thawed(
     args = ("run", "--remote", url, "--kill-after", "1", "thawed", cmd)
     if frozen == "by Ctrl-Z in a terminal" and shutil.which("setsid") is None:
         pytest.skip("needs setsid(1)")
-    master = -1
+    master = keeper = -1
     if frozen == "by Ctrl-Z in a terminal":
-        master, slave = os.openpty()
         with open(tmp_path / "cli.err", "wb") as err:
-            wrapper = subprocess.Popen(
-                ["setsid", "--ctty", *CLI, *args],
-                env=_cli_env(pg, drop),
-                stdin=slave,
-                stdout=slave,
-                stderr=err,
-            )
-        os.close(slave)
+            env = _cli_env(pg, drop)
+            wrapper, master, keeper = start_as_a_job([*CLI, *args], env, tmp_path, err.fileno())
     else:
         wrapper = _spawn_with(pg, tmp_path, drop, *args)
     wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "", 20, "command")
     stopped = [wrapper.pid] + ([_children(wrapper.pid)[0]] if frozen == "whole run" else [])
     if frozen == "by Ctrl-Z in a terminal":
         os.write(master, b"\x1a")
-        wait_for(lambda: proc_state(wrapper.pid) == "T", 20, "the job to stop")
+        wait_for(lambda: proc_state(keeper) == "T", 20, "the job to stop")
         stopped = []  # `fg` continues it
     for pid in stopped:
         os.kill(pid, signal.SIGSTOP)
@@ -1428,7 +1421,7 @@ def test_a_run_frozen_past_its_deadline_runs_on_once_thawed(
         for pid in reversed(stopped):  # the supervisor first: it wakes to a deadline long past
             os.kill(pid, signal.SIGCONT)
         if master >= 0:
-            os.killpg(wrapper.pid, signal.SIGCONT)  # what a shell's `fg` does
+            os.killpg(keeper, signal.SIGCONT)  # what a shell's `fg` does
     try:
         time.sleep(3)  # past the thaw grace: a supervisor that stopped the command has by now
         let_through(go)

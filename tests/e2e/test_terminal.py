@@ -23,6 +23,7 @@ from helpers import (
     lock_file,
     lock_is_free,
     proc_state,
+    start_as_a_job,
     wait_for,
 )
 
@@ -185,22 +186,15 @@ def test_ctrl_z_stops_the_whole_run_and_fg_resumes_it(
         (tmp_path / "sitecustomize.py").write_text(CTRL_Z_AS_IT_STARTS)
         src = Path(__file__).resolve().parents[2] / "src"
         env = {"PYTHONPATH": f"{tmp_path}:{src}"}
-    proc, master = _start_in_terminal(
-        ["tty-lock", 'echo ready; read answer; echo "got:$answer"', str(lock_dir)], env
-    )
-
-    def state(pid: int) -> bytes:
-        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-
+    job = ["tty-lock", 'echo ready; read answer; echo "got:$answer"', str(lock_dir)]
+    proc, master, keeper = start_as_a_job([*CLI, *job], clean_env(env), tmp_path)
     try:
         if when == "typed after its first line":
             _read_until(master, b"ready")
             os.write(master, b"\x1a")  # Ctrl-Z: SIGTSTP to the foreground group (the command)
-        deadline = time.monotonic() + 20
-        while state(proc.pid) != b"T":  # the supervisor stops with it, as a job would
-            assert time.monotonic() < deadline, "the supervisor did not stop with its command"
-            time.sleep(0.02)
-        os.killpg(proc.pid, signal.SIGCONT)  # what a shell's `fg` does
+        # Our caller stops with it, as a job would.
+        wait_for(lambda: proc_state(keeper) == "T", 20, "our caller to stop with its command")
+        os.killpg(keeper, signal.SIGCONT)  # what a shell's `fg` does
         # Typed ahead: the terminal keeps it until the resumed command reads it.
         os.write(master, b"hello\n")
         assert b"got:hello" in _read_until(master, b"got:hello")
@@ -228,15 +222,16 @@ def test_a_run_stopped_by_ctrl_z_still_ends_when_it_must(
     # No fork after "ready": a Ctrl-Z that stops a child of dash's vfork() before its exec
     # leaves dash in the kernel's vfork wait, never stopped -- nor seen stopped by anyone.
     job = f"echo $$ > {pid}; echo ready; read answer"
-    proc, master = _start_in_terminal([*timeout, "tty-lock", job, str(lock_dir)])
+    argv = [*CLI, *timeout, "tty-lock", job, str(lock_dir)]
+    proc, master, keeper = start_as_a_job(argv, clean_env(), tmp_path)
     try:
         _read_until(master, b"ready")
         command = int(pid.read_text())
         os.write(master, b"\x1a")  # Ctrl-Z
-        wait_for(lambda: proc_state(proc.pid) == "T", 20, "our caller to stop with its command")
+        wait_for(lambda: proc_state(keeper) == "T", 20, "our caller to stop with its command")
         assert proc_state(command) == "T"
         if then == "our caller is killed":
-            os.kill(proc.pid, signal.SIGKILL)
+            os.kill(keeper, signal.SIGKILL)
             proc.wait(20)
         else:
             assert proc.wait(20) == 124
@@ -251,7 +246,7 @@ def test_a_run_stopped_by_ctrl_z_still_ends_when_it_must(
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="needs SCHED_IDLE (Linux)")
 def test_a_ctrl_z_that_swallows_fgs_sigcont_does_not_leave_the_run_stopped(
-    lock_dir: Path,
+    lock_dir: Path, tmp_path: Path
 ) -> None:
     """``fg`` and at once Ctrl-Z: the kernel drops a SIGCONT not yet delivered when a stop
     signal comes, so our caller, continued by ``fg``, ran only its Ctrl-Z handler -- the
@@ -261,32 +256,64 @@ def test_a_ctrl_z_that_swallows_fgs_sigcont_does_not_leave_the_run_stopped(
     import signal
 
     job = 'echo ready; read answer; echo "got:$answer"'
-    proc, master = _start_in_terminal(["tty-lock", job, str(lock_dir)])
+    argv = [*CLI, "tty-lock", job, str(lock_dir)]
+    proc, master, keeper = start_as_a_job(argv, clean_env(), tmp_path)
     mine = os.sched_getaffinity(0)
     try:
         _read_until(master, b"ready")
         os.write(master, b"\x1a")  # Ctrl-Z
-        wait_for(lambda: proc_state(proc.pid) == "T", 20, "the job to stop")
+        wait_for(lambda: proc_state(keeper) == "T", 20, "the job to stop")
         cpu = {min(mine)}
-        os.sched_setaffinity(proc.pid, cpu)
-        os.sched_setscheduler(proc.pid, os.SCHED_IDLE, os.sched_param(0))
+        os.sched_setaffinity(keeper, cpu)
+        os.sched_setscheduler(keeper, os.SCHED_IDLE, os.sched_param(0))
         os.sched_setaffinity(0, cpu)
-        os.killpg(proc.pid, signal.SIGCONT)  # `fg` (the terminal is the job's already)
-        os.killpg(proc.pid, signal.SIGTSTP)  # Ctrl-Z
+        os.killpg(keeper, signal.SIGCONT)  # `fg` (the terminal is the job's already)
+        os.killpg(keeper, signal.SIGTSTP)  # Ctrl-Z
         os.sched_setaffinity(0, mine)
+        with contextlib.suppress(PermissionError):  # else it runs on when a CPU is idle
+            os.sched_setscheduler(keeper, os.SCHED_OTHER, os.sched_param(0))
+        os.sched_setaffinity(keeper, mine)
         # Stopped again (the Ctrl-Z honoured), or running: never stopped for good.
         deadline = time.monotonic() + 20
         os.write(master, b"hey\n")
         seen = b""
         while b"got:hey" not in seen:
             assert time.monotonic() < deadline, f"the run stayed stopped; saw {seen!r}"
-            if proc_state(proc.pid) == "T":
-                os.killpg(proc.pid, signal.SIGCONT)  # `fg` again
+            if proc_state(keeper) == "T":
+                os.killpg(keeper, signal.SIGCONT)  # `fg` again
             if select.select([master], [], [], 0.1)[0]:
                 seen += os.read(master, 4096)
         assert proc.wait(20) == 0
     finally:
         os.sched_setaffinity(0, mine)
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+
+
+@pytest.mark.parametrize("leader", ["a shell", "local-mutex itself"])
+def test_ctrl_z_where_no_shell_could_continue_the_run_is_ignored(
+    lock_dir: Path, leader: str
+) -> None:
+    """A session whose leader runs us (``ssh -t host cmd``, ``script -c``, ``docker run
+    -t``): our caller's group is orphaned, and the kernel drops the terminal's Ctrl-Z there,
+    for no shell could continue it. The command's own group is not orphaned: Ctrl-Z stopped
+    it, and the supervisor stopped our caller's group too -- everything stopped for good,
+    the lock held, the terminal dead. The command goes on now, as it would without us."""
+    job = 'echo ready; read answer; echo "got:$answer"'
+    run = [*CLI, "tty-lock", job, str(lock_dir)]
+    if leader == "a shell":
+        run = ["sh", "-c", " ".join(shlex.quote(a) for a in run) + "; echo after-$?"]
+    proc, master = _start_in_terminal_raw(run)
+    try:
+        _read_until(master, b"ready")
+        os.write(master, b"\x1a")  # Ctrl-Z
+        os.write(master, b"hey\n")
+        _read_until(master, b"got:hey")
+        if leader == "a shell":
+            _read_until(master, b"after-0")
+        assert proc.wait(20) == 0
+    finally:
         if proc.poll() is None:
             proc.kill()
         os.close(master)
@@ -647,6 +674,11 @@ def test_a_run_started_in_the_background_gets_the_terminal_on_fg(
             let_through(go)
             reader = int(pgid.read_text())
             wait_for(lambda: proc_state(reader) == "T", 20, "the command to stop at its read")
+            # ... and the job with it, as a user sees before typing `fg` (bash says so at
+            # its next prompt). A `fg` typed within the moment between would find the job
+            # running, and the stop that follows would stop it again.
+            keeper = _caller_group(reader)
+            wait_for(lambda: proc_state(keeper) == "T", 20, "the job to stop")
         os.write(master, b"fg\n")
         _in_the_foreground(master, pgid)  # before, our caller's group kept it
         if reads == "after fg":

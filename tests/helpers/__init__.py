@@ -442,3 +442,48 @@ def proc_state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return "gone"
+
+
+# A shell with job control, as small as it gets: it runs ``sys.argv[2:]`` as a job (a process
+# group of its own, given the terminal), writes the job's pid to ``sys.argv[1]``, and exits
+# with its status. A run needs one to be stopped by Ctrl-Z: the terminal's stop signals are
+# dropped for an orphaned group -- one whose leader is the session's, as with `setsid --ctty`.
+_JOB_SHELL = """
+import os, signal, sys
+pid = os.fork()
+if pid == 0:
+    os.setpgid(0, 0)
+    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    os.tcsetpgrp(0, os.getpid())
+    signal.signal(signal.SIGTTOU, signal.SIG_DFL)
+    os.execvp(sys.argv[2], sys.argv[2:])
+try:
+    os.setpgid(pid, pid)
+except OSError:
+    pass
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(pid))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+status = os.waitpid(pid, 0)[1]
+code = os.waitstatus_to_exitcode(status)
+sys.exit(128 - code if code < 0 else code)
+"""
+
+
+def start_as_a_job(
+    argv: Sequence[str], env: Mapping[str, str], tmp: Path, stderr: int | None = None
+) -> tuple[subprocess.Popen[bytes], int, int]:
+    """``argv`` as a job of a shell with job control (``_JOB_SHELL``) in a terminal of its own:
+    (that shell's process, the pty's master, the job's pid)."""
+    master, slave = os.openpty()
+    pidfile = tmp / "job.pid"
+    proc = subprocess.Popen(
+        ["setsid", "--ctty", sys.executable, "-S", "-c", _JOB_SHELL, str(pidfile), *argv],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave if stderr is None else stderr,
+        env=dict(env),
+    )
+    os.close(slave)
+    wait_for(pidfile, 20, "the job to start")
+    return proc, master, int(pidfile.read_text())

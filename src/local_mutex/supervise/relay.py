@@ -77,7 +77,7 @@ class Relay:
         terminal, and the supervisor has not passed it on yet (it looks every 0.1 s). The
         command stops instead, and the supervisor stops us with it, as a shell's job --
         stopped alone, we left the command running with the lock while the shell showed
-        the job stopped. (Its pid not known yet, or ended: we stop, as we would have.)
+        the job stopped. (Its pid not known yet, or ended: we stop as we would have.)
         We run, so our job was continued: the supervisor hears of it here too -- a stop
         signal makes the kernel drop a SIGCONT not yet delivered (``fg`` and at once
         Ctrl-Z), and with it the one word that its wait for our job to go on is over."""
@@ -88,7 +88,13 @@ class Relay:
                 return
         except OSError:
             pass
-        os.kill(os.getpid(), signal.SIGSTOP)
+        # The default action, kernel's rules and all: one in an orphaned group is dropped
+        # (nobody could continue it).
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        try:
+            os.kill(os.getpid(), signal.SIGTSTP)
+        finally:
+            signal.signal(signal.SIGTSTP, self._ctrl_z)
 
     def _continue(self, signum: int, frame: FrameType | None) -> None:
         try:

@@ -116,6 +116,46 @@ def back_in_the_foreground(tty: int | None, command: int, home: int) -> None:
     give_terminal(tty, command, resume=False, taking_from=home.__eq__)
 
 
+def its_own_stop(tty: int | None, command: int, home: int, keeper: int, status: int) -> bool:
+    """Is this stop of the command one its job does not share (taken care of here)? A read
+    of a terminal that is the job's (``read_in_the_foreground``), or any stop when our
+    caller's group is not a job (``_a_job``): the terminal's Ctrl-Z would have been dropped
+    for the command too, had it been in that group -- it goes on."""
+    job = _a_job(keeper, home)  # first: a shell's `fg` may come meanwhile (ours to see)
+    if read_in_the_foreground(tty, command, home, status):
+        return True
+    if job:
+        return False
+    if os.WSTOPSIG(status) != signal.SIGSTOP:  # one sent by hand stays
+        try:
+            os.killpg(command, signal.SIGCONT)
+        except OSError:
+            pass
+    return True
+
+
+def _a_job(keeper: int, home: int) -> bool:
+    """Is our caller's group a job of a shell with job control, which stops and continues
+    it? Not an orphaned one (no member's parent in another group of the session: a session
+    whose leader runs us -- ``ssh -t host cmd``, ``script -c``, ``docker run -t``, or a
+    shell script such a leader runs): the kernel drops the terminal's stop signals there,
+    for nobody could continue it. Asked of our caller's first ancestor outside its group."""
+    from .. import _proc  # loaded already (``reaper``)
+
+    pid, session = keeper, os.getsid(0)
+    for _ in range(64):
+        parent = _proc.parent_of(pid)
+        if parent is None or parent <= 1:
+            return False
+        try:
+            if os.getpgid(parent) != home:
+                return os.getsid(parent) == session
+        except OSError:
+            return False
+        pid = parent
+    return False
+
+
 def read_in_the_foreground(tty: int | None, command: int, home: int, status: int) -> bool:
     """The command stopped at the terminal (SIGTTIN, SIGTTOU) that our caller's group has
     -- `fg` after `bg`, not passed on yet: it is the command's now, and it goes on. (Or
