@@ -24,7 +24,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import gate, let_through, proc_state, run_cli, start_as_a_job, wait_for
+from helpers import gate, let_through, run_cli, start_as_a_job, wait_for
+from helpers import procwatch as pw
 from helpers.pgserver import PASSWORD, GatedProxy, PgServer, ServerUnavailable, find_install, served
 
 psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg) is not installed")
@@ -1407,7 +1408,7 @@ def test_a_run_frozen_past_its_deadline_runs_on_once_thawed(
     stopped = [wrapper.pid] + ([_children(wrapper.pid)[0]] if frozen == "whole run" else [])
     if frozen == "by Ctrl-Z in a terminal":
         os.write(master, b"\x1a")
-        wait_for(lambda: proc_state(keeper) == "T", 20, "the job to stop")
+        wait_for(lambda: pw.state(keeper) == "T", 20, "the job to stop")
         stopped = []  # `fg` continues it
     for pid in stopped:
         os.kill(pid, signal.SIGSTOP)

@@ -22,10 +22,10 @@ from helpers import (
     let_through,
     lock_file,
     lock_is_free,
-    proc_state,
     start_as_a_job,
     wait_for,
 )
+from helpers import procwatch as pw
 
 pytestmark = pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid(1)")
 
@@ -193,7 +193,7 @@ def test_ctrl_z_stops_the_whole_run_and_fg_resumes_it(
             _read_until(master, b"ready")
             os.write(master, b"\x1a")  # Ctrl-Z: SIGTSTP to the foreground group (the command)
         # Our caller stops with it, as a job would.
-        wait_for(lambda: proc_state(keeper) == "T", 20, "our caller to stop with its command")
+        wait_for(lambda: pw.state(keeper) == "T", 20, "our caller to stop with its command")
         os.killpg(keeper, signal.SIGCONT)  # what a shell's `fg` does
         # Typed ahead: the terminal keeps it until the resumed command reads it.
         os.write(master, b"hello\n")
@@ -228,14 +228,14 @@ def test_a_run_stopped_by_ctrl_z_still_ends_when_it_must(
         _read_until(master, b"ready")
         command = int(pid.read_text())
         os.write(master, b"\x1a")  # Ctrl-Z
-        wait_for(lambda: proc_state(keeper) == "T", 20, "our caller to stop with its command")
-        assert proc_state(command) == "T"
+        wait_for(lambda: pw.state(keeper) == "T", 20, "our caller to stop with its command")
+        assert pw.state(command) == "T"
         if then == "our caller is killed":
             os.kill(keeper, signal.SIGKILL)
             proc.wait(20)
         else:
             assert proc.wait(20) == 124
-        wait_for(lambda: proc_state(command) == "gone", 20, "the command to be stopped")
+        wait_for(lambda: pw.state(command) is None, 20, "the command to be stopped")
         lock = lock_file(lock_dir, "tty-lock")
         wait_for(lambda: lock_is_free(lock), 20, "the lock to come free")  # as we exit
     finally:
@@ -262,7 +262,7 @@ def test_a_ctrl_z_that_swallows_fgs_sigcont_does_not_leave_the_run_stopped(
     try:
         _read_until(master, b"ready")
         os.write(master, b"\x1a")  # Ctrl-Z
-        wait_for(lambda: proc_state(keeper) == "T", 20, "the job to stop")
+        wait_for(lambda: pw.state(keeper) == "T", 20, "the job to stop")
         cpu = {min(mine)}
         os.sched_setaffinity(keeper, cpu)
         os.sched_setscheduler(keeper, os.SCHED_IDLE, os.sched_param(0))
@@ -280,7 +280,7 @@ def test_a_ctrl_z_that_swallows_fgs_sigcont_does_not_leave_the_run_stopped(
         seen = b""
         while b"got:hey" not in seen or proc.poll() is None:
             assert time.monotonic() < deadline, f"the run stayed stopped; saw {seen!r}"
-            if proc_state(keeper) == "T":
+            if pw.state(keeper) == "T":
                 os.killpg(keeper, signal.SIGCONT)  # `fg` again
             if select.select([master], [], [], 0.1)[0]:
                 with contextlib.suppress(OSError):  # EIO once the session is gone
@@ -354,12 +354,11 @@ def test_ctrl_c_typed_before_the_command_execs_stops_it(lock_dir: Path, tmp_path
 
 def _caller_group(command: int) -> int:
     """The process group of the run whose command is ``command`` (its grandparent's)."""
-
-    def stat(pid: int) -> list[str]:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-    supervisor = int(stat(command)[1])
-    return int(stat(int(stat(supervisor)[1]))[2])
+    supervisor = pw.ppid(command)
+    keeper = pw.ppid(supervisor) if supervisor is not None else None
+    group = pw.pgid(keeper) if keeper is not None else None
+    assert group is not None, f"the run of command {command} is gone"
+    return group
 
 
 @contextlib.contextmanager
@@ -407,7 +406,7 @@ def _stopped_then_sent_to_the_background(master: int, job: str, lock_dir: Path, 
     os.write(master, b"bg; echo shell-$((20+22))\n")
     _read_until(master, b"shell-42")
     command = int(pgid.read_text())
-    wait_for(lambda: proc_state(command) != "T", 20, "the command to go on")
+    wait_for(lambda: pw.state(command) != "T", 20, "the command to go on")
     return command
 
 
@@ -477,24 +476,10 @@ def test_a_stopped_job_whose_timeout_came_ends_whole(lock_dir: Path, tmp_path: P
         home = _caller_group(int(pgid.read_text()))
         os.write(master, b"\x1a")  # Ctrl-Z
         _read_until(master, b"Stopped")
-        wait_for(lambda: not _members(home), 30, "the job to end (cat too)")
+        wait_for(lambda: not pw.group_members(home), 30, "the job to end (cat too)")
         os.write(master, b"jobs; echo done-$((40+2))\n")
         assert b"ran past --timeout 4s" in _read_until(master, b"done-42")
         _shell_has_its_prompt_and_the_lock_is_free(proc, master, lock_dir)
-
-
-def _members(pgid: int) -> list[int]:
-    """The live processes of a process group."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(stat[2]) == pgid and stat[0] != "Z":
-                found.append(int(entry))
-    return found
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
@@ -541,7 +526,7 @@ def test_fg_after_bg_gives_the_command_the_terminal_again(lock_dir: Path, tmp_pa
         os.write(master, b"fg\n")
         _in_the_foreground(master, pgid)  # before, it stayed with our caller's group
         os.write(master, b"\x1a")  # Ctrl-Z: the command's again, so it stops with the run
-        wait_for(lambda: proc_state(command) == "T", 20, "the command to stop")
+        wait_for(lambda: pw.state(command) == "T", 20, "the command to stop")
         _read_until(master, b"Stopped")
         _fg_and_the_command_reads(proc, master, pgid, go, lock_dir)
 
@@ -592,7 +577,7 @@ def test_bg_while_the_run_is_stopping_continues_it(lock_dir: Path, tmp_path: Pat
         _read_until(master, b"Stopped")
         os.write(master, b"bg\n")
         command = int(pgid.read_text())
-        wait_for(lambda: proc_state(command) not in ("T", "gone"), 30, "the command to go on")
+        wait_for(lambda: pw.state(command) not in ("T", None), 30, "the command to go on")
         let_through(go)
         _read_until(master, b"went-on")
         os.write(master, b"wait; echo waited-$((40+2))\n")
@@ -644,11 +629,11 @@ def test_a_stop_that_reaches_our_caller_stops_the_command(
             os.write(master, b"\x1a")  # Ctrl-Z: to our caller's group
         else:
             os.write(master, b"kill -TSTP %1\n")
-        wait_for(lambda: proc_state(command) == "T", 20, "the command to stop")
+        wait_for(lambda: pw.state(command) == "T", 20, "the command to stop")
         typed.touch()
         if how == "kill -TSTP %1 after bg":  # told of at the prompt after the job's stop
             keeper = _caller_group(command)  # (the job's leader)
-            wait_for(lambda: proc_state(keeper) == "T", 20, "the job to stop")
+            wait_for(lambda: pw.state(keeper) == "T", 20, "the job to stop")
             os.write(master, b"jobs\n")
         _read_until(master, b"Stopped")
         hold.unlink(missing_ok=True)
@@ -675,12 +660,12 @@ def test_a_run_started_in_the_background_gets_the_terminal_on_fg(
         if reads == "before fg":
             let_through(go)
             reader = int(pgid.read_text())
-            wait_for(lambda: proc_state(reader) == "T", 20, "the command to stop at its read")
+            wait_for(lambda: pw.state(reader) == "T", 20, "the command to stop at its read")
             # ... and the job with it, as a user sees before typing `fg` (bash says so at
             # its next prompt). A `fg` typed within the moment between would find the job
             # running, and the stop that follows would stop it again.
             keeper = _caller_group(reader)
-            wait_for(lambda: proc_state(keeper) == "T", 20, "the job to stop")
+            wait_for(lambda: pw.state(keeper) == "T", 20, "the job to stop")
         os.write(master, b"fg\n")
         _in_the_foreground(master, pgid)  # before, our caller's group kept it
         if reads == "after fg":

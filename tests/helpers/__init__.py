@@ -436,14 +436,6 @@ def let_through(fifo: Path) -> None:
     wait_for(opened, 20, "the job to wait at its gate")
 
 
-def proc_state(pid: int) -> str:
-    """A process's state letter from /proc (T: stopped), or "gone"."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return "gone"
-
-
 # A shell with job control, as small as it gets: it runs ``sys.argv[2:]`` as a job (a process
 # group of its own, given the terminal), writes the job's pid to ``sys.argv[1]``, and exits
 # with its status. A run needs one to be stopped by Ctrl-Z: the terminal's stop signals are
