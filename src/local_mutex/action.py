@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 
-from .action_inputs import INPUT_PREFIX, ActionInputs, in_input_words
+from .action_inputs import INPUT_PREFIX, ActionInputs, input_words
 from .backends import Ending, open_backend
 from .errors import EXIT_IOERR, Interrupted, LocalMutexError, NotAcquired, ValidationError
 from .identity import ENV_GIT_TOKEN, utc_stamp
@@ -246,13 +246,6 @@ def _check(inputs: ActionInputs, step: _Step, backend: Backend) -> int:
     return 0
 
 
-class _InputsReporter(Reporter):
-    """The run's errors and warnings name the inputs, not the CLI's options."""
-
-    def write(self, text: str, kind: str | None = None) -> None:
-        super().write(in_input_words(text) if kind in ("error", "warning") else text, kind)
-
-
 def _why(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 
@@ -260,9 +253,10 @@ def _why(exc: OSError) -> str:
 def main(env: Mapping[str, str] | None = None) -> int:
     env_d = dict(os.environ if env is None else env)
     annotations = env_d.get(INPUT_PREFIX + "ANNOTATIONS", "").strip().lower()
-    reporter = _InputsReporter(
+    reporter = Reporter(
         nested=bool(env_d.get(ENV_HELD)),
         annotations=annotations if annotations in ANNOTATIONS else "always",
+        words=input_words(env_d),  # errors and warnings name the inputs, not the options
     )
     step = _Step(env_d, reporter)
     label = env_d.get(INPUT_PREFIX + "NAME", "")

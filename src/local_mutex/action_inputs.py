@@ -37,8 +37,8 @@ _REMOTE_LEFT_OUT = "$LOCAL_MUTEX_REMOTE"
 
 
 # The CLI's options that are inputs by another name, or by the same name without dashes: an
-# error or warning the run words for the CLI is shown in the inputs' words (``in_input_words``).
-_INPUT_NAMES = {
+# error or warning the run words for the CLI names the inputs (``Reporter.words``).
+INPUT_WORDS = {
     "message": "message",
     "remote": "remote",
     "reentrant": "reentrant",
@@ -50,12 +50,10 @@ _INPUT_NAMES = {
 }
 
 
-def in_input_words(text: str) -> str:
-    """``--message is too long`` as the action says it: ``message is too long``."""
-    import re
-
-    options = "|".join(re.escape(option) for option in _INPUT_NAMES)
-    return re.sub(rf"(?<![\w-])--({options})(?![\w-])", lambda m: _INPUT_NAMES[m.group(1)], text)
+def input_words(env: Mapping[str, str]) -> dict[str, str]:
+    """``INPUT_WORDS``; with the remote input left out, an address is $LOCAL_MUTEX_REMOTE's."""
+    left_out = env.get(INPUT_PREFIX + "REMOTE", _REMOTE_LEFT_OUT) == _REMOTE_LEFT_OUT
+    return {**INPUT_WORDS, "remote": _REMOTE_LEFT_OUT if left_out else "remote"}
 
 
 class ActionInputs:

@@ -676,6 +676,15 @@ def test_the_action_names_its_inputs_in_errors(
     assert (tmp_path / "ran").exists() == (kind == "warning")
 
 
+def test_the_action_names_a_job_wide_address_as_the_variable(tmp_path: Path) -> None:
+    """No remote input: the address the error is about is $LOCAL_MUTEX_REMOTE's."""
+    inputs = {"NAME": "words", "RUN": f"touch '{tmp_path}/ran'", "LOCK_DIR": ""}
+    r = _action(tmp_path, inputs, {"LOCAL_MUTEX_REMOTE": "garbage"})
+    said = "::error::local-mutex: $LOCAL_MUTEX_REMOTE 'garbage' is not a lock address"
+    assert said in r.stderr and "remote 'garbage'" not in r.stderr, r.stderr
+    assert r.returncode == 2 and not (tmp_path / "ran").exists()
+
+
 @pytest.mark.parametrize(("command", "status"), [("exit 3", 3), ("true", 74)])
 def test_outputs_that_cannot_be_written_are_an_error_not_a_traceback(
     tmp_path: Path, command: str, status: int

@@ -573,6 +573,16 @@ def test_remote_self_outside_actions_is_a_clear_error(lock_dir: Path, tmp_path: 
     assert r.returncode == 2, err
     assert "--remote self" in err and "GITHUB_SERVER_URL" in err and "GITHUB_REPOSITORY" in err
     assert not (tmp_path / "ran").exists()
+    r = subprocess.run(
+        [*CLI, "selfish", f"touch '{tmp_path}/ran'"],
+        env={**base, "LOCAL_MUTEX_REMOTE": "self"},
+        capture_output=True,
+        timeout=60,
+    )
+    err = r.stderr.decode()
+    assert r.returncode == 2, err
+    assert "$LOCAL_MUTEX_REMOTE self means" in err and "--remote" not in err, err
+    assert not (tmp_path / "ran").exists()
 
 
 @pytest.mark.timeout(180)

@@ -191,9 +191,12 @@ def test_an_address_that_is_not_one_is_refused(address: str, verb: str, tmp_path
     for form in ("https://", "ssh://", "file:///path", "user@host:path", "self", "postgresql://"):
         assert form in line
     assert not (tmp_path / "ran").exists()
-    # The same from the environment.
+    # The same from the environment, named as the user gave it.
     r = run_cli(args[:1] + args[3:], env={"LOCAL_MUTEX_REMOTE": address}, cwd=tmp_path)
-    assert r.returncode == 2 and b"is not a lock address" in r.stderr
+    assert r.returncode == 2, r.stderr
+    line = r.stderr.decode()
+    assert f"$LOCAL_MUTEX_REMOTE '{address}' is not a lock address" in line, line
+    assert "--remote" not in line
 
 
 @pytest.mark.parametrize(
@@ -209,6 +212,12 @@ def test_a_password_in_a_git_url_is_never_shown(verb: list[str]) -> None:
     assert "TOPSECRET99" not in out and "Traceback" not in out, out
     assert "http://user:***@127.0.0.1:1/locks.git" in out, out
     assert "the --remote URL holds a password" in r.stderr.decode()
+    # From the environment (a job-wide setting, or an enclosing run's): named so.
+    r = run_cli(verb, env={"LOCAL_MUTEX_REMOTE": url}, timeout=60)
+    assert r.returncode in (3, 69), r.stderr
+    assert "TOPSECRET99" not in (r.stdout + r.stderr).decode()
+    assert "the $LOCAL_MUTEX_REMOTE URL holds a password" in r.stderr.decode(), r.stderr
+    assert "--remote" not in r.stderr.decode()
 
 
 @pytest.mark.parametrize("token", ["t0ken", ""], ids=["with-a-token", "without"])

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from local_mutex.action_inputs import INPUT_PREFIX, ActionInputs, boolean, in_input_words, seconds
+from local_mutex.action_inputs import INPUT_PREFIX, ActionInputs, boolean, input_words, seconds
 from local_mutex.errors import ValidationError
+from local_mutex.ui.lines import in_words
 
 # The mode an input is used by, where run does not use it (others are refused: below).
 MODE_OF = {"ttl_seconds": "hold", "token": "release", "force": "release"}
@@ -394,4 +395,13 @@ def test_slots_and_shared_are_refused_in_the_inputs_words() -> None:
     ],
 )
 def test_errors_in_input_words(cli: str, action: str) -> None:
-    assert in_input_words(cli) == action
+    assert in_words(cli, input_words({INPUT_PREFIX + "REMOTE": "r"})) == action
+
+
+def test_an_address_from_the_environment_is_named_so() -> None:
+    """The remote input left out: the address is $LOCAL_MUTEX_REMOTE's, not the input's."""
+    words = input_words({"LOCAL_MUTEX_REMOTE": "x"})
+    assert in_words("--remote 'x' is not a lock address", words) == (
+        "$LOCAL_MUTEX_REMOTE 'x' is not a lock address"
+    )
+    assert in_words("--message is too long", words) == "message is too long"

@@ -76,6 +76,11 @@ def remote_address(explicit: str | None, env: Mapping[str, str]) -> str | None:
     return value.strip() or None
 
 
+def remote_from_env(explicit: str | None, env: Mapping[str, str]) -> bool:
+    """The address is $LOCAL_MUTEX_REMOTE's: what is wrong with it should name that."""
+    return explicit is None and remote_address(None, env) is not None
+
+
 def given_remote(explicit: str | None, env: Mapping[str, str], what: str) -> str | None:
     """``remote_address``, with an explicit empty ``what`` (``--remote "$REMOTE"`` with the
     variable unset) refused: quietly locking on this machine instead would lose the

@@ -3,9 +3,9 @@ fast path and the action call the same functions. What they share lives here."""
 
 from __future__ import annotations
 
-from ..backends import given_remote, open_backend
+from ..backends import given_remote, open_backend, remote_from_env
 from ..errors import LocalMutexError, Unsupported
-from ..nesting import ENV_HELD
+from ..nesting import ENV_HELD, ENV_REMOTE
 from ..ui.lines import Reporter
 
 TYPE_CHECKING = False
@@ -23,6 +23,7 @@ def reporter_for(parsed: Parsed, env: Mapping[str, str], **options: object) -> R
     return Reporter(
         nested=bool(env.get(ENV_HELD)),
         quiet=parsed.flag("quiet"),
+        words={"remote": f"${ENV_REMOTE}"} if remote_from_env(parsed.text("remote"), env) else None,
         **options,  # type: ignore[arg-type]
     )
 

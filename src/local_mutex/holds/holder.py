@@ -145,12 +145,13 @@ def _waiting_lines(settings: Any) -> Reporter | None:
     how long we waited) are ``hold``'s, as a run's are its own; the rest is ``hold``'s to say."""
     if not isinstance(settings, dict):
         return None
-    annotations = settings.get("annotations")
+    annotations, words = settings.get("annotations"), settings.get("words")
     return Reporter(
         actions=settings.get("actions") is True,
         quiet=settings.get("quiet") is True,
         only_contended=settings.get("only_contended") is not False,
         annotations=annotations if isinstance(annotations, str) else "never",
+        words=words if isinstance(words, dict) else None,
     )
 
 

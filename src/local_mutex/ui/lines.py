@@ -48,6 +48,15 @@ def progress_interval(env: Mapping[str, str], reporter: Reporter | None = None) 
     return DEFAULT_PROGRESS
 
 
+def in_words(text: str, words: Mapping[str, str]) -> str:
+    """``--remote 'x' is not a lock address`` with ``{"remote": "$LOCAL_MUTEX_REMOTE"}``:
+    ``$LOCAL_MUTEX_REMOTE 'x' is not a lock address``. Whole options only."""
+    import re
+
+    options = "|".join(re.escape(option) for option in words)
+    return re.sub(rf"(?<![\w-])--({options})(?![\w-])", lambda m: words[m.group(1)], text)
+
+
 def duration(seconds: float) -> str:
     if seconds < 60:
         return f"{seconds:.1f}s"
@@ -174,8 +183,12 @@ class Reporter:
         quiet: bool = False,
         only_contended: bool = False,
         annotations: str = "always",
+        words: Mapping[str, str] | None = None,
     ) -> None:
         self.stream = stream
+        # Options whose value came from elsewhere, as errors and warnings should name them
+        # (``in_words``): the action's inputs, or $LOCAL_MUTEX_REMOTE for --remote.
+        self.words = dict(words or {})
         # For batches: only lines about waits and failures, never the routine bookends.
         self.only_contended = only_contended
         if actions is None:
@@ -191,6 +204,7 @@ class Reporter:
             "quiet": self.quiet,
             "annotations": self.annotations,
             "only_contended": self.only_contended,
+            "words": self.words,
         }
 
     def waiting_only(self) -> Reporter:
@@ -201,6 +215,8 @@ class Reporter:
     def write(self, text: str, kind: str | None = None) -> None:
         """One line; ``kind`` is 'notice', 'warning' or 'error' (a workflow command under
         Actions: errors and warnings always, notices as ``annotations`` says)."""
+        if self.words and kind in ("error", "warning"):
+            text = in_words(text, self.words)
         text = printable(text)
         if self.actions and kind in ("error", "warning"):
             line = f"::{kind}::{_escape_data(PREFIX + text)}\n"
