@@ -867,3 +867,11 @@ def test_what_a_refusal_repeats_of_the_line_holds_no_secret() -> None:
     said.append(refused(RUN, ["--remote", url, "n", "echo", "hi"]))
     assert "u:***@example.com" in said[-1]
     assert not [s for s in said if "s3cret" in s or token in s], said
+
+
+def test_the_remote_help_names_every_address_form_the_check_takes() -> None:
+    from local_mutex.backends import ADDRESSES, GIT_SCHEMES, POSTGRES_SCHEMES
+
+    (remote,) = [o for o in OPTIONS if "--remote" in o.flags]
+    for scheme in (*GIT_SCHEMES, POSTGRES_SCHEMES[0], "user@host:path", "self"):
+        assert scheme in remote.help and scheme.rstrip("/") in ADDRESSES, scheme

@@ -33,7 +33,8 @@ Lock files live in LOCK_DIR or --lock-dir, else $LOCAL_MUTEX_LOCK_DIR, else /tmp
 --remote locks on a git remote or a PostgreSQL database instead.
 
 \b
-Exit status: the command's own (128+N when killed by signal N); 2 bad usage or
+Exit status: the command's own (128+N when killed by signal N; also when
+local-mutex is stopped by signal N before the command started); 2 bad usage or
 input; 3 status/list cannot tell; 69 remote unavailable or lock lost mid-run; 70
 the supervisor failed mid-run; 74 holder record or answer not written; 75 lock not
 acquired in time; 77 release refused; 124/137 run ceiling hit; 125 the command

@@ -152,8 +152,8 @@ OPTIONS = (
         "remote",
         "text",
         EVERY,
-        "Lock on a git remote (an https/ssh/file "
-        "URL, or `self`: this GitHub repository) or a PostgreSQL database "
+        "Lock on a git remote (https://, http://, ssh://, git://, file:///path, "
+        "user@host:path, or `self`: this GitHub repository) or a PostgreSQL database "
         "(postgresql://...) instead of this machine; also $LOCAL_MUTEX_REMOTE.",
         metavar="URL",
     ),
