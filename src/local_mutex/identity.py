@@ -32,7 +32,9 @@ def new_token() -> str:
 
 
 def token_hash(token: str) -> str:
-    return digest(token.encode())
+    # Ours are hex; one from the environment may hold any bytes (as str, surrogate-escaped):
+    # hashed as the bytes given, it is simply not the hold's.
+    return digest(token.encode("utf-8", "surrogateescape"))
 
 
 def job_identity(env: Mapping[str, str]) -> dict[str, str] | None:

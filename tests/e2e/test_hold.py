@@ -178,6 +178,27 @@ def test_release_is_for_this_job_or_its_token(lock_dir: Path, cleanup: list[str]
     assert r.returncode == 77  # an old token does not fit a new hold
 
 
+def test_a_token_that_is_not_utf8_is_simply_not_the_holds(
+    lock_dir: Path, cleanup: list[str]
+) -> None:
+    """A token from the environment or the command line may hold any bytes: it matches no
+    hold (77; for a run inside one, it waits as a stranger), never a traceback."""
+    cleanup.append("t8")
+    _hold("t8", lock_dir)
+    odd = "\udcff\udcfe"  # the bytes 0xff 0xfe, as Python carries them in a str
+    where = ["--lock-dir", str(lock_dir)]
+    r = run_cli(["release", "t8", *where], env={"LOCAL_MUTEX_HOLD_TOKEN": odd})
+    assert r.returncode == 77 and b"belongs to another job" in r.stderr, r.stderr
+    r = run_cli(["release", "t8", *where, "--token", "a" + odd])
+    assert r.returncode == 77 and b"Traceback" not in r.stderr, r.stderr
+    r = run_cli(
+        ["--wait", "0.5", "--reentrant", *where, "t8", "echo ran"],
+        env={"LOCAL_MUTEX_HOLD_TOKEN": odd},
+    )
+    assert r.returncode == 75 and r.stdout == b"" and b"Traceback" not in r.stderr, r.stderr
+    assert not _free("t8", lock_dir)
+
+
 def test_release_never_touches_a_running_command(procs: Procs, lock_dir: Path, marks: Path) -> None:
     runner = procs.start(["busy", hold_until(marks), str(lock_dir)])
     wait_for(marks / "h.held")
