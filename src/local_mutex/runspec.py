@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .errors import InvalidCommand, LockLost, NestingError, ValidationError
 from .names import encoded, shell_quote, validate_command
+from .supervise.spec import shell_argv
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ class Command:
                 )
             self.text = validate_command(command)
             passable("the command", command)
-            self.argv = ["sh", "-c", command]
+            self.argv = shell_argv(command)
 
 
 def passable(what: str, text: str, error: type[ValidationError] = InvalidCommand) -> None:

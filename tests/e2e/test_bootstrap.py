@@ -676,6 +676,13 @@ def test_the_action_names_its_inputs_in_errors(
     assert (tmp_path / "ran").exists() == (kind == "warning")
 
 
+def test_the_actions_run_may_start_with_a_dash(tmp_path: Path) -> None:
+    """run: -x ...: a command for sh, not sh's options ("Illegal option")."""
+    r = _action(tmp_path, {"NAME": "dash", "RUN": f"-x; touch '{tmp_path}/ran'"}, {})
+    assert r.returncode == 0 and (tmp_path / "ran").exists(), r.stderr
+    assert "llegal option" not in r.stderr
+
+
 def test_the_action_names_a_job_wide_address_as_the_variable(tmp_path: Path) -> None:
     """No remote input: the address the error is about is $LOCAL_MUTEX_REMOTE's."""
     inputs = {"NAME": "words", "RUN": f"touch '{tmp_path}/ran'", "LOCK_DIR": ""}

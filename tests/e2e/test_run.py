@@ -26,6 +26,22 @@ def test_command_killed_by_signal_gives_128_plus_n(lock_dir: Path) -> None:
     assert r.returncode == 143
 
 
+@pytest.mark.parametrize("command", ["+e; echo ran", "-x; echo ran"])
+def test_a_command_starting_with_a_dash_or_plus_is_a_command_not_shell_options(
+    lock_dir: Path, command: str
+) -> None:
+    """sh -c would read "-x; ..." as its own options ("Illegal option"). (The CLI takes a
+    word that starts with a dash for an option of its own: the API and the action only.)"""
+    if command.startswith("+"):
+        r = run_cli(["run", "--lock-dir", str(lock_dir), "n", command])
+        assert r.returncode == 0 and r.stdout == b"ran\n", r.stderr
+        assert b"not found" in r.stderr and b"llegal option" not in r.stderr, r.stderr
+    import local_mutex
+
+    result = local_mutex.run("n", command=f"{command} >/dev/null", lock_dir=str(lock_dir))
+    assert result.status == 0
+
+
 def test_stdout_and_stderr_are_separate_and_untouched(lock_dir: Path) -> None:
     r = run_cli(["n", "printf 'out\\n\\001raw'; printf 'err-line\\n' >&2", str(lock_dir)])
     assert r.stdout == b"out\n\x01raw"

@@ -34,7 +34,13 @@ class Spec:
 
     @classmethod
     def shell(cls, command: str, env: Mapping[str, str], **options: object) -> Spec:
-        return cls(["sh", "-c", command], env, **options)  # type: ignore[arg-type]
+        return cls(shell_argv(command), env, **options)  # type: ignore[arg-type]
+
+
+def shell_argv(command: str) -> list[str]:
+    """``sh -c COMMAND``; one that starts with - or + after ``--``, or sh would take it for
+    its own options (``-v echo hi``: "Illegal option")."""
+    return ["sh", "-c", "--", command] if command.startswith(("-", "+")) else ["sh", "-c", command]
 
 
 def find_program(spec: Spec) -> str:
