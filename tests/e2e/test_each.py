@@ -25,7 +25,7 @@ from helpers import (
     wait_for,
 )
 from helpers import procwatch as pw
-from local_mutex.commands.each import read_items
+from local_mutex.commands.each import MAX_ITEM, SHOWN, TooLong, read_items
 from local_mutex.names import display
 
 # Over Linux's 128 KiB cap on one environment string, and macOS's 1 MiB for all of them:
@@ -371,23 +371,25 @@ def test_an_item_not_acquired_is_not_counted_as_run(
 
 
 def test_an_item_too_big_for_the_environment_fails_alone(lock_dir: Path, tmp_path: Path) -> None:
-    """E2BIG is the item's own failure: with --keep-going the next item (same lock) still
-    runs; without, the batch stops there. The item is named, but cut short."""
+    """An item longer than $LOCAL_MUTEX_ITEM can carry is refused before its lock (it was
+    E2BIG, exit 125, once the lock was taken): with --keep-going the next item (same lock)
+    still runs, the longest that fits too; without, the batch stops there. The item is
+    named, but cut short."""
     out = tmp_path / "out"
-    cmd = f'echo "$LOCAL_MUTEX_ITEM" >> "{out}"'
-    items = b"x" * TOO_BIG + b"\nsmall\n"
+    cmd = f'echo "${{#LOCAL_MUTEX_ITEM}}" >> "{out}"'
+    items = b"x" * TOO_BIG + b"\nsmall\n" + b"b" * MAX_ITEM + b"\n"
     r = run_cli(["each", "-k", "--lock-dir", str(lock_dir), "k", cmd], input=items)
     assert r.returncode == 1, r.stderr[-2000:]
-    assert out.read_text() == "small\n"
+    assert out.read_text() == f"5\n{MAX_ITEM}\n"
     err = r.stderr.decode()
     assert len(err) < 2000, "a huge item was quoted whole"
-    line = next(x for x in err.splitlines() if "cannot start the command" in x)
+    line = next(x for x in err.splitlines() if "can hold" in x)
     assert line.startswith("local-mutex: item 'xxx") and f"({TOO_BIG} bytes)" in line
-    assert "Argument list too long" in line
-    assert "1 item ran, 1 could not run, 1 failed (first: 'xxx" in err and "exit 125) in" in err
+    assert line.endswith(f"it is longer than $LOCAL_MUTEX_ITEM can hold ({MAX_ITEM} bytes)")
+    assert "2 items ran, 1 could not run, 1 failed (first: 'xxx" in err and "exit 2) in" in err
     out.unlink()
     r = run_cli(["each", "--lock-dir", str(lock_dir), "k", cmd], input=items)
-    assert r.returncode == 125, r.stderr[-2000:]
+    assert r.returncode == 2, r.stderr[-2000:]
     assert not out.exists()
     assert "0 items ran, 1 could not run, 1 failed" in r.stderr.decode()
 
@@ -446,11 +448,37 @@ def test_an_item_is_yielded_once_its_separator_arrives() -> None:
 
 @pytest.mark.parametrize("null", [False, True])
 def test_items_of_several_megabytes(null: bool) -> None:
+    """More than $LOCAL_MUTEX_ITEM can carry: known by their start and length."""
     sep = b"\0" if null else b"\n"
     data = b"x" * 5_000_000 + sep + b"next" + sep + b"y" * 3_000_001
     items = list(read_items(io.BytesIO(data), null=null))
-    assert [len(x) for x in items] == [5_000_000, 4, 3_000_001]
-    assert items == split_items(data, null=null)
+    assert items == ["x" * SHOWN, "next", "y" * SHOWN]
+    assert [getattr(x, "length", None) for x in items] == [5_000_000, None, 3_000_001]
+    edge = b"z" * MAX_ITEM + sep + b"w" * (MAX_ITEM + 1)
+    items = list(read_items(io.BytesIO(edge), null=null))
+    assert items[0] == "z" * MAX_ITEM and not isinstance(items[0], TooLong)
+    assert isinstance(items[1], TooLong) and items[1].length == MAX_ITEM + 1
+
+
+def test_an_endless_line_does_not_fill_memory() -> None:
+    """`each ... < /dev/zero` grew by a gigabyte every second, saying nothing."""
+    import tracemalloc
+
+    class Endless(io.RawIOBase):
+        left = 3200  # 200 MB in 64 KiB reads, no separator, then one short item
+
+        def read1(self, size: int) -> bytes:
+            self.left -= 1
+            return b"\0" * 65536 if self.left > 0 else (b"\nok\n" if self.left == 0 else b"")
+
+    tracemalloc.start()
+    try:
+        items = list(read_items(Endless(), null=False))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [getattr(x, "length", None) for x in items] == [3199 * 65536, None]
+    assert items[1] == "ok" and peak < 2 * MAX_ITEM + (1 << 20), peak
 
 
 def test_an_item_with_a_nul_byte_is_refused_before_its_lock(lock_dir: Path) -> None:

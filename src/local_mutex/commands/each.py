@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 ENV_ITEM = "LOCAL_MUTEX_ITEM"
 MAX_EXIT = 125
 SHOWN = 80  # characters of an item a log line quotes: an item may be megabytes long
+# The longest item $LOCAL_MUTEX_ITEM can carry: Linux takes no environment string (with its
+# name, "=" and NUL) over 128 KiB.
+MAX_ITEM = 128 * 1024 - len(ENV_ITEM) - 2
 
 
 def parse_template(template: str) -> list[str | None]:
@@ -98,25 +101,51 @@ def read_items(stream: object, *, null: bool) -> Iterator[str]:
     """Items from a binary stream: lines (or NUL-separated), empty ones skipped.
 
     Each item is yielded as soon as its separator arrives. Only the new chunk is searched
-    for separators: an item longer than a chunk is gathered in pieces, joined once.
+    for separators: an item longer than a chunk is gathered in pieces, joined once. One
+    longer than ``MAX_ITEM`` is kept only in part (an endless line must not fill memory),
+    and yielded as a ``TooLong``.
     """
     sep = b"\0" if null else b"\n"
     read = getattr(stream, "read1", None) or stream.read  # type: ignore[attr-defined]
     pending: list[bytes] = []  # the item being read, no separator in it yet
+    size = 0  # its length so far
     while True:
         chunk = read(65536)
         if not chunk:
             break
         if sep not in chunk:
-            pending.append(chunk)
+            size += len(chunk)
+            if size <= MAX_ITEM:
+                pending.append(chunk)
+            elif size - len(chunk) <= MAX_ITEM:
+                pending = [b"".join(pending)[:SHOWN]]
             continue
         first, *items, last = chunk.split(sep)
         pending.append(first)
-        yield from _item(b"".join(pending), null)
+        yield from _item(pending, size + len(first), null)
         for raw in items:
-            yield from _item(raw, null)
-        pending = [last]
-    yield from _item(b"".join(pending), null)
+            yield from _item([raw], len(raw), null)
+        pending, size = [last], len(last)
+    yield from _item(pending, size, null)
+
+
+class TooLong(str):
+    """An item longer than ``MAX_ITEM``: its start, and its length in bytes."""
+
+    length = 0
+
+
+def _item(parts: list[bytes], size: int, null: bool) -> Iterator[str]:
+    if size > MAX_ITEM:
+        too_long = TooLong(display(b"".join(parts)[:SHOWN]))
+        too_long.length = size
+        yield too_long
+        return
+    raw = b"".join(parts)
+    if not null and raw.endswith(b"\r"):
+        raw = raw[:-1]
+    if raw:
+        yield display(raw)
 
 
 class StdinItems:
@@ -147,15 +176,10 @@ class StdinItems:
                 raise ItemsUnreadable(f"cannot read items from stdin: {exc.strerror}") from None
 
 
-def _item(raw: bytes, null: bool) -> Iterator[str]:
-    if not null and raw.endswith(b"\r"):
-        raw = raw[:-1]
-    if raw:
-        yield display(raw)
-
-
 def named(item: str) -> str:
     """The item as a log line quotes it: its repr, cut short when long."""
+    if isinstance(item, TooLong):
+        return f"{item!r}... ({item.length} bytes)"
     if len(item) <= SHOWN:
         return repr(item)
     return f"{item[:SHOWN]!r}... ({len(name_bytes(item))} bytes)"
@@ -211,6 +235,10 @@ def run_each(
             try:
                 if "\0" in item:  # before its lock is taken: no environment variable holds one
                     raise ValidationError(f"it holds a NUL byte, which ${ENV_ITEM} cannot")
+                if isinstance(item, TooLong):
+                    raise ValidationError(
+                        f"it is longer than ${ENV_ITEM} can hold ({MAX_ITEM} bytes)"
+                    )
                 run = run_locked(
                     backend,
                     name_bytes(expand(parts, item)),
