@@ -1536,6 +1536,9 @@ def test_cli_bad_addresses(pg: PgServer, tmp_path: Path) -> None:
         (pg.url + "?sslmode=require", {}, "SSL was required"),
         (pg.url, {"PGSSLMODE": "verify-full"}, "SSL was required"),
         (pg.url, {"PGCONNECT_TIMEOUT": "abc"}, "connect_timeout"),
+        (pg.url + "?sslmode=bogus", {}, 'invalid sslmode value: "bogus"'),
+        (pg.url + "?target_session_attrs=x", {}, 'invalid target_session_attrs value: "x"'),
+        (pg.url, {"PGGSSENCMODE": "x"}, 'invalid gssencmode value: "x"'),
     ]:
         r = _cli(pg, "run", "--remote", url, "n", f"touch {ran}", env=extra)
         assert r.returncode == 2 and said in r.stderr, (extra, r.stderr)

@@ -429,6 +429,8 @@ def test_branch_for_refuses_a_name_that_is_not_utf8() -> None:
         "host:locks.git",
         "[::1]:locks.git",
         "git@[::1]:locks.git",
+        "https://user:token@[::1]:8443/locks.git",
+        "file:///srv/my locks.git",
     ],
 )
 def test_documented_git_addresses(address: str) -> None:
@@ -452,6 +454,12 @@ def test_documented_git_addresses(address: str) -> None:
         "host:",
         "a/b:c",
         "my host:path",
+        "https:// 127.0.0.1/x",
+        "https:///x",
+        "ssh://-oProxyCommand=x/y",
+        "ssh://git@-oProxyCommand=x/y",
+        "-oProxyCommand=touch:x",
+        "git@-oProxy:x",
     ],
 )
 def test_other_addresses_are_refused(address: str) -> None:
@@ -571,3 +579,12 @@ def test_a_git_process_killed_by_a_signal_says_which() -> None:
     assert ended(killed.returncode) == "killed by SIGPIPE"
     assert ended(1) == "exit 1"
     assert ended(-200) == "killed by signal 200"
+
+
+@pytest.mark.parametrize(
+    "address", ["https://h/x\nfoo", "postgresql://h/db\r", "git@h:x\tz", "file:///a\x7f"]
+)
+def test_an_address_with_a_control_character_is_refused(address: str) -> None:
+    with pytest.raises(BadAddress, match="holds a control character") as info:
+        check_address(address)
+    assert info.value.exit_code == 2

@@ -101,7 +101,13 @@ def is_git_address(remote: str) -> bool:
     if remote == "self":
         return True
     if remote.startswith(GIT_SCHEMES):
-        return bool(remote.partition("://")[2].strip("/"))
+        rest = remote.partition("://")[2]
+        host = rest.partition("/")[0].rpartition("@")[2]
+        # No host is blank, holds a space or starts with '-' (ssh would take it for an
+        # option); file:// has none, its path may hold spaces.
+        return bool(rest.strip("/")) and (
+            remote.startswith("file://") or (bool(host) and not _odd_host(host))
+        )
     # ``[user@]host:path``; an IPv6 host is bracketed: ``[::1]:path``, ``user@[::1]:path``
     split = "]:" if remote.startswith("[") or "@[" in remote else ":"
     host, colon, path = remote.partition(split)
@@ -111,15 +117,26 @@ def is_git_address(remote: str) -> bool:
         and path
         and "/" not in host
         and not path.startswith(("//", ":"))  # a mistyped scheme; ``helper::address``
-        and not any(c.isspace() for c in host)
+        and not _odd_host(host.rpartition("@")[2])
     )
+
+
+def _odd_host(host: str) -> bool:
+    return host.startswith("-") or any(c.isspace() for c in host)
 
 
 def check_address(remote: str) -> None:
     """BadAddress unless ``remote`` is an address some backend is documented to take."""
+    from ..errors import BadAddress
+
+    bad = next((c for c in remote if c < " " or c == "\x7f"), None)
+    if bad is not None:  # a newline pasted along: no form holds one
+        raise BadAddress(
+            f"--remote {remote!r} holds a control character (0x{ord(bad):02X}); "
+            "no lock address does"
+        )
     if remote.startswith(POSTGRES_SCHEMES) or is_git_address(remote):
         return
-    from ..errors import BadAddress
 
     hint = " (a local path? give it as file:///path)" if remote.startswith((".", "/")) else ""
     raise BadAddress(f"--remote {remote!r} is not a lock address{hint}: give {ADDRESSES}")

@@ -43,7 +43,7 @@ _BAD_ADDRESS = (
     "invalid connection option",
     "invalid uri",
     "invalid integer value",
-    "invalid sslmode",
+    ' value: "',  # libpq's "invalid sslmode value: "x"" (target_session_attrs, gssencmode, ...)
     'missing "="',
     "end of string reached",
     "unexpected spaces",
