@@ -10,6 +10,7 @@ CLI's verbs.
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 from .action_inputs import INPUT_PREFIX, ActionInputs, input_words
@@ -99,21 +100,28 @@ def _run(inputs: ActionInputs, step: _Step, backend: Backend) -> int:
     step.outputs["output-file"] = capture
     child = step.plain_env()
     child["GITHUB_OUTPUT"] = capture
-    result = run_locked(
-        backend,
-        inputs.name,
-        Command(inputs.command),
-        Options(
-            wait=inputs.wait,
-            timeout=inputs.timeout,
-            shared=inputs.shared,
-            slots=inputs.slots,
-            reentrant=inputs.reentrant,
-            message=inputs.message,
-        ),
-        env=child,
-        reporter=step.reporter,
-    )
+    try:
+        result = run_locked(
+            backend,
+            inputs.name,
+            Command(inputs.command),
+            Options(
+                wait=inputs.wait,
+                timeout=inputs.timeout,
+                shared=inputs.shared,
+                slots=inputs.slots,
+                reentrant=inputs.reentrant,
+                message=inputs.message,
+            ),
+            env=child,
+            reporter=step.reporter,
+        )
+    except BaseException:
+        # Refused, not acquired, stopped while waiting: no output of the command's to keep
+        # (an empty file), and none to leave in a /tmp that nobody empties.
+        if github.discard_if_empty(capture):
+            del step.outputs["output-file"]
+        raise
     step.outputs.update(
         {
             "acquired": "true",
@@ -286,3 +294,7 @@ def main(env: Mapping[str, str] | None = None) -> int:
         status = reporter.failure(exc)
         step.outcome = step.outcome or ("invalid input" if status == 2 else f"exit {status}")
     return step.finish(status, label)
+
+
+if __name__ == "__main__":  # ``python -m local_mutex.action``, as the bootstrap runs main()
+    sys.exit(main())

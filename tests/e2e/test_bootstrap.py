@@ -676,6 +676,29 @@ def test_the_action_names_its_inputs_in_errors(
     assert (tmp_path / "ran").exists() == (kind == "warning")
 
 
+@pytest.mark.parametrize(
+    "inputs", [{"NAME": "", "RUN": "true"}, {"NAME": "n", "RUN": "true", "MESSAGE": "m" * 9000}]
+)
+def test_a_refused_run_leaves_no_output_file(tmp_path: Path, inputs: dict[str, str]) -> None:
+    """The command's output file is made before the run: one that never ran left it."""
+    temp, out = tmp_path / "rt", tmp_path / "out"
+    temp.mkdir()
+    out.touch()
+    r = _action(tmp_path, inputs, {"RUNNER_TEMP": str(temp), "GITHUB_OUTPUT": str(out)})
+    assert r.returncode == 2, r.stderr
+    assert list(temp.iterdir()) == [] and "output-file" not in out.read_text(), r.stderr
+    assert "acquired=false" in out.read_text()
+
+
+def test_the_action_module_runs_the_action(tmp_path: Path) -> None:
+    """``python -m local_mutex.action`` (what the bootstrap calls) did nothing, exit 0."""
+    env = clean_env({"LOCAL_MUTEX_INPUT_NAME": "", "LOCAL_MUTEX_INPUT_RUN": "true"})
+    r = subprocess.run(
+        [sys.executable, "-m", "local_mutex.action"], env=env, capture_output=True, text=True
+    )
+    assert r.returncode == 2 and "local-mutex: " in r.stderr, r.stderr
+
+
 def test_the_actions_run_may_start_with_a_dash(tmp_path: Path) -> None:
     """run: -x ...: a command for sh, not sh's options ("Illegal option")."""
     r = _action(tmp_path, {"NAME": "dash", "RUN": f"-x; touch '{tmp_path}/ran'"}, {})

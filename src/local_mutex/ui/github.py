@@ -41,6 +41,17 @@ def capture_file(env: Mapping[str, str]) -> str:
     return path
 
 
+def discard_if_empty(path: str) -> bool:
+    """Remove a ``capture_file`` nothing was written to; whether it is gone."""
+    try:
+        if os.stat(path).st_size == 0:
+            os.unlink(path)
+            return True
+    except OSError:
+        pass
+    return False
+
+
 def summary_row(name: str, waited: str, held: str, outcome: str) -> str:
     from .lines import printable
 
