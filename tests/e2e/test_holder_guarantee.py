@@ -1410,6 +1410,38 @@ def test_a_shared_newcomer_beside_a_deleted_shared_lock_leaves_the_mark(
     _let_end(holder, procs, marks)
 
 
+@pytest.mark.parametrize("second", ["stopped", "killed"])
+def test_a_file_a_shared_holder_put_back_and_let_go_still_excludes(
+    procs: Procs, lock_dir: Path, marks: Path, second: str
+) -> None:
+    """Two shared runs; the lock file deleted while the second's keeper could not look (a
+    SIGSTOP; or SIGKILL, its supervisor still ending a command deaf to SIGTERM). The first
+    put a file back -- empty: shared holders write no record -- and let it go at its end;
+    an exclusive newcomer took that empty file without asking the kernel, and ran beside
+    the second's command, which held the deleted file's lock."""
+    first = procs.start(["--shared", "sh", hold_until(marks, "s1"), str(lock_dir)])
+    wait_for(marks / "s1.held")
+    deaf = "trap '' TERM; " if second == "killed" else ""
+    other = procs.start(
+        ["--shared", "--kill-after", "30", "sh", deaf + hold_until(marks, "s2"), str(lock_dir)]
+    )
+    wait_for(marks / "s2.held")
+    path = lock_file(lock_dir, "sh")
+    os.kill(other.pid, signal.SIGSTOP if second == "stopped" else signal.SIGKILL)
+    path.unlink()
+    wait_for(lambda: _locked_file_at(path), 10, f"a locked file back at {path}")
+    (marks / "s1.go").touch()
+    assert first.wait(20) == 0, procs.stderr(first)
+    assert lock_is_free(path)  # the file put back, let go: the deleted file is still held
+    r = run_cli(["--no-wait", "sh", f"touch '{marks}/exclusive'", str(lock_dir)])
+    assert r.returncode == 75 and not (marks / "exclusive").exists(), r.stderr
+    if second == "stopped":
+        os.kill(other.pid, signal.SIGCONT)
+    (marks / "s2.go").touch()
+    r = run_cli(["--wait", "20", "sh", f"touch '{marks}/exclusive'", str(lock_dir)])
+    assert r.returncode == 0 and (marks / "exclusive").exists(), r.stderr
+
+
 @pytest.mark.parametrize("how", ["rm", "mv"])
 def test_a_nested_call_in_the_tick_after_a_deletion_runs_inside(
     procs: Procs, lock_dir: Path, marks: Path, how: str

@@ -13,7 +13,7 @@ import os
 import time
 
 from . import guardian, kernel, record
-from .lockdir import cannot_put_back, create_exclusive, file_id, refusal_for
+from .lockdir import NEW_FILE_MARK, cannot_put_back, create_exclusive, file_id, refusal_for
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -114,14 +114,18 @@ def _waited_for(lock: FlockLock) -> bool:
 
 def _take(lock: FlockLock, fd: int) -> bool:
     """Lock the file, then write our record into it: until it is there, a hold's own calls
-    (run --reentrant, release) see a lock without a hold."""
+    (run --reentrant, release) see a lock without a hold. A shared holder has no record:
+    an empty file gets the new file's mark instead, for other shared holders may hold the
+    deleted file on after we let this one go, and whoever takes it then must ask."""
     if not kernel.try_lock(fd, shared=lock.shared):
         return False
-    if lock.record is not None:
-        try:
+    try:
+        if lock.record is not None:
             record.write_record(fd, lock.record, lock.path)
-        except Exception:
-            pass
+        elif os.fstat(fd).st_size == 0:
+            os.pwrite(fd, NEW_FILE_MARK, 0)
+    except Exception:  # a full disk
+        pass
     return True
 
 
