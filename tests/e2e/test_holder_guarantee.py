@@ -623,15 +623,18 @@ def _put_back_and_kill_both(
     return supervisor
 
 
-@pytest.mark.parametrize("put_back", [False, True], ids=["plain", "after a put-back"])
+@pytest.mark.parametrize("then", ["plain", "after a put-back", "moved away after"])
 def test_a_nested_call_of_a_command_whose_keeper_and_supervisor_died_runs_inside(
-    procs: Procs, lock_dir: Path, marks: Path, put_back: bool
+    procs: Procs, lock_dir: Path, marks: Path, then: str
 ) -> None:
     """Keeper and supervisor killed together: the command holds the lock alone, and its
     own nested call of that lock (``"$LOCAL_MUTEX_CLI" NAME ...``) waited for it -- for
     itself -- for good, and the command with it: the lock was never freed. The call runs
     inside now (the lock's taker is gone; the description is its command's, and its own),
-    while anyone else is still kept out until the command ends."""
+    while anyone else is still kept out until the command ends. Also when a tmp cleaner
+    then renamed the lock file away (nobody left to put one back): its link no longer
+    names the path, its record does."""
+    put_back = then == "after a put-back"
     nested = f'"$LOCAL_MUTEX_CLI" orphan "touch {marks}/nested.ran"; echo $? > {marks}/rc'
     cmd = f"{hold_until(marks, 'a')}; {nested}; {hold_until(marks, 'b')}"
     keeper = procs.start(["orphan", cmd, str(lock_dir)])
@@ -643,6 +646,8 @@ def test_a_nested_call_of_a_command_whose_keeper_and_supervisor_died_runs_inside
         supervisor = pw.supervisor_child(keeper.pid)
         assert supervisor is not None
         _kill_both(keeper, supervisor)
+        if then == "moved away after":
+            path.rename(marks / "moved.lock")
     (marks / "a.go").touch()
     wait_for(marks / "rc", 20, "the nested call to end")
     assert (marks / "rc").read_text().strip() == "0"

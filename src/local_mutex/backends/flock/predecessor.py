@@ -213,8 +213,14 @@ def _held_through_us(lock: FlockLock, path: str) -> tuple[int, str] | None:
         if (st.st_dev, st.st_ino) != here:
             if st.st_dev != here[0] or not stat.S_ISREG(st.st_mode):
                 continue  # not a lock file of this dir's file system: no need to look
-            try:  # the file at the path, or one deleted from it (before its put-back)
-                if os.readlink(f"{PROC}/{me}/fd/{fd}") != path + " (deleted)":
+            # The file at the path, one deleted from it (before its put-back), or one moved
+            # away (its record names the path: its link, where it is now).
+            through = f"{PROC}/{me}/fd/{fd}"
+            try:
+                if (
+                    os.readlink(through) != path + " (deleted)"
+                    and record.recorded_path(through) != path
+                ):
                     continue
             except OSError:
                 continue
