@@ -1127,6 +1127,30 @@ if os.environ.get("PAUSE_SECOND_LOOK"):
 """
 
 
+@pytest.mark.timeout(60)
+def test_a_slow_cleaner_does_not_wear_out_a_waiter(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """A waiter that came while the path was empty waits for the deleted file's lock
+    holding a new file; a cleaner that deletes that one makes it start over. After 20 such
+    starts in all it gave up (exit 2, "something keeps removing lock files") however slowly
+    they came: a cleaner every quarter second wore out any waiter queued for 5 s."""
+    holder = _holding(procs, "slow", lock_dir, marks)
+    path = lock_file(lock_dir, "slow")
+    with stopped(holder.pid):  # its keeper puts no file back: the waiter's file is there
+        path.unlink()
+        waiter = procs.start(["slow", f"touch '{marks}/waiter.ran'", str(lock_dir)])
+        for _ in range(24):  # a quarter second apart at least: 4 a second, at most
+            wait_for(path.exists, 10, "the waiter's new file")
+            time.sleep(0.25)
+            path.unlink()
+        wait_for(path.exists, 10, "the waiter's new file")
+        assert waiter.poll() is None, procs.stderr(waiter)
+    _let_end(holder, procs, marks)
+    assert waiter.wait(20) == 0, procs.stderr(waiter)
+    assert (marks / "waiter.ran").exists()
+
+
 def test_a_waiter_whose_own_file_left_the_path_while_it_looked_starts_over(
     procs: Procs, lock_dir: Path, marks: Path, tmp_path: Path
 ) -> None:

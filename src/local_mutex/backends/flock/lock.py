@@ -39,8 +39,11 @@ if TYPE_CHECKING:
 
 # How often a holder looks at its lock file's path: the bound is 250 ms.
 WATCH_INTERVAL = 0.1
-# A waiter that keeps waking on replaced files gives up after this many (exit 2).
+# A waiter that keeps waking on replaced files gives up after this many within
+# ``RETRY_WINDOW`` seconds (exit 2): a cleaner deleting faster than anyone can take the lock.
+# A slower one (or a long wait behind a holder it keeps replacing) does not wear it out.
 MAX_RETRIES = 20
+RETRY_WINDOW = 2.0
 # A holder's record follows its lock within microseconds: looks for it before a holder is
 # described by its command line alone (flock(1) and other programs write none).
 _RECORD_LOOKS, _RECORD_LOOK_EVERY = 4, 0.01
@@ -166,7 +169,8 @@ class FlockLock:
         self.shared = shared
         start = time.monotonic()
         announced = False
-        for _ in range(MAX_RETRIES):
+        replaced: list[float] = []  # when we woke on a replaced file, within the window
+        while len(replaced) < MAX_RETRIES:
             remaining = None if wait is None else max(wait - (time.monotonic() - start), 0.0)
             got, announced = self._take_once(
                 shared, remaining, reporter, progress, start, announced
@@ -194,9 +198,12 @@ class FlockLock:
             self.fd, self.fresh = open_or_create(
                 self.path, allow_other_owner=self.allow_other_owner
             )
+            now = time.monotonic()
+            replaced = [t for t in replaced if now - t < RETRY_WINDOW] + [now]
         raise UnsafeLockFile(
-            f"lock file {self.path!r} was deleted or replaced {MAX_RETRIES} times while we "
-            "took it; something keeps removing lock files in that directory"
+            f"lock file {self.path!r} was deleted or replaced {MAX_RETRIES} times within "
+            f"{RETRY_WINDOW:g}s while we took it; something keeps removing lock files in "
+            "that directory"
         )
 
     def _take_once(
