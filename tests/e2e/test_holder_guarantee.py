@@ -1333,6 +1333,80 @@ def test_a_hold_whose_file_a_newcomer_took_first_goes_on_until_released(
         run_cli(["release", "mig", "--force", *d])
 
 
+# sitecustomize: a run that pauses once it opened the lock file, before it asks whether
+# the lock is its hold's (``joining.join_ours``), until ``go`` exists.
+PAUSE_BEFORE_JOINING = """
+import os, sys
+if os.environ.get("PAUSE_BEFORE_JOINING"):
+    import importlib.machinery, time
+    MODULE = "local_mutex.backends.flock.joining"  # imported as it is needed, not cached
+    marks = os.environ["PAUSE_BEFORE_JOINING"]
+
+    class Patch:
+        def find_spec(self, name, path=None, target=None):
+            if name != MODULE:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            load = spec.loader.exec_module
+
+            def exec_module(module):
+                load(module)
+                real = module.join_ours
+
+                def join_ours(*args, **kwargs):
+                    open(os.path.join(marks, "opened"), "w").close()
+                    while not os.path.exists(os.path.join(marks, "go")):
+                        time.sleep(0.01)
+                    return real(*args, **kwargs)
+
+                module.join_ours = join_ours
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, Patch())
+"""
+
+
+def test_a_reentrant_run_whose_file_was_deleted_as_it_looked_joins_its_hold(
+    procs: Procs, lock_dir: Path, marks: Path, tmp_path: Path
+) -> None:
+    """The run opened the hold's lock file; a cleaner deleted it and a newcomer took the
+    new one before the hold could put its own back. The run found no hold at the path, and
+    looked for one on files deleted from it -- all but its own, the very file the hold
+    holds: it queued behind its own hold, which the job releases only after the run."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(PAUSE_BEFORE_JOINING)
+    d = ["--lock-dir", str(lock_dir)]
+    token, holder_pid = _a_hold("rj", lock_dir)
+    path = lock_file(lock_dir, "rj")
+    try:
+        inside = procs.start(
+            ["run", "--reentrant", "--wait", "10", "rj", f"touch '{marks}/inside.ran'", *d],
+            env={
+                "PYTHONPATH": str(site),
+                "PAUSE_BEFORE_JOINING": str(marks),
+                "LOCAL_MUTEX_HOLD_TOKEN": token,
+            },
+        )
+        wait_for(marks / "opened")
+        with stopped(holder_pid):
+            path.unlink()
+            newcomer = procs.start(["--wait", "60", "rj", f"touch '{marks}/newcomer.ran'", *d])
+            procs.wait_stderr(newcomer, "waiting for that lock to end")
+        (marks / "go").touch()
+        assert inside.wait(30) == 0, procs.stderr(inside)
+        assert (marks / "inside.ran").exists() and "running inside it" in procs.stderr(inside)
+        assert newcomer.poll() is None and not (marks / "newcomer.ran").exists()
+        r = run_cli(["release", "rj", "--token", token, *d])
+        assert r.returncode == 0, r.stderr
+        assert newcomer.wait(30) == 0, procs.stderr(newcomer)
+    finally:
+        run_cli(["release", "rj", "--force", *d])
+
+
 def test_a_hold_whose_new_file_a_slow_newcomer_holds_goes_on(
     procs: Procs, lock_dir: Path, marks: Path, tmp_path: Path
 ) -> None:

@@ -144,7 +144,13 @@ def join_lost_hold(
     from .predecessor import find_hold
     from .proclocks import key_of
 
-    found = find_hold(lock.path, key_of(os.fstat(lock.fd)))
+    # The file at the path now, not ours: a cleaner may have deleted ours from it as we
+    # looked -- the very file the hold holds on.
+    try:
+        here = key_of(os.stat(lock.path, follow_symlinks=False))
+    except OSError:
+        here = None
+    found = find_hold(lock.path, here)
     rec = None if found is None else found.record()
     if found is None or rec is None or rec.get("pid") != found.pid:
         return None
