@@ -36,3 +36,22 @@ def test_a_holders_text_is_escaped_once() -> None:
     assert said == "pid 7 ('sleep 2 # \udcff\\x1b[32m', message 'm\\x1b[31mred')", ascii(said)
     assert describe_holder({"user": "0", "host": "h"}) == "user 0 (on h)"
     assert describe_holder({}) == "?"
+
+
+@pytest.mark.parametrize("kind", ["error", "warning", None])
+def test_a_line_quoting_a_huge_value_keeps_its_head_and_tail(kind: str | None) -> None:
+    """A 100 KB environment variable, a 5,000-digit --wait: quoted whole, one "line" was
+    as long as the value."""
+    import io
+
+    from local_mutex.ui.lines import Reporter
+
+    out = io.StringIO()
+    Reporter(out, actions=False).write(f"--wait '{'9' * 100_000}' is not a number", kind)
+    line = out.getvalue()
+    assert line.count("\n") == 1 and len(line) < 3100, len(line)
+    assert line.startswith("local-mutex: --wait '999") and line.endswith("' is not a number\n")
+    assert "characters]" in line
+    out = io.StringIO()
+    Reporter(out, actions=False).write("short", kind)
+    assert out.getvalue() == "local-mutex: short\n"

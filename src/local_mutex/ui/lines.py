@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 PREFIX = "local-mutex: "
 _MAX_COMMAND = 120
+_MAX_LINE = 3000  # characters of one line, whatever it quotes
 ANNOTATIONS = ("always", "waited", "never")
 ENV_PROGRESS = "LOCAL_MUTEX_PROGRESS_SECONDS"
 DEFAULT_PROGRESS = 30.0  # seconds, and at least 0.5: each line reads /proc/locks
@@ -218,6 +219,9 @@ class Reporter:
         if self.words and kind in ("error", "warning"):
             text = in_words(text, self.words)
         text = printable(text)
+        if len(text) > _MAX_LINE:  # a value quoted whole (a 100 KB variable): head and tail
+            cut = len(text) - _MAX_LINE
+            text = f"{text[: _MAX_LINE * 2 // 3]}…[{cut} characters]…{text[-_MAX_LINE // 3 :]}"
         if self.actions and kind in ("error", "warning"):
             line = f"::{kind}::{_escape_data(PREFIX + text)}\n"
         elif kind == "notice" and self.annotations != "never":
