@@ -1088,15 +1088,17 @@ def test_newcomers_across_two_deletions_neither_deadlock_nor_overlap(
     assert (marks / "first.ran").exists() and (marks / "second.ran").exists()
 
 
-# Pauses a run's Nth look for a deleted predecessor (the second: after it checked that its
-# own file is still at the path), until the test has arranged what it finds there.
-PAUSE_SECOND_LOOK = """
+# sitecustomize: a run pauses at the Nth call of a function of ours (PAUSE_CALL, "module:
+# function" of a module imported as needed, not from the plain run's cache; PAUSE_NTH), saying
+# so (``paused`` in PAUSE_MARKS) and going on once the test arranged what it is to find
+# there (``resume``).
+PAUSE_CALL = """
 import os, sys
-if os.environ.get("PAUSE_SECOND_LOOK"):
-    LOOK = int(os.environ.get("PAUSE_LOOK", "2"))
+if os.environ.get("PAUSE_CALL"):
     import importlib.machinery, time
-    MODULE = "local_mutex.backends.flock.predecessor"
-    marks = os.environ["PAUSE_SECOND_LOOK"]
+    MODULE, _, FUNCTION = os.environ["PAUSE_CALL"].partition(":")
+    NTH = int(os.environ.get("PAUSE_NTH", "1"))
+    marks = os.environ["PAUSE_MARKS"]
 
     class Patch:
         def find_spec(self, name, path=None, target=None):
@@ -1108,23 +1110,36 @@ if os.environ.get("PAUSE_SECOND_LOOK"):
 
             def exec_module(module):
                 load(module)
-                real, calls = module.find, []
+                real, calls = getattr(module, FUNCTION), []
 
-                def find(*args, **kwargs):
+                def paused(*args, **kwargs):
                     calls.append(1)
-                    if len(calls) == LOOK:
-                        open(os.path.join(marks, "first.paused"), "w").close()
-                        while not os.path.exists(os.path.join(marks, "first.look")):
+                    if len(calls) == NTH:
+                        open(os.path.join(marks, "paused"), "w").close()
+                        while not os.path.exists(os.path.join(marks, "resume")):
                             time.sleep(0.01)
                     return real(*args, **kwargs)
 
-                module.find = find
+                setattr(module, FUNCTION, paused)
 
             spec.loader.exec_module = exec_module
             return spec
 
     sys.meta_path.insert(0, Patch())
 """
+
+
+def _pausing(tmp_path: Path, marks: Path, call: str, nth: int = 1) -> dict[str, str]:
+    """The environment of a run that pauses at the ``nth`` call of ``call`` (PAUSE_CALL)."""
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(PAUSE_CALL)
+    return {
+        "PYTHONPATH": str(site),
+        "PAUSE_CALL": call,
+        "PAUSE_NTH": str(nth),
+        "PAUSE_MARKS": str(marks),
+    }
 
 
 @pytest.mark.timeout(60)
@@ -1160,25 +1175,24 @@ def test_a_waiter_whose_own_file_left_the_path_while_it_looked_starts_over(
     then took the third file's lock for a predecessor of its own: each waited for the
     other, for good (or until its --wait). A waiter now looks at the path again while it
     waits: its own file gone, it lets go and starts over."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(PAUSE_SECOND_LOOK)
+    # Its second look for a predecessor: after it checked that its own file is at the path.
+    pausing = _pausing(tmp_path, marks, "local_mutex.backends.flock.predecessor:find", nth=2)
     holder = _holding(procs, "raced", lock_dir, marks)
     path = lock_file(lock_dir, "raced")
     with stopped(holder.pid):
         path.unlink()
         first = procs.start(
             ["--wait", "60", "raced", _alone(marks, "first"), str(lock_dir)],
-            env={"PYTHONPATH": str(site), "PAUSE_SECOND_LOOK": str(marks)},
+            env=pausing,
         )
         procs.wait_stderr(first, "waiting for that lock to end")
     _let_end(holder, procs, marks)  # the first looks again: paused after its own file's check
-    wait_for(marks / "first.paused")
+    wait_for(marks / "paused")
     path.unlink()
     second = procs.start(["--wait", "60", "raced", _alone(marks, "second"), str(lock_dir)])
     procs.wait_stderr(second, "waiting for that lock to end")
     path.unlink()
-    (marks / "first.look").touch()
+    (marks / "resume").touch()
     t0 = time.monotonic()
     assert first.wait(30) == 0, procs.stderr(first)
     assert second.wait(30) == 0, procs.stderr(second)
@@ -1333,42 +1347,6 @@ def test_a_hold_whose_file_a_newcomer_took_first_goes_on_until_released(
         run_cli(["release", "mig", "--force", *d])
 
 
-# sitecustomize: a run that pauses once it opened the lock file, before it asks whether
-# the lock is its hold's (``joining.join_ours``), until ``go`` exists.
-PAUSE_BEFORE_JOINING = """
-import os, sys
-if os.environ.get("PAUSE_BEFORE_JOINING"):
-    import importlib.machinery, time
-    MODULE = "local_mutex.backends.flock.joining"  # imported as it is needed, not cached
-    marks = os.environ["PAUSE_BEFORE_JOINING"]
-
-    class Patch:
-        def find_spec(self, name, path=None, target=None):
-            if name != MODULE:
-                return None
-            sys.meta_path.remove(self)
-            spec = importlib.machinery.PathFinder.find_spec(name, path)
-            load = spec.loader.exec_module
-
-            def exec_module(module):
-                load(module)
-                real = module.join_ours
-
-                def join_ours(*args, **kwargs):
-                    open(os.path.join(marks, "opened"), "w").close()
-                    while not os.path.exists(os.path.join(marks, "go")):
-                        time.sleep(0.01)
-                    return real(*args, **kwargs)
-
-                module.join_ours = join_ours
-
-            spec.loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, Patch())
-"""
-
-
 def test_a_reentrant_run_whose_file_was_deleted_as_it_looked_joins_its_hold(
     procs: Procs, lock_dir: Path, marks: Path, tmp_path: Path
 ) -> None:
@@ -1376,27 +1354,22 @@ def test_a_reentrant_run_whose_file_was_deleted_as_it_looked_joins_its_hold(
     new one before the hold could put its own back. The run found no hold at the path, and
     looked for one on files deleted from it -- all but its own, the very file the hold
     holds: it queued behind its own hold, which the job releases only after the run."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(PAUSE_BEFORE_JOINING)
+    # Paused once it opened the lock file, before it asks whether the lock is its hold's.
+    pausing = _pausing(tmp_path, marks, "local_mutex.backends.flock.joining:join_ours")
     d = ["--lock-dir", str(lock_dir)]
     token, holder_pid = _a_hold("rj", lock_dir)
     path = lock_file(lock_dir, "rj")
     try:
         inside = procs.start(
             ["run", "--reentrant", "--wait", "10", "rj", f"touch '{marks}/inside.ran'", *d],
-            env={
-                "PYTHONPATH": str(site),
-                "PAUSE_BEFORE_JOINING": str(marks),
-                "LOCAL_MUTEX_HOLD_TOKEN": token,
-            },
+            env={**pausing, "LOCAL_MUTEX_HOLD_TOKEN": token},
         )
-        wait_for(marks / "opened")
+        wait_for(marks / "paused")
         with stopped(holder_pid):
             path.unlink()
             newcomer = procs.start(["--wait", "60", "rj", f"touch '{marks}/newcomer.ran'", *d])
             procs.wait_stderr(newcomer, "waiting for that lock to end")
-        (marks / "go").touch()
+        (marks / "resume").touch()
         assert inside.wait(30) == 0, procs.stderr(inside)
         assert (marks / "inside.ran").exists() and "running inside it" in procs.stderr(inside)
         assert newcomer.poll() is None and not (marks / "newcomer.ran").exists()
@@ -1414,9 +1387,8 @@ def test_a_hold_whose_new_file_a_slow_newcomer_holds_goes_on(
     the holder, finding nobody waiting for its lock within 0.3 s, took it for another
     program's and ended the hold; the newcomer then ran beside the hold's job. (The pause
     gives that old end a second to happen; nothing here waits for it otherwise.)"""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(PAUSE_SECOND_LOOK)
+    # Its first look for a predecessor.
+    pausing = _pausing(tmp_path, marks, "local_mutex.backends.flock.predecessor:find")
     d = ["--lock-dir", str(lock_dir)]
     token, holder_pid = _a_hold("slow", lock_dir)
     try:
@@ -1424,12 +1396,12 @@ def test_a_hold_whose_new_file_a_slow_newcomer_holds_goes_on(
             lock_file(lock_dir, "slow").unlink()
             newcomer = procs.start(
                 ["--wait", "60", "slow", f"touch '{marks}/newcomer.ran'", *d],
-                env={"PYTHONPATH": str(site), "PAUSE_SECOND_LOOK": str(marks), "PAUSE_LOOK": "1"},
+                env=pausing,
             )
-            wait_for(marks / "first.paused")  # it holds the new file, and has not looked
+            wait_for(marks / "paused")  # it holds the new file, and has not looked
         time.sleep(1.0)  # the holder's ticks: it ended by now, before
         assert pw.alive(holder_pid), "the hold ended by itself"
-        (marks / "first.look").touch()
+        (marks / "resume").touch()
         procs.wait_stderr(newcomer, "waiting for that lock to end")
         assert newcomer.poll() is None and not (marks / "newcomer.ran").exists()
         r = run_cli(["release", "slow", "--token", token, *d])
