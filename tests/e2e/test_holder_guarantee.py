@@ -1088,39 +1088,43 @@ def test_newcomers_across_two_deletions_neither_deadlock_nor_overlap(
     assert (marks / "first.ran").exists() and (marks / "second.ran").exists()
 
 
-# sitecustomize: a run pauses at the Nth call of a function of ours (PAUSE_CALL, "module:
-# function" of a module imported as needed, not from the plain run's cache; PAUSE_NTH), saying
-# so (``paused`` in PAUSE_MARKS) and going on once the test arranged what it is to find
-# there (``resume``).
+# sitecustomize: a run pauses at the Nth call of functions of ours (PAUSE_CALL: "module:
+# function" of modules imported as needed, not from the plain run's cache, comma-separated;
+# PAUSE_NTH), saying so (``<function>.paused`` in PAUSE_MARKS) and going on once the test
+# arranged what it is to find there (``<function>.resume``).
 PAUSE_CALL = """
 import os, sys
 if os.environ.get("PAUSE_CALL"):
     import importlib.machinery, time
-    MODULE, _, FUNCTION = os.environ["PAUSE_CALL"].partition(":")
+    CALLS = [c.partition(":")[::2] for c in os.environ["PAUSE_CALL"].split(",")]
     NTH = int(os.environ.get("PAUSE_NTH", "1"))
     marks = os.environ["PAUSE_MARKS"]
 
+    def pausing(real, name):
+        calls = []
+
+        def paused(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == NTH:
+                open(os.path.join(marks, name + ".paused"), "w").close()
+                while not os.path.exists(os.path.join(marks, name + ".resume")):
+                    time.sleep(0.01)
+            return real(*args, **kwargs)
+
+        return paused
+
     class Patch:
         def find_spec(self, name, path=None, target=None):
-            if name != MODULE:
+            functions = [f for m, f in CALLS if m == name]
+            if not functions:
                 return None
-            sys.meta_path.remove(self)
             spec = importlib.machinery.PathFinder.find_spec(name, path)
             load = spec.loader.exec_module
 
             def exec_module(module):
                 load(module)
-                real, calls = getattr(module, FUNCTION), []
-
-                def paused(*args, **kwargs):
-                    calls.append(1)
-                    if len(calls) == NTH:
-                        open(os.path.join(marks, "paused"), "w").close()
-                        while not os.path.exists(os.path.join(marks, "resume")):
-                            time.sleep(0.01)
-                    return real(*args, **kwargs)
-
-                setattr(module, FUNCTION, paused)
+                for function in functions:
+                    setattr(module, function, pausing(getattr(module, function), function))
 
             spec.loader.exec_module = exec_module
             return spec
@@ -1130,7 +1134,8 @@ if os.environ.get("PAUSE_CALL"):
 
 
 def _pausing(tmp_path: Path, marks: Path, call: str, nth: int = 1) -> dict[str, str]:
-    """The environment of a run that pauses at the ``nth`` call of ``call`` (PAUSE_CALL)."""
+    """The environment of a run that pauses at the ``nth`` call of each of ``call``
+    ("module:function", comma-separated: PAUSE_CALL)."""
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(PAUSE_CALL)
@@ -1187,12 +1192,12 @@ def test_a_waiter_whose_own_file_left_the_path_while_it_looked_starts_over(
         )
         procs.wait_stderr(first, "waiting for that lock to end")
     _let_end(holder, procs, marks)  # the first looks again: paused after its own file's check
-    wait_for(marks / "paused")
+    wait_for(marks / "find.paused")
     path.unlink()
     second = procs.start(["--wait", "60", "raced", _alone(marks, "second"), str(lock_dir)])
     procs.wait_stderr(second, "waiting for that lock to end")
     path.unlink()
-    (marks / "resume").touch()
+    (marks / "find.resume").touch()
     t0 = time.monotonic()
     assert first.wait(30) == 0, procs.stderr(first)
     assert second.wait(30) == 0, procs.stderr(second)
@@ -1364,12 +1369,12 @@ def test_a_reentrant_run_whose_file_was_deleted_as_it_looked_joins_its_hold(
             ["run", "--reentrant", "--wait", "10", "rj", f"touch '{marks}/inside.ran'", *d],
             env={**pausing, "LOCAL_MUTEX_HOLD_TOKEN": token},
         )
-        wait_for(marks / "paused")
+        wait_for(marks / "join_ours.paused")
         with stopped(holder_pid):
             path.unlink()
             newcomer = procs.start(["--wait", "60", "rj", f"touch '{marks}/newcomer.ran'", *d])
             procs.wait_stderr(newcomer, "waiting for that lock to end")
-        (marks / "resume").touch()
+        (marks / "join_ours.resume").touch()
         assert inside.wait(30) == 0, procs.stderr(inside)
         assert (marks / "inside.ran").exists() and "running inside it" in procs.stderr(inside)
         assert newcomer.poll() is None and not (marks / "newcomer.ran").exists()
@@ -1378,6 +1383,36 @@ def test_a_reentrant_run_whose_file_was_deleted_as_it_looked_joins_its_hold(
         assert newcomer.wait(30) == 0, procs.stderr(newcomer)
     finally:
         run_cli(["release", "rj", "--force", *d])
+
+
+def test_a_reentrant_run_whose_file_was_deleted_before_the_hold_put_one_back_joins_it(
+    procs: Procs, lock_dir: Path, marks: Path, tmp_path: Path
+) -> None:
+    """The run opened the hold's lock file; a cleaner deleted it, and the run looked at the
+    empty path before the hold's next tick. It found the hold on the deleted file and
+    asked to join it there -- but the hold, which had put a file back meanwhile, shares
+    that one: the run was refused (exit 2, "did not share its lock")."""
+    joining = "local_mutex.backends.flock.joining:join_ours"
+    pausing = _pausing(tmp_path, marks, f"{joining},local_mutex.backends.flock.share:join")
+    d = ["--lock-dir", str(lock_dir)]
+    token, holder_pid = _a_hold("rb", lock_dir)
+    path = lock_file(lock_dir, "rb")
+    try:
+        inside = procs.start(
+            ["run", "--reentrant", "--wait", "10", "rb", f"touch '{marks}/inside.ran'", *d],
+            env={**pausing, "LOCAL_MUTEX_HOLD_TOKEN": token},
+        )
+        wait_for(marks / "join_ours.paused")
+        with stopped(holder_pid):
+            path.unlink()
+            (marks / "join_ours.resume").touch()
+            wait_for(marks / "join.paused")  # it found the hold on the deleted file
+        wait_for(lambda: path.exists() and path.stat().st_size > 0, 10, "the hold's file back")
+        (marks / "join.resume").touch()
+        assert inside.wait(30) == 0, procs.stderr(inside)
+        assert (marks / "inside.ran").exists() and "running inside it" in procs.stderr(inside)
+    finally:
+        run_cli(["release", "rb", "--force", *d])
 
 
 def test_a_hold_whose_new_file_a_slow_newcomer_holds_goes_on(
@@ -1398,10 +1433,10 @@ def test_a_hold_whose_new_file_a_slow_newcomer_holds_goes_on(
                 ["--wait", "60", "slow", f"touch '{marks}/newcomer.ran'", *d],
                 env=pausing,
             )
-            wait_for(marks / "paused")  # it holds the new file, and has not looked
+            wait_for(marks / "find.paused")  # it holds the new file, and has not looked
         time.sleep(1.0)  # the holder's ticks: it ended by now, before
         assert pw.alive(holder_pid), "the hold ended by itself"
-        (marks / "resume").touch()
+        (marks / "find.resume").touch()
         procs.wait_stderr(newcomer, "waiting for that lock to end")
         assert newcomer.poll() is None and not (marks / "newcomer.ran").exists()
         r = run_cli(["release", "slow", "--token", token, *d])

@@ -116,11 +116,12 @@ def join(
         return False
     conn, fds = got
     # Only what really is the hold's lock on this very file: a description of the
-    # file at the path (or of ``file``, deleted from it: ``join_lost_hold``)
-    # that holds the lock already (taking it again is then a no-op).
+    # file at the path (or of ``file``, deleted from it: ``join_lost_hold`` -- unless the
+    # hold put a file back at the path meanwhile, and shares that one) that holds the lock
+    # already (taking it again is then a no-op).
     shared = rec.get("mode") == "shared"
     if not any(
-        (names_inode(path, fd) if file is None else file_id(fd) == file)
+        (names_inode(path, fd) or (file is not None and file_id(fd) == file))
         and kernel.try_lock(fd, shared=shared)
         for fd in fds
     ):
