@@ -1415,6 +1415,37 @@ def test_a_reentrant_run_whose_file_was_deleted_before_the_hold_put_one_back_joi
         run_cli(["release", "rb", "--force", *d])
 
 
+def test_a_reentrant_run_whose_new_file_was_deleted_before_its_hold_took_it_joins_it(
+    procs: Procs, lock_dir: Path, marks: Path, tmp_path: Path
+) -> None:
+    """The hold's file deleted, the run created a new one and waited for its hold to take
+    it over; a cleaner deleted that one too, and the hold put a file of its own back. The
+    run waited out its second for a takeover that could no longer come, and was refused
+    (exit 2, "did not share its lock")."""
+    adopt = "local_mutex.backends.flock.predecessor:let_our_hold_adopt"
+    pausing = _pausing(tmp_path, marks, f"{adopt},local_mutex.backends.flock.share:join")
+    d = ["--lock-dir", str(lock_dir)]
+    token, holder_pid = _a_hold("rn", lock_dir)
+    path = lock_file(lock_dir, "rn")
+    try:
+        with stopped(holder_pid):
+            path.unlink()
+            inside = procs.start(
+                ["run", "--reentrant", "--wait", "10", "rn", f"touch '{marks}/inside.ran'", *d],
+                env={**pausing, "LOCAL_MUTEX_HOLD_TOKEN": token},
+            )
+            wait_for(marks / "let_our_hold_adopt.paused")  # its new file is at the path
+            path.unlink()
+            (marks / "let_our_hold_adopt.resume").touch()
+            wait_for(marks / "join.paused", 10, "the run to ask its hold")
+        wait_for(lambda: path.exists() and path.stat().st_size > 0, 10, "the hold's file back")
+        (marks / "join.resume").touch()
+        assert inside.wait(30) == 0, procs.stderr(inside)
+        assert (marks / "inside.ran").exists() and "running inside it" in procs.stderr(inside)
+    finally:
+        run_cli(["release", "rn", "--force", *d])
+
+
 def test_a_hold_whose_new_file_a_slow_newcomer_holds_goes_on(
     procs: Procs, lock_dir: Path, marks: Path, tmp_path: Path
 ) -> None:

@@ -258,6 +258,8 @@ def let_our_hold_adopt(
         ADOPT_WITHIN if wait is None else min(ADOPT_WITHIN, max(wait, ADOPT_LEAST))
     )
     while True:
+        if not is_file_at(lock.path, lock.fd):
+            return None  # deleted in turn: nothing for the hold to take; ask it at the path
         # Its record goes in right after it locks: a hold is known by its record.
         takers = {k.pid for k in read_proc_locks() or () if k.key == here and not k.depth}
         now = record.read_record_fd(lock.fd)
