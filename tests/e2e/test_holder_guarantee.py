@@ -1551,6 +1551,37 @@ def test_a_shared_newcomer_beside_a_deleted_shared_lock_leaves_the_mark(
     _let_end(holder, procs, marks)
 
 
+@pytest.mark.parametrize("keeper", ["stopped", "killed with its supervisor"])
+def test_a_shared_lock_file_renamed_away_still_excludes(
+    procs: Procs, lock_dir: Path, marks: Path, keeper: str
+) -> None:
+    """A cleaner that renames (mv) rather than deletes, before the shared holder's keeper
+    puts a file back (it is stopped, or dead): the newcomer asked the kernel, but knew a
+    file moved from the path only by its link ("<path> (deleted)") or by its holder record
+    -- which shared holders did not write. The exclusive newcomer ran beside the shared
+    command."""
+    holder = procs.start(["--shared", "mv", hold_until(marks, "a"), str(lock_dir)])
+    wait_for(marks / "a.held")
+    path = lock_file(lock_dir, "mv")
+    newcomer = ["--no-wait", "mv", f"touch '{marks}/exclusive'", str(lock_dir)]
+    if keeper == "stopped":
+        with stopped(holder.pid):
+            path.rename(marks / "moved")
+            r = run_cli(newcomer)
+            assert r.returncode == 75 and not (marks / "exclusive").exists(), r.stderr
+        _let_end(holder, procs, marks)
+    else:
+        supervisor = pw.supervisor_child(holder.pid)
+        assert supervisor is not None
+        _kill_both(holder, supervisor)
+        path.rename(marks / "moved")
+        r = run_cli(newcomer)
+        assert r.returncode == 75 and not (marks / "exclusive").exists(), r.stderr
+        (marks / "a.go").touch()
+    r = run_cli(["--wait", "20", *newcomer[1:]])
+    assert r.returncode == 0 and (marks / "exclusive").exists(), r.stderr
+
+
 @pytest.mark.parametrize("second", ["stopped", "killed"])
 def test_a_file_a_shared_holder_put_back_and_let_go_still_excludes(
     procs: Procs, lock_dir: Path, marks: Path, second: str

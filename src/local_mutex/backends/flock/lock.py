@@ -182,7 +182,7 @@ class FlockLock:
             if names_inode(self.path, self.fd):
                 self.held = True
                 # Rare (see ``predecessor``): once we waited there, look at the path again.
-                if (self.fresh or os.fstat(self.fd).st_size) and self._wait_out_predecessor(
+                if (self.fresh or self._marked()) and self._wait_out_predecessor(
                     wait, start, reporter
                 ):
                     announced = True
@@ -231,6 +231,11 @@ class FlockLock:
             with Progress(reporter, self.label, progress, start, self._look):
                 return kernel.wait_lock(self.fd, shared=shared, timeout=wait), True
 
+    def _marked(self) -> bool:
+        """Something in the file but shared holders' mark: a new file's, or a record left."""
+        size = os.fstat(self.fd).st_size
+        return bool(size) and not record.only_shared_mark(self.fd, as_proc_names_it(self.path))
+
     def _wait_out_predecessor(
         self, wait: float | None, start: float, reporter: Reporter | None
     ) -> bool:
@@ -273,8 +278,9 @@ class FlockLock:
     # -- while held ----------------------------------------------------------------------
 
     def write_record(self, rec: Mapping[str, Any]) -> None:
-        if self.shared:
-            return  # shared holders are many: the kernel lists them, no record
+        if self.shared:  # many: the kernel lists them; only where the file is (``record``)
+            record.mark_shared(self.fd, as_proc_names_it(self.path))
+            return
         self.record = dict(rec)
         if self.slot is not None:
             self.record["slot"] = self.slot

@@ -160,7 +160,7 @@ def _worth_a_look(lock: FlockLock) -> bool:
     if lock.fresh:
         return True
     rec = record.read_record_fd(lock.fd)
-    return rec is not None and not rec.get("hold")
+    return rec is not None and not rec.get("hold") and rec.get("shared") is not True
 
 
 def enclosing(lock: FlockLock, env: Mapping[str, str]) -> tuple[int, str] | None:

@@ -12,7 +12,7 @@ import os
 
 from ..._json import cut_to_fit, dumps, loads_object
 from ...errors import RecordNotWritten
-from .lockdir import ours_or_roots
+from .lockdir import NEW_FILE_MARK, ours_or_roots
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -121,3 +121,33 @@ def recorded_path(through: str) -> str | None:
     rec = read_record(through, through_proc=True)
     where = rec.get("lock_file") if rec is not None else None
     return where if isinstance(where, str) else None
+
+
+def shared_mark(path: str) -> bytes:
+    """What shared holders keep in an empty lock file: no holder (they are many: the kernel
+    lists them), only where the file is, so that one renamed away is still known
+    (``recorded_path``). The same bytes for every one of them; it asks no taker to look."""
+    return (dumps({"v": 1, "shared": True, "lock_file": path}) + "\n").encode("ascii")
+
+
+def mark_shared(fd: int, path: str) -> None:
+    try:
+        if os.fstat(fd).st_size == 0:
+            os.pwrite(fd, shared_mark(path), 0)
+    except OSError:  # a full disk, another user's file: the lock works all the same
+        pass
+
+
+def only_shared_mark(fd: int, path: str) -> bool:
+    mark = shared_mark(path)
+    try:
+        return os.pread(fd, len(mark) + 1, 0) == mark
+    except OSError:
+        return False
+
+
+def put_back_mark(path: str) -> bytes:
+    """A new file's mark (whoever takes it looks), naming where it is: for a file a shared
+    holder puts back, which has no record of its own."""
+    rec = loads_object(NEW_FILE_MARK.decode("ascii")) or {}
+    return (dumps({**rec, "lock_file": path}) + "\n").encode("ascii")
