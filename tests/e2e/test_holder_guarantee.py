@@ -1077,9 +1077,12 @@ def test_newcomers_across_two_deletions_neither_deadlock_nor_overlap(
         path.unlink()
         first = procs.start(["--wait", "60", "twice", _alone(marks, "first"), str(lock_dir)])
         procs.wait_stderr(first, "waiting for that lock to end")
-        path.unlink()
-        second = procs.start(["--wait", "60", "twice", _alone(marks, "second"), str(lock_dir)])
-        procs.wait_stderr(second, "waiting for that lock to end")
+        # The first looks at the path every 0.25 s: on a busy machine it could put a file of
+        # its own there before the second started, which then merely waited for it.
+        with stopped(first.pid):
+            path.unlink()
+            second = procs.start(["--wait", "60", "twice", _alone(marks, "second"), str(lock_dir)])
+            procs.wait_stderr(second, "waiting for that lock to end")
     _let_end(holder, procs, marks)
     t0 = time.monotonic()
     assert first.wait(30) == 0, procs.stderr(first)
