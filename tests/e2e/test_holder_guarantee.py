@@ -1585,6 +1585,31 @@ def test_a_shared_lock_file_renamed_away_still_excludes(
     assert r.returncode == 0 and (marks / "exclusive").exists(), r.stderr
 
 
+def test_a_new_file_renamed_away_while_held_shared_still_excludes(
+    procs: Procs, lock_dir: Path, marks: Path
+) -> None:
+    """The second shared run created the new file while the first still held the deleted
+    one, and kept the new file's mark (whoever takes it next must ask): a mark that did not
+    name its lock file. Renamed away (its keeper stopped), the file was no longer known as
+    this lock's, and an exclusive newcomer ran beside the second shared command."""
+    first = procs.start(["--shared", "nm", hold_until(marks, "s1"), str(lock_dir)])
+    wait_for(marks / "s1.held")
+    path = lock_file(lock_dir, "nm")
+    with stopped(first.pid):
+        path.unlink()
+        second = procs.start(["--shared", "nm", hold_until(marks, "s2"), str(lock_dir)])
+        wait_for(marks / "s2.held")
+    with stopped(second.pid):
+        (marks / "s1.go").touch()
+        assert first.wait(20) == 0, procs.stderr(first)
+        path.rename(marks / "moved")
+        r = run_cli(["--no-wait", "nm", f"touch '{marks}/exclusive'", str(lock_dir)])
+        assert r.returncode == 75 and not (marks / "exclusive").exists(), r.stderr
+    (marks / "s2.go").touch()
+    r = run_cli(["--wait", "20", "nm", f"touch '{marks}/exclusive'", str(lock_dir)])
+    assert r.returncode == 0 and (marks / "exclusive").exists(), r.stderr
+
+
 @pytest.mark.parametrize("second", ["stopped", "killed"])
 def test_a_file_a_shared_holder_put_back_and_let_go_still_excludes(
     procs: Procs, lock_dir: Path, marks: Path, second: str

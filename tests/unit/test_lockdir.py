@@ -54,7 +54,7 @@ def test_a_new_lock_file_is_marked_from_its_first_instant(tmp_path: Path) -> Non
     os.close(fd)
     assert created
     if sys.platform.startswith("linux"):
-        assert path.read_bytes() == lockdir.NEW_FILE_MARK
+        assert path.read_bytes() == lockdir.new_file_mark(str(path))
     fd, created = lockdir.open_or_create(str(path))
     os.close(fd)
     assert not created
@@ -132,7 +132,7 @@ def test_what_a_creator_killed_mid_creation_left_goes_with_the_next_creation(
     other = tmp_path / ".y.lock.0123456789ab"  # another lock's
     odd = tmp_path / ".x.lock.not-ours"  # not a name we make
     for f in (left, recent, other, odd):
-        f.write_bytes(lockdir.NEW_FILE_MARK)
+        f.write_bytes(lockdir.new_file_mark(str(path)))
     for f in (left, other, odd):
         os.utime(f, (old, old))
     fd = lockdir.create_exclusive(str(path), _prepare)

@@ -234,7 +234,7 @@ class FlockLock:
     def _marked(self) -> bool:
         """Something in the file but shared holders' mark: a new file's, or a record left."""
         size = os.fstat(self.fd).st_size
-        return bool(size) and not record.only_shared_mark(self.fd, as_proc_names_it(self.path))
+        return bool(size) and not record.only_shared_mark(self.fd, self.path)
 
     def _wait_out_predecessor(
         self, wait: float | None, start: float, reporter: Reporter | None

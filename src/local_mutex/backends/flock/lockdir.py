@@ -8,6 +8,7 @@ import stat
 import sys
 import time
 
+from ..._json import dumps
 from ...errors import InvalidLockDir, UnsafeLockFile
 
 TYPE_CHECKING = False
@@ -24,12 +25,15 @@ ENV_ALLOW_OTHER_OWNER = "LOCAL_MUTEX_ALLOW_OTHER_OWNER"
 # (flock works on any descriptor), but only its owner may rewrite the holder record in it.
 FILE_MODE = 0o644
 
-# What a new lock file holds until its first taker looked for a lock still held on a file
-# deleted from the path (``predecessor``): any content makes a taker look, and clear it.
-NEW_FILE_MARK = (
-    b'{"v": 1, "message": "a new lock file: its first taker looks for a lock still held on '
-    b'a file deleted from here"}\n'
-)
+
+def new_file_mark(path: str) -> bytes:
+    """What a new lock file holds until its first taker looked for a lock still held on a
+    file deleted from the path (``predecessor``): any content makes a taker look, and clear
+    it. It names the lock file: a new file renamed away is known by it (``recorded_path``)."""
+    message = "a new lock file: its first taker looks for a lock still held on a file deleted"
+    rec = {"v": 1, "message": f"{message} from here", "lock_file": as_proc_names_it(path)}
+    return (dumps(rec) + "\n").encode("ascii")
+
 
 # O_NONBLOCK keeps a planted FIFO from hanging the open; it has no effect on regular files
 # and none on flock(), which takes its own LOCK_NB flag.
@@ -95,7 +99,7 @@ def open_lock_file(path: str, *, allow_other_owner: bool = False) -> int:
 def open_or_create(path: str, *, allow_other_owner: bool = False) -> tuple[int, bool]:
     """Open (creating if needed) the lock file: a close-on-exec descriptor, and whether we
     created it. A tmp cleaner may have deleted a held one: so a new file appears with a mark
-    in it (``NEW_FILE_MARK``), and whoever takes it first, we or not, asks the kernel
+    in it (``new_file_mark``), and whoever takes it first, we or not, asks the kernel
     (``predecessor``) -- where a file can appear at the path ready-made (Linux).
 
     Never follows a symlink, never blocks on a FIFO, never unlinks a lock file (only what a
@@ -108,7 +112,7 @@ def open_or_create(path: str, *, allow_other_owner: bool = False) -> tuple[int, 
         created = fd is None
         if fd is None:
             try:  # marked from its first instant: whoever takes it first looks (``predecessor``)
-                fd = create_exclusive(path, _mark_new)
+                fd = create_exclusive(path, lambda new: _mark_new(new, path))
             except OSError as exc:
                 raise _refusal(path, exc) from None
             if fd is None:
@@ -175,11 +179,10 @@ _VANISHED = -2  # our prepared file deleted before its rename
 _VANISHED_TRIES = 8
 
 
-def _mark_new(fd: int) -> None:
+def _mark_new(fd: int, path: str) -> None:
     try:
-        if os.fstat(fd).st_size:  # visible before its mark (no rename): a taker's record
-            return
-        os.pwrite(fd, NEW_FILE_MARK, 0)
+        if not os.fstat(fd).st_size:  # visible before its mark (no rename): a taker's record
+            os.pwrite(fd, new_file_mark(path), 0)
     except OSError:  # a full disk, a file size limit: unmarked, only its creator looks
         pass
 
@@ -274,12 +277,8 @@ def _renameat2() -> Callable[[str, str], bool] | None:
     at_fdcwd = -100
 
     def rename(old: str, new: str) -> bool:
-        return bool(
-            c.call_function(
-                address, (at_fdcwd, os.fsencode(old), at_fdcwd, os.fsencode(new), _RENAME_NOREPLACE)
-            )
-            == 0
-        )
+        args = (at_fdcwd, os.fsencode(old), at_fdcwd, os.fsencode(new), _RENAME_NOREPLACE)
+        return bool(c.call_function(address, args) == 0)
 
     return rename
 

@@ -2,7 +2,7 @@
 from it: a tmp cleaner struck in the tick before the holder noticed (``putback``).
 
 By the file alone a newcomer cannot tell such a path from a free one, but the file says when
-to ask: a new one appears with a mark in it (``lockdir.NEW_FILE_MARK``), and one left with a
+to ask: a new one appears with a mark in it (``lockdir.new_file_mark``), and one left with a
 record in it had a holder that died or gave up. Whoever takes such a file asks the kernel
 (``/proc/locks``, ``held_elsewhere``), and the lock on the deleted file is
 

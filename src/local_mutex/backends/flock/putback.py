@@ -13,7 +13,7 @@ import os
 import time
 
 from . import guardian, kernel, record
-from .lockdir import as_proc_names_it, cannot_put_back, create_exclusive, file_id, refusal_for
+from .lockdir import cannot_put_back, create_exclusive, file_id, new_file_mark, refusal_for
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -123,7 +123,7 @@ def _take(lock: FlockLock, fd: int) -> bool:
         if lock.record is not None:
             record.write_record(fd, lock.record, lock.path)
         elif os.fstat(fd).st_size == 0:
-            os.pwrite(fd, record.put_back_mark(as_proc_names_it(lock.path)), 0)
+            os.pwrite(fd, new_file_mark(lock.path), 0)
     except Exception:  # a full disk
         pass
     return True

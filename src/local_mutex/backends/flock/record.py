@@ -12,7 +12,7 @@ import os
 
 from ..._json import cut_to_fit, dumps, loads_object
 from ...errors import RecordNotWritten
-from .lockdir import NEW_FILE_MARK, ours_or_roots
+from .lockdir import as_proc_names_it, ours_or_roots
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -139,15 +139,20 @@ def mark_shared(fd: int, path: str) -> None:
 
 
 def only_shared_mark(fd: int, path: str) -> bool:
-    mark = shared_mark(path)
+    """Does the file hold shared holders' line alone: nothing a taker must look into?"""
+    mark = shared_mark(as_proc_names_it(path))
     try:
         return os.pread(fd, len(mark) + 1, 0) == mark
     except OSError:
         return False
 
 
-def put_back_mark(path: str) -> bytes:
-    """A new file's mark (whoever takes it looks), naming where it is: for a file a shared
-    holder puts back, which has no record of its own."""
-    rec = loads_object(NEW_FILE_MARK.decode("ascii")) or {}
-    return (dumps({**rec, "lock_file": path}) + "\n").encode("ascii")
+def only_shared_mark_at(path: str) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return only_shared_mark(fd, path)
+    finally:
+        os.close(fd)

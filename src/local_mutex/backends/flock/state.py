@@ -224,7 +224,8 @@ def _of_file(
     lock still held on a file deleted from the path (``_held_deleted``)."""
     key = key_of(st)
     mine = [e for e in locks if e.key == key]
-    if st.st_size and not any(e.depth == 0 for e in mine):
+    # (Shared holders' line alone asks nothing: as an empty file, it was theirs and is free.)
+    if st.st_size and not any(e.depth == 0 for e in mine) and not record.only_shared_mark_at(path):
         deleted = _held_deleted(path, name, locks, key)
         if deleted is not None:
             return deleted
