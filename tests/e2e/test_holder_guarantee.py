@@ -1355,6 +1355,22 @@ def test_a_hold_whose_file_a_newcomer_took_first_goes_on_until_released(
         run_cli(["release", "mig", "--force", *d])
 
 
+TOKEN = "LOCAL_MUTEX_HOLD_TOKEN"
+
+
+def _run_inside(
+    procs: Procs, name: str, lock_dir: Path, marks: Path, env: dict[str, str]
+) -> subprocess.Popen[bytes]:
+    """A ``run --reentrant`` of NAME (with the hold's token in ``env``) that marks it ran."""
+    run = ["run", "--reentrant", "--wait", "10", name, f"touch '{marks}/inside.ran'"]
+    return procs.start([*run, "--lock-dir", str(lock_dir)], env=env)
+
+
+def _ran_inside(inside: subprocess.Popen[bytes], procs: Procs, marks: Path) -> None:
+    assert inside.wait(30) == 0, procs.stderr(inside)
+    assert (marks / "inside.ran").exists() and "running inside it" in procs.stderr(inside)
+
+
 def test_a_reentrant_run_whose_file_was_deleted_as_it_looked_joins_its_hold(
     procs: Procs, lock_dir: Path, marks: Path, tmp_path: Path
 ) -> None:
@@ -1368,18 +1384,14 @@ def test_a_reentrant_run_whose_file_was_deleted_as_it_looked_joins_its_hold(
     token, holder_pid = _a_hold("rj", lock_dir)
     path = lock_file(lock_dir, "rj")
     try:
-        inside = procs.start(
-            ["run", "--reentrant", "--wait", "10", "rj", f"touch '{marks}/inside.ran'", *d],
-            env={**pausing, "LOCAL_MUTEX_HOLD_TOKEN": token},
-        )
+        inside = _run_inside(procs, "rj", lock_dir, marks, {**pausing, TOKEN: token})
         wait_for(marks / "join_ours.paused")
         with stopped(holder_pid):
             path.unlink()
             newcomer = procs.start(["--wait", "60", "rj", f"touch '{marks}/newcomer.ran'", *d])
             procs.wait_stderr(newcomer, "waiting for that lock to end")
         (marks / "join_ours.resume").touch()
-        assert inside.wait(30) == 0, procs.stderr(inside)
-        assert (marks / "inside.ran").exists() and "running inside it" in procs.stderr(inside)
+        _ran_inside(inside, procs, marks)
         assert newcomer.poll() is None and not (marks / "newcomer.ran").exists()
         r = run_cli(["release", "rj", "--token", token, *d])
         assert r.returncode == 0, r.stderr
@@ -1401,10 +1413,7 @@ def test_a_reentrant_run_whose_file_was_deleted_before_the_hold_put_one_back_joi
     token, holder_pid = _a_hold("rb", lock_dir)
     path = lock_file(lock_dir, "rb")
     try:
-        inside = procs.start(
-            ["run", "--reentrant", "--wait", "10", "rb", f"touch '{marks}/inside.ran'", *d],
-            env={**pausing, "LOCAL_MUTEX_HOLD_TOKEN": token},
-        )
+        inside = _run_inside(procs, "rb", lock_dir, marks, {**pausing, TOKEN: token})
         wait_for(marks / "join_ours.paused")
         with stopped(holder_pid):
             path.unlink()
@@ -1412,8 +1421,7 @@ def test_a_reentrant_run_whose_file_was_deleted_before_the_hold_put_one_back_joi
             wait_for(marks / "join.paused")  # it found the hold on the deleted file
         wait_for(lambda: path.exists() and path.stat().st_size > 0, 10, "the hold's file back")
         (marks / "join.resume").touch()
-        assert inside.wait(30) == 0, procs.stderr(inside)
-        assert (marks / "inside.ran").exists() and "running inside it" in procs.stderr(inside)
+        _ran_inside(inside, procs, marks)
     finally:
         run_cli(["release", "rb", "--force", *d])
 
@@ -1433,18 +1441,14 @@ def test_a_reentrant_run_whose_new_file_was_deleted_before_its_hold_took_it_join
     try:
         with stopped(holder_pid):
             path.unlink()
-            inside = procs.start(
-                ["run", "--reentrant", "--wait", "10", "rn", f"touch '{marks}/inside.ran'", *d],
-                env={**pausing, "LOCAL_MUTEX_HOLD_TOKEN": token},
-            )
+            inside = _run_inside(procs, "rn", lock_dir, marks, {**pausing, TOKEN: token})
             wait_for(marks / "let_our_hold_adopt.paused")  # its new file is at the path
             path.unlink()
             (marks / "let_our_hold_adopt.resume").touch()
             wait_for(marks / "join.paused", 10, "the run to ask its hold")
         wait_for(lambda: path.exists() and path.stat().st_size > 0, 10, "the hold's file back")
         (marks / "join.resume").touch()
-        assert inside.wait(30) == 0, procs.stderr(inside)
-        assert (marks / "inside.ran").exists() and "running inside it" in procs.stderr(inside)
+        _ran_inside(inside, procs, marks)
     finally:
         run_cli(["release", "rn", "--force", *d])
 
