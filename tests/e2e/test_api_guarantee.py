@@ -64,7 +64,11 @@ def test_a_run_inside_its_hosts_hold_keeps_the_lock_when_host_and_supervisor_die
         command = int(pidfile.read_text())
         supervisors = [p for p in _children(host.pid) if p != command]
         assert supervisors, "no supervisor found"
-        for pid in (host.pid, *supervisors):
+        # Together: killed one after the other, the supervisor may see the host die and
+        # stop the command (as it must) before its own SIGKILL lands -- the lock is then
+        # rightly free. So the host is frozen first, its supervisor killed, then the host.
+        os.kill(host.pid, signal.SIGSTOP)
+        for pid in (*supervisors, host.pid):
             os.kill(pid, signal.SIGKILL)
         host.wait(10)
         time.sleep(0.3)  # what a newcomer would have needed to get in
