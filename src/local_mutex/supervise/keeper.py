@@ -116,7 +116,7 @@ def supervise(
     if held is not None:
         held.forking = True  # a stop signal from now on is the command's: see SignalsHeld
     try:
-        out_r, out_w, life_r, life_w, mask, child = _start_supervisor()
+        out_r, out_w, life_r, life_w, mask, child = _start_supervisor(lock)
     except BaseException:
         reaper.ignore_exit_statuses(chld_ignored)
         raise
@@ -136,8 +136,6 @@ def supervise(
                 for sig in early:
                     relay(sig, None)
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            if lock is not None:
-                tell_deadline(lock, life_w)
             outcome, text, reaped = _wait(
                 child, out_r, life_w, lock, reporter, relay, keep_fds, watch
             )
@@ -181,7 +179,7 @@ def supervise(
     return outcome
 
 
-def _start_supervisor() -> tuple[int, int, int, int, Any, int]:
+def _start_supervisor(lock: Lock | None) -> tuple[int, int, int, int, Any, int]:
     """The two pipes and the fork: (out_r, out_w, life_r, life_w, the signal mask to put
     back, the child's pid -- 0 in the child). From before the fork, a stop signal must
     reach the command: it waits, blocked, until the relay (here) and the supervisor's
@@ -191,6 +189,8 @@ def _start_supervisor() -> tuple[int, int, int, int, Any, int]:
     try:
         fds.extend(os.pipe())
         fds.extend(os.pipe())
+        if lock is not None:  # before the fork: frozen right after it, we would give none
+            tell_deadline(lock, fds[3])
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, supervisor.HANDLED)
         try:
             child = _fork()
