@@ -159,8 +159,10 @@ def _worth_a_look(lock: FlockLock) -> bool:
     hold's record a run inside a hold finds in the file its hold holds."""
     if lock.fresh:
         return True
+    if record.only_shared_mark(lock.fd, lock.path):  # known as the acquire knows it
+        return False
     rec = record.read_record_fd(lock.fd)
-    return rec is not None and not rec.get("hold") and rec.get("shared") is not True
+    return rec is not None and not rec.get("hold")
 
 
 def enclosing(lock: FlockLock, env: Mapping[str, str]) -> tuple[int, str] | None:
