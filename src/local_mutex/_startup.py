@@ -57,6 +57,7 @@ _NOT_CACHED = (
     f"{_PACKAGE}.backends.git",
     f"{_PACKAGE}.backends.postgres",
     f"{_PACKAGE}.backends.secrets",
+    f"{_PACKAGE}.backends.flock.ancestry",
     f"{_PACKAGE}.backends.flock.share",
     f"{_PACKAGE}.backends.flock.joining",
     f"{_PACKAGE}.backends.flock.predecessor",

@@ -422,10 +422,14 @@ def _kill_keeper_and_supervisor(run: subprocess.Popen[bytes]) -> None:
 def _held_until_the_command_ends(name: str, lock_dir: Path, marks: Path) -> None:
     """A newcomer waits while the command (``hold_until(marks, "in")``) runs, and gets the
     lock once it ends."""
+    _held_until_the_command_ends_at(name, lock_dir, marks, "in")
+
+
+def _held_until_the_command_ends_at(name: str, lock_dir: Path, marks: Path, tag: str) -> None:
     r = run_cli(["--no-wait", name, f"touch '{marks}/newcomer'", str(lock_dir)])
     assert r.returncode == 75, r.stderr
     assert not (marks / "newcomer").exists()
-    (marks / "in.go").touch()
+    (marks / f"{tag}.go").touch()
     wait_for(lambda: run_cli(["--no-wait", name, "true", str(lock_dir)]).returncode == 0, 30)
 
 
@@ -1149,6 +1153,71 @@ def test_a_run_whose_keeper_alone_was_killed_still_lets_the_release_free_the_loc
         assert _free("alone", lock_dir)
     finally:
         pw.signal_quietly([leftover])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+@pytest.mark.parametrize("then", ["kept", "deleted", "moved away"])
+def test_a_nested_call_of_a_run_inside_a_hold_whose_keeper_and_supervisor_died_runs_inside(
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str], then: str
+) -> None:
+    """Inside a hold, a run's keeper and supervisor killed together (an OOM sweep): its
+    command's own call of that lock waited for the hold's lock, which its command holds --
+    for itself -- until its ceiling (for good without one), and the command with it. The
+    holder knows that run left without saying its command was over, and then never
+    unlocks: asked, it says so, and the call runs inside. Also once a tmp cleaner deleted
+    or renamed the file (the holder puts one back). Anyone else still waits."""
+    nested = (
+        f'"$LOCAL_MUTEX_CLI" -q --wait 10 orphan "touch {marks}/nested.ran"; echo $? > {marks}/rc'
+    )
+    cmd = f"{hold_until(marks, 'a')}; {nested}; {hold_until(marks, 'b')}"
+    token, run = _inside("orphan", procs, lock_dir, marks, cleanup, cmd, "a.held")
+    _kill_keeper_and_supervisor(run)
+    path = lock_file(lock_dir, "orphan")
+    if then == "deleted":
+        delete_until_put_back(path)
+    elif then == "moved away":
+        path.rename(marks / "moved.lock")
+        wait_for(path.exists, 10, "the holder to put a file back")
+    (marks / "a.go").touch()
+    wait_for(marks / "rc", 30, "the nested call to end")
+    assert (marks / "rc").read_text().strip() == "0"
+    assert (marks / "nested.ran").exists()
+    wait_for(marks / "b.held")
+    r = run_cli(["--no-wait", "orphan", f"touch '{marks}/newcomer.ran'", str(lock_dir)])
+    assert r.returncode == 75, r.stderr
+    r = run_cli(["release", "orphan", "--lock-dir", str(lock_dir), "--token", token])
+    assert r.returncode == 0, r.stderr
+    _held_until_the_command_ends_at("orphan", lock_dir, marks, "b")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+def test_a_leftover_of_another_run_inside_the_hold_still_waits_beside_an_orphaned_run(
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
+) -> None:
+    """Only the run that left without its goodbye is its command's: a job that another,
+    finished run inside the same hold left behind must still wait for the hold (its
+    release unlocks what that job shares), not run inside because some run was orphaned."""
+    leftover = (
+        f'(setsid sh -c \'while [ ! -e "{marks}/go" ]; do sleep 0.01; done; '
+        f'sh "$LOCAL_MUTEX_CLI" --no-wait orphan "touch {marks}/ran"; '
+        f'echo $? > "{marks}/rc.tmp"; mv "{marks}/rc.tmp" "{marks}/rc"\' '
+        "</dev/null >/dev/null 2>&1 &)"
+    )
+    token, run = _inside("orphan", procs, lock_dir, marks, cleanup)
+    try:
+        r = run_cli(
+            ["--lock-dir", str(lock_dir), "run", "--reentrant", "orphan", leftover],
+            env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+        )
+        assert r.returncode == 0, r.stderr
+        _kill_keeper_and_supervisor(run)
+        (marks / "go").touch()
+        wait_for(marks / "rc", 20, "the leftover's call")
+        assert (marks / "rc").read_text().strip() == "75"
+        assert not (marks / "ran").exists()
+    finally:
+        (marks / "go").touch()
+        (marks / "in.go").touch()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")

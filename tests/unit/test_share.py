@@ -8,9 +8,13 @@ import sys
 
 import pytest
 
-from local_mutex.backends.flock.share import _said_goodbye, leave
+from local_mutex.backends.flock.share import HELLO, Sharing, _hear, goodbye, leave
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="holds share on Linux")
+
+
+def _said_goodbye(holder: socket.socket) -> bool | None:
+    return goodbye(*_hear(holder))
 
 
 def test_an_open_silent_connection_is_a_run_still_inside() -> None:
@@ -60,3 +64,26 @@ def test_leaving_a_holder_that_is_gone_is_quiet() -> None:
     holder.close()
     leave(run)  # no BrokenPipeError, no SIGPIPE
     assert run.fileno() == -1
+
+
+@pytest.mark.parametrize("ticks", [1, 2])
+def test_the_holder_knows_which_supervisors_runs_left_without_a_goodbye(ticks: int) -> None:
+    """A supervisor names itself as it starts; what it said is kept from tick to tick, so
+    the holder can tell a nested call whether its run left without a goodbye -- and only
+    that run: one that said goodbye is not counted, nor a line that names no pid."""
+    sharing = Sharing("t" * 32, None)
+    try:
+        pairs = [socket.socketpair() for _ in range(2)]
+        for holder, _ in pairs:
+            sharing.inside.append(holder)
+        (_, dropped), (_, finished) = pairs
+        dropped.send(HELLO % 4242 + b"run x\n")
+        finished.send(HELLO % 4343)
+        if ticks == 2:
+            assert sharing.in_use()  # both still inside: what they said is kept
+        dropped.close()
+        leave(finished)
+        assert sharing.in_use()  # one left without its goodbye: never unlocked
+        assert sharing.dropped_runs == {4242}
+    finally:
+        sharing.close()

@@ -94,7 +94,7 @@ class FlockLock:
         if slots is None:
             found = nesting.enclosing_hold(env, self._key(), self._inode())
             if found is None and env.get(nesting.ENV_HELD):  # inside some lock
-                from .predecessor import enclosing
+                from .ancestry import enclosing
 
                 found = enclosing(self, env)
             return found
@@ -295,13 +295,14 @@ class FlockLock:
                 "never be released; let it go"
             )
 
-    def farewell(self) -> tuple[int, bytes] | None:
-        """Inside a hold: the connection to its holder, and what tells it we are done."""
+    def farewell(self) -> tuple[int, bytes, bytes] | None:
+        """Inside a hold: the connection to its holder, what tells it we are done, and how
+        the supervisor names itself."""
         if self.joined is None:
             return None
-        from .share import BYE
+        from .share import BYE, HELLO
 
-        return self.joined[0].fileno(), BYE
+        return self.joined[0].fileno(), BYE, HELLO
 
     def keep_fds(self) -> tuple[int, ...]:
         # Inside a hold, the hold's that we joined (the command's too: they outlive us).

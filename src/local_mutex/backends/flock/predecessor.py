@@ -7,8 +7,8 @@ record in it had a holder that died or gave up. Whoever takes such a file asks t
 (``/proc/locks``, ``held_elsewhere``), and the lock on the deleted file is
 
 - an enclosing run's (a nested call): we run inside it, as inside any enclosing holder --
-  found through that run's own descriptors, which is cheaper and asked of every nested call
-  whose enclosing runs hold other files than the one at the path;
+  found through that run's own descriptors (``ancestry``), which is cheaper and asked of
+  every nested call whose enclosing runs hold other files than the one at the path;
 - our job's hold's (``run --reentrant``): its holder takes the new file within a tick; we let
   it, never locking the file meanwhile, and then join the hold as usual (where a newcomer
   took the new file first, on the deleted file: ``joining.join_lost_hold``);
@@ -22,13 +22,12 @@ record in it had a holder that died or gave up. Whoever takes such a file asks t
 from __future__ import annotations
 
 import os
-import stat
 import time
 
 from ... import nesting
 from ...errors import Interrupted
 from . import kernel, record
-from .lockdir import as_proc_names_it, file_id, is_file_at
+from .lockdir import as_proc_names_it, is_file_at
 from .proclocks import KernelLock, held_elsewhere, key_of, read_proc_locks
 
 TYPE_CHECKING = False
@@ -163,81 +162,6 @@ def _worth_a_look(lock: FlockLock) -> bool:
         return False
     rec = record.read_record_fd(lock.fd)
     return rec is not None and not rec.get("hold")
-
-
-def enclosing(lock: FlockLock, env: Mapping[str, str]) -> tuple[int, str] | None:
-    """Inside a run whose lock file was deleted (before its holder put one back, or after
-    a hold left its lock to the run we are in): that run's lock encloses us. Found through
-    the enclosing runs' own descriptors (``/proc/PID/fd``): one of them, of the file
-    LOCAL_MUTEX_HELD names, still names our path, deleted (or its record does, renamed)."""
-    path = as_proc_names_it(lock.path)
-    return held_by_ancestor([path], env) or _held_through_us(lock, path)
-
-
-def held_by_ancestor(paths: Collection[str], env: Mapping[str, str]) -> tuple[int, str] | None:
-    """An enclosing run (pid, mode) that holds a file deleted from one of ``paths`` (as
-    ``/proc`` names them), or moved away from it."""
-    from ..._proc import PROC, is_ancestor, open_files
-
-    for pid, key, mode in nesting.held_entries(env):
-        if not is_ancestor(pid):
-            continue
-        for name, st in open_files(pid):
-            if f"{st.st_dev}:{st.st_ino}" != key:
-                continue
-            through = f"{PROC}/{pid}/fd/{name}"
-            try:
-                target = os.readlink(through)
-            except OSError:
-                continue
-            if target.endswith(" (deleted)") and target[: -len(" (deleted)")] in paths:
-                return pid, mode
-            # Moved away (its link names where it is now, perhaps under its old name), or
-            # another name's lock file: its record says which lock file it is.
-            if record.recorded_path(through) in paths:
-                return pid, mode
-    return None
-
-
-def _held_through_us(lock: FlockLock, path: str) -> tuple[int, str] | None:
-    """The run we are part of had its keeper and supervisor killed together: its lock is
-    its command's alone, through the description the command inherited -- and we inherited
-    it too. Waiting would wait for ourselves, and the command with us, for good. Only a
-    plain run's lock counts: its taker (the keeper) gone, and the record in the file its
-    own. A hold's description is shared by every run inside it and by what they left
-    behind, which must wait (its holder dead or alive; the holder's pid may read 0 from
-    another PID namespace). A leftover of a run that ended holds nothing through it: the
-    run unlocked it. The command's top process, and mode."""
-    from ..._proc import PROC, granted, holds_lock, open_files, parent_of, running
-
-    me, here = os.getpid(), file_id(lock.fd)
-    for fd, st in open_files(me):
-        if (st.st_dev, st.st_ino) != here:
-            if st.st_dev != here[0] or not stat.S_ISREG(st.st_mode):
-                continue  # not a lock file of this dir's file system: no need to look
-            # The file at the path, one deleted from it (before its put-back), or one moved
-            # away (its record names the path: its link, where it is now).
-            through = f"{PROC}/{me}/fd/{fd}"
-            try:
-                if (
-                    os.readlink(through) != path + " (deleted)"
-                    and record.recorded_path(through) != path
-                ):
-                    continue
-            except OSError:
-                continue
-        for line in granted(me, fd):  # "FLOCK ADVISORY WRITE <taker> dev:ino 0 EOF"
-            how, taker = line.split()[2:4]
-            if taker.isdigit() and running(int(taker)):
-                continue  # its taker lives
-            rec = record.read_record_fd(int(fd))
-            if rec is None or rec.get("hold") or str(rec.get("pid")) != taker:
-                continue  # not a plain run's own lock
-            top, up = me, parent_of(me)
-            while up is not None and up > 1 and holds_lock(up, {(st.st_dev, st.st_ino)}):
-                top, up = up, parent_of(up)
-            return top, "x" if how == "WRITE" else "s"
-    return None
 
 
 def let_our_hold_adopt(

@@ -11,7 +11,10 @@ open for the run's life and ends with a goodbye once the command is over. A hold
 ends while a run is inside, or after a run's connection closed without its goodbye (its
 keeper and supervisor killed: the command may run on), closes its descriptions without
 unlocking them; otherwise it unlocks them, so nothing a finished command left behind keeps
-the lock.
+the lock. The run's supervisor names itself on the connection as it starts, so that the
+command's own nested calls of the lock can ask the holder whether their run left so: then
+the lock is their command's (they hold it, through the description), and they run inside
+rather than wait for it -- for themselves.
 
 Linux only (abstract sockets, SO_PEERCRED); elsewhere a run inside a hold holds nothing,
 as before.
@@ -42,6 +45,10 @@ _SERVE_TIMEOUT = 0.2  # for the holder: a peer that connects and says nothing st
 _SERVE_BUDGET = 0.25
 # What a run says on its connection once its command is over, before closing it.
 BYE = b"bye\n"
+# What its supervisor says first: its pid, which the command's nested calls know it by.
+HELLO = b"run %d\n"
+# What a nested call asks, of the supervisor its LOCAL_MUTEX_HELD names.
+_LEFT = "left"
 
 
 def address(holder_pid: int, token_sha256: str) -> str:
@@ -67,6 +74,8 @@ class Sharing:
         # and the files it joined with.
         self.dropped = False
         self.dropped_files: set[tuple[int, int]] = set()
+        self.heard: dict[socket.socket, bytes] = {}  # what each run inside said so far
+        self.dropped_runs: set[int] = set()  # the supervisors of the runs that left so
 
     def fileno(self) -> int:
         return self.listener.fileno()
@@ -87,6 +96,9 @@ class Sharing:
                     conn.close()
                     continue
                 asked = _read_line(conn, min(time.monotonic() + _SERVE_TIMEOUT, budget))
+                if asked.startswith(f"{_LEFT} "):
+                    self._answer_left(conn, asked)
+                    continue
                 if not fds or not self._may_join(asked):  # no file at the path: nothing to give
                     conn.sendall(b"no\n")
                     conn.close()
@@ -114,6 +126,15 @@ class Sharing:
             except OSError:
                 pass  # that run is gone
 
+    def _answer_left(self, conn: socket.socket, request: str) -> None:
+        """Did the run of that supervisor leave without its goodbye? Looked at now: the
+        connection of a run killed a moment ago is closed, and may not have been read."""
+        self.in_use()
+        supervisor = request.partition(" ")[2]
+        left = supervisor.isdigit() and int(supervisor) in self.dropped_runs
+        conn.sendall(b"yes\n" if left else b"no\n")
+        conn.close()
+
     def _may_join(self, request: str) -> bool:
         kind, _, value = request.partition(" ")
         if kind == "token":
@@ -128,14 +149,18 @@ class Sharing:
         command was over: its keeper and supervisor died, and the command may run on."""
         still = []
         for conn in self.inside:
-            said = _said_goodbye(conn)
+            ended, heard = _hear(conn)
+            heard = self.heard.pop(conn, b"") + heard
+            said = goodbye(ended, heard)
             if said is None:
+                self.heard[conn] = heard[-_REQUEST_LIMIT:]
                 still.append(conn)
                 continue
             files = self.files.pop(conn, set())
             if not said:
                 self.dropped = True
                 self.dropped_files |= files
+                self.dropped_runs.update(_supervisors(heard))
             conn.close()
         self.inside = still
         return bool(still) or self.dropped
@@ -150,7 +175,7 @@ class Sharing:
         self.listener.close()
         for conn in self.inside:
             conn.close()
-        self.inside, self.files = [], {}
+        self.inside, self.files, self.heard = [], {}, {}
 
 
 def join(
@@ -204,9 +229,9 @@ def leave(conn: socket.socket) -> None:
     conn.close()
 
 
-def _said_goodbye(conn: socket.socket) -> bool | None:
-    """None while the run's connection is open and silent; else whether it said goodbye
-    (read before its end of file, or before the reset a close with unread data gives)."""
+def _hear(conn: socket.socket) -> tuple[bool, bytes]:
+    """(Has the run's connection ended, what it said since we last looked): what came
+    before its end of file, or before the reset a close with unread data gives."""
     said = b""
     try:
         conn.setblocking(False)
@@ -215,11 +240,47 @@ def _said_goodbye(conn: socket.socket) -> bool | None:
             if not chunk:
                 break
             said += chunk
-    except BlockingIOError:  # still connected: inside, unless it said goodbye already
-        return True if BYE in said else None
+    except BlockingIOError:  # still connected
+        return False, said
     except OSError:
         pass
-    return BYE in said
+    return True, said
+
+
+def goodbye(ended: bool, heard: bytes) -> bool | None:
+    """None while the run is inside (connected, no goodbye yet); else whether it said
+    goodbye (its command is over) before its connection ended."""
+    return True if BYE in heard else None if not ended else False
+
+
+def _supervisors(heard: bytes) -> list[int]:
+    found = []
+    for line in heard.split(b"\n"):
+        word, _, pid = line.partition(b" ")
+        if word == HELLO.split(b" ")[0] and pid.isdigit():
+            found.append(int(pid))
+    return found
+
+
+def left_without_goodbye(holder_pid: int, token_sha256: str, supervisor: int) -> bool:
+    """A nested call's side: did the run of ``supervisor`` inside the hold of ``holder_pid``
+    leave without its goodbye (its keeper and supervisor killed)? The holder then never
+    unlocks the lock, which is that run's command's. False when it cannot be asked."""
+    if not SUPPORTED:
+        return False
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(TIMEOUT)
+        _connect(conn, address(holder_pid, token_sha256), TIMEOUT)
+        pid, uid = peer(conn)
+        if pid != holder_pid or not _same_user(uid):
+            return False
+        conn.sendall(f"{_LEFT} {supervisor}\n".encode())
+        return _read_line(conn, time.monotonic() + TIMEOUT) == "yes"
+    except OSError:
+        return False
+    finally:
+        conn.close()
 
 
 def _connect(conn: socket.socket, name: str, within: float) -> None:

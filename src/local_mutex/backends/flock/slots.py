@@ -89,7 +89,7 @@ def enclosing_slot(lock: FlockLock, env: Mapping[str, str], slots: int) -> tuple
             return found
     if not env.get(nesting.ENV_HELD):
         return None
-    from .predecessor import held_by_ancestor
+    from .ancestry import held_by_ancestor
 
     return held_by_ancestor({as_proc_names_it(p) for p in paths}, env)
 
@@ -119,7 +119,7 @@ def _runs_beside(lock: FlockLock, path: str, found: Predecessor) -> bool:
     """A slot held on a file deleted from ``path`` by an enclosing run, or by our job's
     hold (``--reentrant``): we take the new file (the hold takes it back after us)."""
     from ...identity import owned
-    from .predecessor import held_by_ancestor
+    from .ancestry import held_by_ancestor
 
     if lock.reentrant and owned(found.record(), lock.env, lock.token):
         return True
