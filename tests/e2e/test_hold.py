@@ -1221,6 +1221,37 @@ def test_a_leftover_of_another_run_inside_the_hold_still_waits_beside_an_orphane
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+def test_a_reentrant_run_after_the_holder_died_and_a_deletion_waits_as_anyone(
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
+) -> None:
+    """The holder killed while a run was inside, then the lock file deleted: the next
+    `run --reentrant` found the hold's record on the deleted file, waited a second for the
+    dead holder to take the new file, and was refused ("did not share its lock", exit 2).
+    The hold is over: its lock, which the run inside keeps, is waited for as anyone's."""
+    token = _hold("gone", lock_dir)
+    cleanup.append("gone")
+    holder_pid = _status("gone", lock_dir)["holders"][0]["pid"]
+    run = procs.start(
+        ["run", "--reentrant", "--lock-dir", str(lock_dir), "gone", hold_until(marks, "in")],
+        env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+    )
+    wait_for(marks / "in.held")
+    os.kill(holder_pid, signal.SIGKILL)
+    assert pw.wait_gone([holder_pid], 20) == []
+    lock_file(lock_dir, "gone").unlink()
+    env = {"LOCAL_MUTEX_HOLD_TOKEN": token}
+    again = ["run", "--reentrant", "--lock-dir", str(lock_dir), "gone", f"touch '{marks}/2'"]
+    r = run_cli(["--no-wait", *again], env=env)
+    assert r.returncode == 75, r.stderr
+    assert not (marks / "2").exists()
+    (marks / "in.go").touch()
+    assert run.wait(20) == 0, procs.stderr(run)
+    r = run_cli(["--no-wait", *again], env=env)
+    assert r.returncode == 0, r.stderr
+    assert (marks / "2").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
 def test_runs_that_left_a_hold_do_not_pile_up_in_its_holder(
     lock_dir: Path, cleanup: list[str]
 ) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import time
 
-from ... import nesting
+from ... import _proc, nesting
 from ...errors import Interrupted
 from . import kernel, record
 from .lockdir import as_proc_names_it, is_file_at
@@ -82,8 +82,6 @@ def find(
 def lost_hold(path: str) -> tuple[int, dict[str, Any]] | None:
     """A live hold that holds a file deleted or renamed from ``path`` (and so not the file
     there now, if any): its holder's pid and record (for ``release``)."""
-    from ... import _proc
-
     try:
         here = key_of(os.stat(path, follow_symlinks=False))
     except OSError:
@@ -168,8 +166,9 @@ def let_our_hold_adopt(
     lock: FlockLock, env: Mapping[str, str], token: str | None, wait: float | None
 ) -> int | None:
     """If the deleted file's lock is our job's hold's, give its holder the moment it needs
-    to take the new file (our own lock on it would end the hold). The hold's pid if it did
-    not within that moment (or ``wait``): stopped, it cannot share its lock with us either."""
+    to take the new file (our own lock on it would end the hold). The holder's pid if it
+    did not within that moment (or ``wait``): stopped, it cannot share its lock with us
+    either."""
     from ...identity import owned
 
     if not _worth_a_look(lock):
@@ -177,6 +176,11 @@ def let_our_hold_adopt(
     found = find(lock.path, lock.fd)
     rec = None if found is None else found.record()
     if found is None or rec is None or not owned(rec, env, token):
+        return None
+    holder = rec.get("pid")
+    if not isinstance(holder, int) or not _proc.holds_lock(holder, {found.file}):
+        # Its holder gone, and what ran inside the hold still holding its lock: the hold
+        # is over, and its lock is waited for as anyone's.
         return None
     here = key_of(os.fstat(lock.fd))
     # Even --no-wait gives a running hold its tick: the lock is ours, not another's.
@@ -194,7 +198,7 @@ def let_our_hold_adopt(
         if takers - {found.pid}:  # another caller has the new file: our hold never will
             return None
         if time.monotonic() >= deadline:
-            return found.pid
+            return holder if _proc.holds_lock(holder, {found.file}) else None
         time.sleep(0.01)
 
 
