@@ -26,6 +26,8 @@ from helpers import (
     full_pipe,
     hold_file,
     hold_until,
+    left_behind_call,
+    left_behind_call_waited,
     lock_file,
     lock_is_free,
     read_pid,
@@ -79,6 +81,24 @@ def _inside(
         env={"LOCAL_MUTEX_HOLD_TOKEN": token},
     )
     wait_for(marks / started)
+    return token, run
+
+
+def _inside_a_dead_hold(
+    name: str, procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
+) -> tuple[str, subprocess.Popen[bytes]]:
+    """A hold of NAME and a `run --reentrant` inside it (holding until ``in.go``), the
+    holder then killed (and gone)."""
+    cleanup.append(name)
+    token = _hold(name, lock_dir)
+    holder_pid = _status(name, lock_dir)["holders"][0]["pid"]
+    run = procs.start(
+        ["run", "--reentrant", "--lock-dir", str(lock_dir), name, hold_until(marks, "in")],
+        env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+    )
+    wait_for(marks / "in.held")
+    os.kill(holder_pid, signal.SIGKILL)
+    assert pw.wait_gone([holder_pid], 20) == []
     return token, run
 
 
@@ -945,15 +965,7 @@ def test_a_release_after_the_holder_was_killed_says_the_hold_is_over(
     """The holder SIGKILLed while a run inside still runs: the lock is that run's until it
     ends. `release` called it "held by pid …, which is not a hold" -- of a hold the user
     did start. It now says the hold is over and what still holds the lock."""
-    cleanup.append("orphaned")
-    token = _hold("orphaned", lock_dir)
-    holder_pid = _status("orphaned", lock_dir)["holders"][0]["pid"]
-    run = procs.start(
-        ["run", "--reentrant", "--lock-dir", str(lock_dir), "orphaned", hold_until(marks, "in")],
-        env={"LOCAL_MUTEX_HOLD_TOKEN": token},
-    )
-    wait_for(marks / "in.held")
-    os.kill(holder_pid, signal.SIGKILL)
+    token, run = _inside_a_dead_hold("orphaned", procs, lock_dir, marks, cleanup)
     r = run_cli(["release", "orphaned", "--lock-dir", str(lock_dir), "--token", token])
     assert r.returncode == 77, r.stderr
     assert b"the hold on orphaned is over" in r.stderr and b"not a hold" not in r.stderr, r.stderr
@@ -1197,12 +1209,7 @@ def test_a_leftover_of_another_run_inside_the_hold_still_waits_beside_an_orphane
     """Only the run that left without its goodbye is its command's: a job that another,
     finished run inside the same hold left behind must still wait for the hold (its
     release unlocks what that job shares), not run inside because some run was orphaned."""
-    leftover = (
-        f'(setsid sh -c \'while [ ! -e "{marks}/go" ]; do sleep 0.01; done; '
-        f'sh "$LOCAL_MUTEX_CLI" --no-wait orphan "touch {marks}/ran"; '
-        f'echo $? > "{marks}/rc.tmp"; mv "{marks}/rc.tmp" "{marks}/rc"\' '
-        "</dev/null >/dev/null 2>&1 &)"
-    )
+    leftover = left_behind_call(marks, "orphan")
     token, run = _inside("orphan", procs, lock_dir, marks, cleanup)
     try:
         r = run_cli(
@@ -1211,10 +1218,7 @@ def test_a_leftover_of_another_run_inside_the_hold_still_waits_beside_an_orphane
         )
         assert r.returncode == 0, r.stderr
         _kill_keeper_and_supervisor(run)
-        (marks / "go").touch()
-        wait_for(marks / "rc", 20, "the leftover's call")
-        assert (marks / "rc").read_text().strip() == "75"
-        assert not (marks / "ran").exists()
+        left_behind_call_waited(marks)
     finally:
         (marks / "go").touch()
         (marks / "in.go").touch()
@@ -1228,16 +1232,7 @@ def test_a_reentrant_run_after_the_holder_died_and_a_deletion_waits_as_anyone(
     `run --reentrant` found the hold's record on the deleted file, waited a second for the
     dead holder to take the new file, and was refused ("did not share its lock", exit 2).
     The hold is over: its lock, which the run inside keeps, is waited for as anyone's."""
-    token = _hold("gone", lock_dir)
-    cleanup.append("gone")
-    holder_pid = _status("gone", lock_dir)["holders"][0]["pid"]
-    run = procs.start(
-        ["run", "--reentrant", "--lock-dir", str(lock_dir), "gone", hold_until(marks, "in")],
-        env={"LOCAL_MUTEX_HOLD_TOKEN": token},
-    )
-    wait_for(marks / "in.held")
-    os.kill(holder_pid, signal.SIGKILL)
-    assert pw.wait_gone([holder_pid], 20) == []
+    token, run = _inside_a_dead_hold("gone", procs, lock_dir, marks, cleanup)
     lock_file(lock_dir, "gone").unlink()
     env = {"LOCAL_MUTEX_HOLD_TOKEN": token}
     again = ["run", "--reentrant", "--lock-dir", str(lock_dir), "gone", f"touch '{marks}/2'"]

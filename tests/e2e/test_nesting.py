@@ -10,7 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CLI, Procs, clean_env, hold_until, lock_file, run_cli, start_each, wait_for
+from helpers import (
+    CLI,
+    Procs,
+    clean_env,
+    hold_until,
+    left_behind_call,
+    left_behind_call_waited,
+    lock_file,
+    run_cli,
+    start_each,
+    wait_for,
+)
 from helpers import procwatch as pw
 
 
@@ -291,12 +302,7 @@ def test_a_leftover_of_a_run_inside_a_hold_does_not_run_inside_the_hold(
     job = {"LOCAL_MUTEX_HOLD_TOKEN": r.stdout.decode().strip()}
     status = run_cli(["status", "h", "--lock-dir", str(lock_dir), "--json"])
     holder_pid = json.loads(status.stdout)["holders"][0]["pid"]
-    leftover = (
-        f'(setsid sh -c \'while [ ! -e "{marks}/go" ]; do sleep 0.01; done; '
-        f'sh "$LOCAL_MUTEX_CLI" --no-wait h "touch {marks}/ran"; '
-        f'echo $? > "{marks}/rc.tmp"; mv "{marks}/rc.tmp" "{marks}/rc"\' '
-        "</dev/null >/dev/null 2>&1 &)"
-    )
+    leftover = left_behind_call(marks, "h")
     try:
         inside = run_cli(
             ["--lock-dir", str(lock_dir), "run", "--reentrant", "h", leftover], env=job
@@ -304,10 +310,7 @@ def test_a_leftover_of_a_run_inside_a_hold_does_not_run_inside_the_hold(
         assert inside.returncode == 0 and b"running inside it" in inside.stderr, inside.stderr
         if holder == "killed":
             os.kill(holder_pid, signal.SIGKILL)
-        (marks / "go").touch()
-        wait_for(marks / "rc", 20, "the leftover's call")
-        assert (marks / "rc").read_text().strip() == "75"
-        assert not (marks / "ran").exists()
+        left_behind_call_waited(marks)
     finally:
         (marks / "go").touch()
         run_cli(["release", "h", "--lock-dir", str(lock_dir)], env=job)

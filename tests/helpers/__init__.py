@@ -245,6 +245,26 @@ def read_pid(path: Path, timeout: float = 20.0) -> int:
     return int(path.read_text())
 
 
+def left_behind_call(marker_dir: Path, name: str) -> str:
+    """A shell command that leaves a job behind (in a session of its own) which, once
+    ``go`` exists, calls NAME (``--no-wait``, through ``$LOCAL_MUTEX_CLI``): it writes
+    ``ran`` if it ran inside, and its exit status to ``rc``."""
+    return (
+        f'(setsid sh -c \'while [ ! -e "{marker_dir}/go" ]; do sleep 0.01; done; '
+        f'sh "$LOCAL_MUTEX_CLI" --no-wait {name} "touch {marker_dir}/ran"; '
+        f'echo $? > "{marker_dir}/rc.tmp"; mv "{marker_dir}/rc.tmp" "{marker_dir}/rc"\' '
+        "</dev/null >/dev/null 2>&1 &)"
+    )
+
+
+def left_behind_call_waited(marker_dir: Path) -> None:
+    """Let the job ``left_behind_call`` left go: it must have been kept out (75)."""
+    (marker_dir / "go").touch()
+    wait_for(marker_dir / "rc", 20, "the left-behind job's call")
+    assert (marker_dir / "rc").read_text().strip() == "75"
+    assert not (marker_dir / "ran").exists()
+
+
 def hold_until(marker_dir: Path, tag: str = "h") -> str:
     """A shell command that says it holds (``<tag>.held``) and keeps going until ``<tag>.go``.
 

@@ -193,14 +193,7 @@ def join(
     request = f"token {token}" if token else f"job {_job_text(identity or {})}"
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        conn.settimeout(within)
-        _connect(conn, address(holder_pid, token_sha256), within)
-        pid, uid = peer(conn)
-        # Never tell the token to anyone but the holder's own process, of our own user (or
-        # root): a hold of another user's is none of ours to run inside, root's runs
-        # included (whoever listens there may have planted the lock it points us to).
-        if pid != holder_pid or not _same_user(uid):
-            raise OSError("not the holder")
+        _reach(conn, holder_pid, token_sha256, within)
         conn.sendall(request.encode("utf-8", "surrogateescape") + b"\n")
         # MSG_CMSG_CLOEXEC: the descriptions must never reach a command we spawn.
         msg, ancdata, _, _ = conn.recvmsg(16, socket.CMSG_SPACE(16 * 4), socket.MSG_CMSG_CLOEXEC)
@@ -270,17 +263,25 @@ def left_without_goodbye(holder_pid: int, token_sha256: str, supervisor: int) ->
         return False
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        conn.settimeout(TIMEOUT)
-        _connect(conn, address(holder_pid, token_sha256), TIMEOUT)
-        pid, uid = peer(conn)
-        if pid != holder_pid or not _same_user(uid):
-            return False
+        _reach(conn, holder_pid, token_sha256, TIMEOUT)
         conn.sendall(f"{_LEFT} {supervisor}\n".encode())
         return _read_line(conn, time.monotonic() + TIMEOUT) == "yes"
     except OSError:
         return False
     finally:
         conn.close()
+
+
+def _reach(conn: socket.socket, holder_pid: int, token_sha256: str, within: float) -> None:
+    """Connect to the holder, or raise OSError. Never tell anything to anyone but the
+    holder's own process, of our own user (or root): a hold of another user's is none of
+    ours to run inside, root's runs included (whoever listens there may have planted the
+    lock it points us to)."""
+    conn.settimeout(within)
+    _connect(conn, address(holder_pid, token_sha256), within)
+    pid, uid = peer(conn)
+    if pid != holder_pid or not _same_user(uid):
+        raise OSError("not the holder")
 
 
 def _connect(conn: socket.socket, name: str, within: float) -> None:
