@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 ENV_HELD = "LOCAL_MUTEX_HELD"
 # The remote lock domain a command runs in: nested calls take their locks there too.
 ENV_REMOTE = "LOCAL_MUTEX_REMOTE"
+# The run inside a hold a command is of: how the run named itself to the holder.
+ENV_HOLD_RUN = "LOCAL_MUTEX_HOLD_RUN"
 
 
 def entry(pid: int, key: str, shared: bool) -> str:

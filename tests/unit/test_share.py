@@ -3,12 +3,20 @@ unix sockets: only a goodbye before the end of the connection says the command i
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 
 import pytest
 
-from local_mutex.backends.flock.share import HELLO, Sharing, _hear, goodbye, leave
+from local_mutex.backends.flock.share import (
+    Sharing,
+    _hear,
+    address,
+    goodbye,
+    introduce,
+    leave,
+)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="holds share on Linux")
 
@@ -67,23 +75,60 @@ def test_leaving_a_holder_that_is_gone_is_quiet() -> None:
 
 
 @pytest.mark.parametrize("ticks", [1, 2])
-def test_the_holder_knows_which_supervisors_runs_left_without_a_goodbye(ticks: int) -> None:
-    """A supervisor names itself as it starts; what it said is kept from tick to tick, so
-    the holder can tell a nested call whether its run left without a goodbye -- and only
-    that run: one that said goodbye is not counted, nor a line that names no pid."""
+def test_the_holder_knows_which_runs_left_without_a_goodbye(ticks: int) -> None:
+    """A run names itself once it joined; what it said is kept from tick to tick, so the
+    holder can tell a nested call whether its run left without a goodbye -- and only that
+    run: one that said goodbye is not counted."""
     sharing = Sharing("t" * 32, None)
     try:
         pairs = [socket.socketpair() for _ in range(2)]
         for holder, _ in pairs:
             sharing.inside.append(holder)
         (_, dropped), (_, finished) = pairs
-        dropped.send(HELLO % 4242 + b"run x\n")
-        finished.send(HELLO % 4343)
+        assert introduce(dropped) != introduce(finished)
         if ticks == 2:
             assert sharing.in_use()  # both still inside: what they said is kept
         dropped.close()
         leave(finished)
         assert sharing.in_use()  # one left without its goodbye: never unlocked
-        assert sharing.dropped_runs == {4242}
+        assert len(sharing.dropped_runs) == 1
+        (name,) = sharing.dropped_runs
+        assert len(name) == 24 and int(name, 16) >= 0
+    finally:
+        sharing.close()
+
+
+@pytest.mark.parametrize(
+    "asked",
+    [b"left \xc2\xb2", b"left ", b"left", b"left \xff\xfe", b"left 12345", b"\x00" * 100],
+)
+def test_a_question_the_holder_cannot_read_is_answered_no(asked: bytes) -> None:
+    """A same-user process that asks in garbage ("left \u00b2": a digit to isdigit(), not
+    to int()) gets "no"; the holder answered with a ValueError and died, ending the hold."""
+    sharing = Sharing("t" * 32, None)
+    try:
+        sharing.dropped_runs.add("ab" * 12)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as asker:
+            asker.connect(address(os.getpid(), sharing.token_sha256))
+            asker.sendall(asked + b"\n")
+            sharing.serve([])
+            assert asker.recv(16) == b"no\n"
+    finally:
+        sharing.close()
+
+
+def test_a_run_named_to_the_holder_is_known_by_that_name_only() -> None:
+    sharing = Sharing("t" * 32, None)
+    try:
+        holder, run = socket.socketpair()
+        sharing.inside.append(holder)
+        name = introduce(run)
+        run.close()
+        for asked, answer in ((name, b"yes\n"), ("cd" * 12, b"no\n")):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as asker:
+                asker.connect(address(os.getpid(), sharing.token_sha256))
+                asker.sendall(f"left {asked}\n".encode())
+                sharing.serve([])
+                assert asker.recv(16) == answer
     finally:
         sharing.close()

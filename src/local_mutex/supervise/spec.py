@@ -28,10 +28,9 @@ class Spec:
         self.argv, self.env, self.timeout = list(argv), env, timeout
         self.kill_after, self.stdin_devnull = kill_after, stdin_devnull
         self.closed = tuple(closed)  # standard streams the command gets closed
-        # A socket, what to say on it once everything of the command is over (a run
-        # inside a hold tells its holder; the keeper does too, if it lives), and how the
-        # supervisor names itself there first (a %d for its pid).
-        self.farewell: tuple[int, bytes, bytes] | None = None
+        # A socket and what to say on it once everything of the command is over (a run
+        # inside a hold tells its holder; the keeper does too, if it lives).
+        self.farewell: tuple[int, bytes] | None = None
 
     @classmethod
     def shell(cls, command: str, env: Mapping[str, str], **options: object) -> Spec:

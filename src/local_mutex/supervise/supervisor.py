@@ -52,8 +52,8 @@ ESCALATE_KILL_AFTER = 7.0
 # A signal the keeper relays and the group also got directly (kill -TERM -PGID, systemd):
 # the same signal again within this window is one request, not two.
 _SAME_REQUEST = 0.1
-# Python ignores these itself; the command must get the defaults (``yes | head`` needs
-# SIGPIPE). Signals we catch are reset by exec anyway; ones our caller ignored stay ignored.
+# Python ignores these itself; the command must get the defaults (``yes | head`` needs SIGPIPE).
+# (Signals we catch are reset by exec anyway; ones our caller ignored stay ignored.)
 _RESET_FOR_CHILD = (signal.SIGPIPE, signal.SIGXFSZ)
 # ``_Supervisor.resumed`` while Ctrl-Z keeps our caller's job stopped (not math.inf: the
 # plain path loads no extension module it can do without).
@@ -257,7 +257,8 @@ def _wait_command(sup: _Supervisor, pid: int, tty: int | None, home: int) -> int
     sleep = until_a_signal()
     while True:
         try:
-            # Any child: the command, or an orphan adopted as a subreaper (see below).
+            # Any child: the command, or an orphan adopted as a subreaper (reaped here so it
+            # never lingers as a zombie); without a subreaper the command is the only one.
             got, status = os.waitpid(-1, flags)
         except ChildProcessError:
             return 0
@@ -318,8 +319,6 @@ def _run(
     session: int | None,
 ) -> int:
     _install(sup)
-    if sup.spec.farewell is not None:  # first, so the holder knows us should we die
-        _tell(sup.spec.farewell[0], sup.spec.farewell[2] % os.getpid())
     tty, foreground = terminal.controlling_tty()
     home = os.getpgrp()  # the caller's group: the terminal goes back to it
     # A group of our own: whoever kills the caller's whole group (``kill -9 -PGID``,
@@ -377,7 +376,7 @@ def _run(
     flags = " ".join(str(int(flag)) for flag in (*ended, *causes))
     signals = ",".join(str(s) for s in sup.signals) or "-"
     if sup.spec.farewell is not None and not gave_up:
-        _tell(*sup.spec.farewell[:2])
+        _say_farewell(*sup.spec.farewell)
     if sup.keeper_gone:  # nobody else is left to say why the command ended
         say_keeper_gone(sup.keeper, code)
     _write(out, f"done {code} {flags} {signals} {sup.started!r}\n")
@@ -390,8 +389,9 @@ def _reports_a_kill(spec: Spec, status: int) -> bool:
     return shell and os.WIFEXITED(status) and 128 < os.WEXITSTATUS(status) < 128 + signal.NSIG
 
 
-def _tell(fd: int, text: bytes) -> None:
-    import socket  # loaded already: the keeper made this connection before the fork
+def _say_farewell(fd: int, text: bytes) -> None:
+    # socket is loaded already: the keeper made this connection before the fork.
+    import socket
 
     try:
         with socket.socket(fileno=os.dup(fd)) as conn:

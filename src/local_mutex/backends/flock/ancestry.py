@@ -88,7 +88,7 @@ def _held_through_us(lock: FlockLock, path: str, env: Mapping[str, str]) -> tupl
             if rec is None or not taker.isdigit() or str(rec.get("pid")) != taker:
                 continue  # not its record's taker's lock (or one of another PID namespace)
             if rec.get("hold"):
-                if not _left_to_our_command(int(taker), rec, st, env):
+                if not _left_to_our_command(int(taker), rec, env):
                     continue
             elif running(int(taker)):
                 continue  # a plain run's taker, its keeper, lives
@@ -99,22 +99,17 @@ def _held_through_us(lock: FlockLock, path: str, env: Mapping[str, str]) -> tupl
     return None
 
 
-def _left_to_our_command(
-    holder: int, rec: dict[str, Any], file: os.stat_result, env: Mapping[str, str]
-) -> bool:
+def _left_to_our_command(holder: int, rec: dict[str, Any], env: Mapping[str, str]) -> bool:
     """A hold's description, shared by every run inside the hold and by what they left
-    behind: ours only if the run we are part of (its supervisor, as our LOCAL_MUTEX_HELD
-    names it) left without saying its command was over -- its keeper and supervisor died.
-    Its holder, asked, knows; and then it never unlocks the lock, so it stays our
-    command's. A job that a finished run left behind must wait: the hold's end unlocks
-    what it shares. A holder that is gone cannot be asked: we wait (as such a job must)."""
+    behind: ours only if the run we are part of (as it named itself to the holder:
+    LOCAL_MUTEX_HOLD_RUN) left without saying its command was over -- its keeper and
+    supervisor died. Its holder, asked, knows; and then it never unlocks the lock, so it
+    stays our command's. A job that a finished run left behind must wait: the hold's end
+    unlocks what it shares. A holder that is gone cannot be asked: we wait (as such a job
+    must)."""
     from .share import left_without_goodbye
 
-    token_sha256, key = rec.get("token_sha256"), f"{file.st_dev}:{file.st_ino}"
-    if not isinstance(token_sha256, str):
+    token_sha256, run = rec.get("token_sha256"), env.get(nesting.ENV_HOLD_RUN)
+    if not isinstance(token_sha256, str) or not run:
         return False
-    return any(
-        left_without_goodbye(holder, token_sha256, pid)
-        for pid, item_key, _ in nesting.held_entries(env)
-        if item_key == key
-    )
+    return left_without_goodbye(holder, token_sha256, run)

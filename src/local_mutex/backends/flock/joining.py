@@ -130,6 +130,7 @@ def join(
         share.leave(conn)
         return False
     lock.joined, lock.join_failed = (conn, fds), False
+    lock.hold_run = share.introduce(conn)
     return True
 
 

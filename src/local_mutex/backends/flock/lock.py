@@ -78,6 +78,7 @@ class FlockLock:
         self.guardian: int | None = None  # holds the file put back too (``guardian``)
         # Inside a hold: its descriptions of the lock, and our connection to its holder.
         self.joined: tuple[socket.socket, list[int]] | None = None
+        self.hold_run: str | None = None  # how we named ourselves to its holder
         self.join_failed = False  # a hold's holder that could not share its lock with us
         self.reentrant = False  # a run that may join its job's hold (with its token)
         self.token: str | None = None
@@ -295,14 +296,13 @@ class FlockLock:
                 "never be released; let it go"
             )
 
-    def farewell(self) -> tuple[int, bytes, bytes] | None:
-        """Inside a hold: the connection to its holder, what tells it we are done, and how
-        the supervisor names itself."""
+    def farewell(self) -> tuple[int, bytes] | None:
+        """Inside a hold: the connection to its holder, and what tells it we are done."""
         if self.joined is None:
             return None
-        from .share import BYE, HELLO
+        from .share import BYE
 
-        return self.joined[0].fileno(), BYE, HELLO
+        return self.joined[0].fileno(), BYE
 
     def keep_fds(self) -> tuple[int, ...]:
         # Inside a hold, the hold's that we joined (the command's too: they outlive us).
@@ -379,6 +379,8 @@ class FlockLock:
             for fd in self.joined[1]:
                 entry = nesting.entry(os.getpid(), _file_key(fd), False)
                 out[nesting.ENV_HELD] = nesting.extend(out, entry)
+            if self.hold_run is not None:  # should keeper and supervisor die (``ancestry``)
+                out[nesting.ENV_HOLD_RUN] = self.hold_run
         return out
 
 

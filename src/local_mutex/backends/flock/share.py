@@ -11,10 +11,10 @@ open for the run's life and ends with a goodbye once the command is over. A hold
 ends while a run is inside, or after a run's connection closed without its goodbye (its
 keeper and supervisor killed: the command may run on), closes its descriptions without
 unlocking them; otherwise it unlocks them, so nothing a finished command left behind keeps
-the lock. The run's supervisor names itself on the connection as it starts, so that the
-command's own nested calls of the lock can ask the holder whether their run left so: then
-the lock is their command's (they hold it, through the description), and they run inside
-rather than wait for it -- for themselves.
+the lock. A run names itself on the connection once it joined (a random name, which its
+command gets too), so that the command's own nested calls of the lock can ask the holder
+whether their run left so: then the lock is their command's (they hold it, through the
+description), and they run inside rather than wait for it -- for themselves.
 
 Linux only (abstract sockets, SO_PEERCRED); elsewhere a run inside a hold holds nothing,
 as before.
@@ -45,8 +45,9 @@ _SERVE_TIMEOUT = 0.2  # for the holder: a peer that connects and says nothing st
 _SERVE_BUDGET = 0.25
 # What a run says on its connection once its command is over, before closing it.
 BYE = b"bye\n"
-# What its supervisor says first: its pid, which the command's nested calls know it by.
-HELLO = b"run %d\n"
+# What a run says once it joined: its name, which its command's nested calls know it by.
+HELLO = b"run %s\n"
+_RUN_NAME = 12  # random bytes: names no other run, whatever pids get reused
 # What a nested call asks, of the supervisor its LOCAL_MUTEX_HELD names.
 _LEFT = "left"
 
@@ -75,7 +76,7 @@ class Sharing:
         self.dropped = False
         self.dropped_files: set[tuple[int, int]] = set()
         self.heard: dict[socket.socket, bytes] = {}  # what each run inside said so far
-        self.dropped_runs: set[int] = set()  # the supervisors of the runs that left so
+        self.dropped_runs: set[str] = set()  # the names of the runs that left so
 
     def fileno(self) -> int:
         return self.listener.fileno()
@@ -127,11 +128,10 @@ class Sharing:
                 pass  # that run is gone
 
     def _answer_left(self, conn: socket.socket, request: str) -> None:
-        """Did the run of that supervisor leave without its goodbye? Looked at now: the
+        """Did the run of that name leave without its goodbye? Looked at now: the
         connection of a run killed a moment ago is closed, and may not have been read."""
         self.in_use()
-        supervisor = request.partition(" ")[2]
-        left = supervisor.isdigit() and int(supervisor) in self.dropped_runs
+        left = request.partition(" ")[2] in self.dropped_runs
         conn.sendall(b"yes\n" if left else b"no\n")
         conn.close()
 
@@ -160,7 +160,7 @@ class Sharing:
             if not said:
                 self.dropped = True
                 self.dropped_files |= files
-                self.dropped_runs.update(_supervisors(heard))
+                self.dropped_runs.update(_run_names(heard))
             conn.close()
         self.inside = still
         return bool(still) or self.dropped
@@ -246,17 +246,27 @@ def goodbye(ended: bool, heard: bytes) -> bool | None:
     return True if BYE in heard else None if not ended else False
 
 
-def _supervisors(heard: bytes) -> list[int]:
-    found = []
-    for line in heard.split(b"\n"):
-        word, _, pid = line.partition(b" ")
-        if word == HELLO.split(b" ")[0] and pid.isdigit():
-            found.append(int(pid))
-    return found
+def _run_names(heard: bytes) -> list[str]:
+    word = HELLO.split(b" ")[0]
+    return [
+        line[len(word) + 1 :].decode("ascii", "replace")
+        for line in heard.split(b"\n")
+        if line.startswith(word + b" ")
+    ]
 
 
-def left_without_goodbye(holder_pid: int, token_sha256: str, supervisor: int) -> bool:
-    """A nested call's side: did the run of ``supervisor`` inside the hold of ``holder_pid``
+def introduce(conn: socket.socket) -> str:
+    """The run's side, once it joined: name it to the holder; the name, for its command."""
+    name = os.urandom(_RUN_NAME).hex()
+    try:
+        conn.send(HELLO % name.encode(), socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+    except OSError:
+        pass  # the holder is gone: the command's nested calls cannot ask it either
+    return name
+
+
+def left_without_goodbye(holder_pid: int, token_sha256: str, run: str) -> bool:
+    """A nested call's side: did the run named ``run`` inside the hold of ``holder_pid``
     leave without its goodbye (its keeper and supervisor killed)? The holder then never
     unlocks the lock, which is that run's command's. False when it cannot be asked."""
     if not SUPPORTED:
@@ -264,7 +274,7 @@ def left_without_goodbye(holder_pid: int, token_sha256: str, supervisor: int) ->
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         _reach(conn, holder_pid, token_sha256, TIMEOUT)
-        conn.sendall(f"{_LEFT} {supervisor}\n".encode())
+        conn.sendall(f"{_LEFT} {run}\n".encode("utf-8", "surrogateescape"))
         return _read_line(conn, time.monotonic() + TIMEOUT) == "yes"
     except OSError:
         return False
