@@ -18,18 +18,22 @@ SRC = ROOT / "src"
 SCRIPT = ROOT / "scripts" / "local-mutex"
 SHIM = SRC / "local_mutex" / "local-mutex.sh"
 
+# Through posix, not os: under the shim's -I -S, importing os is the program's own first
+# step, and a Ctrl-C may land there too.
 HOOK = """
-import os, sys
-def _interrupt(event, args, target=os.environ["SIGINT_AT_IMPORT"]):
+import posix, sys
+def _interrupt(event, args, target=posix.environ[b"SIGINT_AT_IMPORT"].decode()):
     if event == "import" and args[0] == target:
-        os.kill(os.getpid(), 2)
+        posix.kill(posix.getpid(), 2)
 sys.addaudithook(_interrupt)
 """
 
 
-def _entry(kind: str, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
+def _entry(
+    kind: str, tmp_path: Path, at: str = "local_mutex.cli"
+) -> tuple[list[str], dict[str, str]]:
     """How local-mutex is started, with the hook loaded before our first import."""
-    env = clean_env({"SIGINT_AT_IMPORT": "local_mutex.cli"})
+    env = clean_env({"SIGINT_AT_IMPORT": at})
     if kind == "shim":
         # The shim starts Python with -I -S (no sitecustomize, no PYTHONPATH): the
         # interpreter it runs is this wrapper, which loads the hook, then the shim's code.
@@ -50,9 +54,17 @@ def _entry(kind: str, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
     return [sys.executable, "-m", "local_mutex"], env
 
 
-@pytest.mark.parametrize("kind", ["script", "module", "shim"])
-def test_ctrl_c_while_loading_exits_130_quietly(kind: str, tmp_path: Path) -> None:
-    argv, env = _entry(kind, tmp_path)
+@pytest.mark.parametrize(
+    ("kind", "at"),
+    [
+        ("script", "local_mutex.cli"),
+        ("module", "local_mutex.cli"),
+        ("shim", "local_mutex.cli"),
+        ("shim", "os"),  # the shim's first line: a traceback, exit 1
+    ],
+)
+def test_ctrl_c_while_loading_exits_130_quietly(kind: str, at: str, tmp_path: Path) -> None:
+    argv, env = _entry(kind, tmp_path, at)
     ran = tmp_path / "ran"
     r = subprocess.run(
         [*argv, "startup", f"touch {ran}", str(tmp_path)],
