@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from helpers import Procs, hold_until, lock_file, lock_is_free, run_cli, stopped, wait_for
+from helpers import procwatch as pw
 from local_mutex.backends.flock.slots import gate_path, slot_path
 
 needs_proc = pytest.mark.skipif(
@@ -509,3 +510,49 @@ def test_a_reentrant_run_in_the_tick_after_a_slot_files_deletion_runs(lock_dir: 
     finally:
         r = run_cli(["release", "pool", "--slots", "--lock-dir", d, "--token", token])
         assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fdinfo"), reason="finds its lock through /proc")
+@pytest.mark.parametrize("inside", ["a plain run", "a hold's run"])
+def test_a_nested_slots_call_of_a_command_whose_keeper_and_supervisor_died_runs_inside(
+    procs: Procs, lock_dir: Path, marks: Path, inside: str
+) -> None:
+    """Keeper and supervisor killed together under `--slots 1`: the command holds the
+    slot alone, and its own `--slots 1` call of that name waited for it -- for itself --
+    until its ceiling (for good without one), as a plain lock's call used to. It runs inside
+    now, while anyone else still waits; also inside a `hold --slots 1`'s run."""
+    d = str(lock_dir)
+    nested = (
+        f'"$LOCAL_MUTEX_CLI" -q --wait 10 --slots 1 pool "touch {marks}/nested.ran"; '
+        f"echo $? > {marks}/rc"
+    )
+    cmd = f"{hold_until(marks, 'a')}; {nested}; {hold_until(marks, 'b')}"
+    token = None
+    if inside == "a plain run":
+        run = procs.start(["--slots", "1", "pool", cmd, d])
+    else:
+        token = run_cli(["hold", "pool", "--slots", "1", "--lock-dir", d]).stdout.decode().strip()
+        run = procs.start(
+            ["run", "--reentrant", "--slots", "1", "--lock-dir", d, "pool", cmd],
+            env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+        )
+    try:
+        wait_for(marks / "a.held")
+        supervisor = pw.supervisor_child(run.pid)
+        assert supervisor is not None
+        pw.kill_together([run.pid, supervisor])
+        assert pw.wait_gone([supervisor], 20) == []
+        run.wait(20)
+        (marks / "a.go").touch()
+        wait_for(marks / "rc", 30, "the nested call to end")
+        assert (marks / "rc").read_text().strip() == "0"
+        assert (marks / "nested.ran").exists()
+        wait_for(marks / "b.held")
+        r = run_cli(["--no-wait", "--slots", "1", "pool", f"touch '{marks}/newcomer'", d])
+        assert r.returncode == 75, r.stderr
+        assert not (marks / "newcomer").exists()
+    finally:
+        (marks / "a.go").touch()
+        (marks / "b.go").touch()
+        if token is not None:
+            run_cli(["release", "pool", "--slots", "--lock-dir", d, "--token", token])

@@ -27,7 +27,7 @@ def enclosing(lock: FlockLock, env: Mapping[str, str]) -> tuple[int, str] | None
     the enclosing runs' own descriptors (``/proc/PID/fd``): one of them, of the file
     LOCAL_MUTEX_HELD names, still names our path, deleted (or its record does, renamed)."""
     path = as_proc_names_it(lock.path)
-    return held_by_ancestor([path], env) or _held_through_us(lock, path, env)
+    return held_by_ancestor([path], env) or held_through_us(file_id(lock.fd), path, env)
 
 
 def held_by_ancestor(paths: Collection[str], env: Mapping[str, str]) -> tuple[int, str] | None:
@@ -55,18 +55,20 @@ def held_by_ancestor(paths: Collection[str], env: Mapping[str, str]) -> tuple[in
     return None
 
 
-def _held_through_us(lock: FlockLock, path: str, env: Mapping[str, str]) -> tuple[int, str] | None:
+def held_through_us(
+    here: tuple[int, int], path: str, env: Mapping[str, str]
+) -> tuple[int, str] | None:
     """The run we are part of had its keeper and supervisor killed together: its lock is
     its command's alone, through the description the command inherited -- and we inherited
     it too. Waiting would wait for ourselves, and the command with us, for good. A plain
     run's lock counts once its taker (the keeper) is gone, the record in the file its own;
     a hold's, if the hold left it to our run (``_left_to_our_command``). A leftover of a
     plain run that ended holds nothing through it: the run unlocked it. A taker's pid that
-    reads 0 (another PID namespace) tells nothing: we wait. The command's top process,
-    and mode."""
+    reads 0 (another PID namespace) tells nothing: we wait. ``here``: the file at ``path``
+    now (device, inode). The command's top process, and mode."""
     from ..._proc import PROC, granted, holds_lock, open_files, parent_of, running
 
-    me, here = os.getpid(), file_id(lock.fd)
+    me = os.getpid()
     for fd, st in open_files(me):
         if (st.st_dev, st.st_ino) != here:
             if st.st_dev != here[0] or not stat.S_ISREG(st.st_mode):

@@ -78,20 +78,25 @@ class Slot:
 def enclosing_slot(lock: FlockLock, env: Mapping[str, str], slots: int) -> tuple[int, str] | None:
     """An enclosing run (pid, mode) that holds one of the name's first ``slots`` slots: the
     file at its path, or one deleted from it (a tmp cleaner, before the put-back)."""
-    paths = slot_paths(lock.path, slots)
+    paths, files = slot_paths(lock.path, slots), {}
     for path in paths:
         try:
             st = os.stat(path, follow_symlinks=False)
         except OSError:
             continue
-        found = nesting.enclosing_hold(env, f"{st.st_dev}:{st.st_ino}", (st.st_dev, st.st_ino))
+        files[path] = (st.st_dev, st.st_ino)
+        found = nesting.enclosing_hold(env, f"{st.st_dev}:{st.st_ino}", files[path])
         if found is not None:
             return found
     if not env.get(nesting.ENV_HELD):
         return None
-    from .ancestry import held_by_ancestor
+    from .ancestry import held_by_ancestor, held_through_us
 
-    return held_by_ancestor({as_proc_names_it(p) for p in paths}, env)
+    found = held_by_ancestor({as_proc_names_it(p) for p in paths}, env)
+    for path, file in files.items():  # a run whose keeper and supervisor died
+        if found is None:
+            found = held_through_us(file, as_proc_names_it(path), env)
+    return found
 
 
 def acquire_slot(
