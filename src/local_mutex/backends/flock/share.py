@@ -48,7 +48,7 @@ BYE = b"bye\n"
 # What a run says once it joined: its name, which its command's nested calls know it by.
 HELLO = b"run %s\n"
 _RUN_NAME = 12  # random bytes: names no other run, whatever pids get reused
-# What a nested call asks, of the supervisor its LOCAL_MUTEX_HELD names.
+# What a nested call asks, of the run its LOCAL_MUTEX_HOLD_RUN names: "left NAME".
 _LEFT = "left"
 
 
