@@ -31,6 +31,7 @@ from helpers import (
     lock_file,
     lock_is_free,
     read_pid,
+    read_written,
     run_cli,
     sleeps_in,
     stopped,
@@ -1191,8 +1192,7 @@ def test_a_nested_call_of_a_run_inside_a_hold_whose_keeper_and_supervisor_died_r
         path.rename(marks / "moved.lock")
         wait_for(path.exists, 10, "the holder to put a file back")
     (marks / "a.go").touch()
-    wait_for(marks / "rc", 30, "the nested call to end")
-    assert (marks / "rc").read_text().strip() == "0"
+    assert read_written(marks / "rc", 30, "the nested call to end") == "0"
     assert (marks / "nested.ran").exists()
     wait_for(marks / "b.held")
     r = run_cli(["--no-wait", "orphan", f"touch '{marks}/newcomer.ran'", str(lock_dir)])

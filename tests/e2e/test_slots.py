@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Procs, hold_until, lock_file, lock_is_free, run_cli, stopped, wait_for
+from helpers import (
+    Procs,
+    hold_until,
+    lock_file,
+    lock_is_free,
+    read_written,
+    run_cli,
+    stopped,
+    wait_for,
+)
 from helpers import procwatch as pw
 from local_mutex.backends.flock.slots import gate_path, slot_path
 
@@ -544,8 +553,7 @@ def test_a_nested_slots_call_of_a_command_whose_keeper_and_supervisor_died_runs_
         assert pw.wait_gone([supervisor], 20) == []
         run.wait(20)
         (marks / "a.go").touch()
-        wait_for(marks / "rc", 30, "the nested call to end")
-        assert (marks / "rc").read_text().strip() == "0"
+        assert read_written(marks / "rc", 30, "the nested call to end") == "0"
         assert (marks / "nested.ran").exists()
         wait_for(marks / "b.held")
         r = run_cli(["--no-wait", "--slots", "1", "pool", f"touch '{marks}/newcomer'", d])

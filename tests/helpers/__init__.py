@@ -239,10 +239,16 @@ def sleeps_in(pid: int, *where: str) -> bool:
     return any(name in wchan for name in where)
 
 
+def read_written(path: Path, timeout: float = 20.0, what: str = "") -> str:
+    """What a shell wrote with ``echo ... > PATH`` (stripped): wait out the file's empty
+    instant between its creation and the one write that fills it."""
+    wait_for(lambda: path.exists() and path.read_text().strip() != "", timeout, what or str(path))
+    return path.read_text().strip()
+
+
 def read_pid(path: Path, timeout: float = 20.0) -> int:
-    """A pid a shell wrote with ``echo $$ > PATH``: wait out the empty, just-created file."""
-    wait_for(lambda: path.exists() and path.read_text().strip() != "", timeout, str(path))
-    return int(path.read_text())
+    """A pid a shell wrote with ``echo $$ > PATH``."""
+    return int(read_written(path, timeout))
 
 
 def left_behind_call(marker_dir: Path, name: str) -> str:
@@ -260,8 +266,7 @@ def left_behind_call(marker_dir: Path, name: str) -> str:
 def left_behind_call_waited(marker_dir: Path) -> None:
     """Let the job ``left_behind_call`` left go: it must have been kept out (75)."""
     (marker_dir / "go").touch()
-    wait_for(marker_dir / "rc", 20, "the left-behind job's call")
-    assert (marker_dir / "rc").read_text().strip() == "75"
+    assert read_written(marker_dir / "rc", 20, "the left-behind job's call") == "75"
     assert not (marker_dir / "ran").exists()
 
 
