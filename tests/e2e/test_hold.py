@@ -1203,12 +1203,55 @@ def test_a_nested_call_of_a_run_inside_a_hold_whose_keeper_and_supervisor_died_r
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+@pytest.mark.parametrize("end", ["released", "holder killed", "holder killed with it"])
+def test_a_nested_call_of_an_orphaned_run_once_its_hold_is_over_too_does_not_wait_for_itself(
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str], end: str
+) -> None:
+    """A run inside a hold lost its keeper and supervisor, then the hold ended: released
+    (the holder leaves the lock to the runs inside), or its holder killed. Its command's
+    own call of that lock waited for it -- for itself -- for good: nobody was left to ask,
+    and nobody who could unlock it (it is freed when the last process holding it is gone,
+    the caller included). The holder names such runs in its record as soon as it sees
+    them go: the call runs inside. A holder killed with the run, before it saw it go, named
+    nothing: the call is told it would wait for itself (exit 2). Either way, anyone else
+    still waits until the command ends."""
+    nested = f'"$LOCAL_MUTEX_CLI" -q orphan "touch {marks}/nested.ran"; echo $? > {marks}/rc'
+    cmd = f"{hold_until(marks, 'a')}; {nested}; {hold_until(marks, 'b')}"
+    token, run = _inside("orphan", procs, lock_dir, marks, cleanup, cmd, "a.held")
+    holder = _status("orphan", lock_dir)["holders"][0]["pid"]
+    path = lock_file(lock_dir, "orphan")
+    if end == "holder killed with it":
+        supervisor = pw.supervisor_child(run.pid)
+        assert supervisor is not None
+        pw.kill_together([run.pid, supervisor, holder])
+        run.wait(20)
+    else:
+        _kill_keeper_and_supervisor(run)
+        wait_for(lambda: "left_runs" in path.read_text(), 20, "the holder to name the run")
+        if end == "released":
+            r = run_cli(["release", "orphan", "--lock-dir", str(lock_dir), "--token", token])
+            assert r.returncode == 0, r.stderr
+        else:
+            os.kill(holder, signal.SIGKILL)
+    assert pw.wait_gone([holder], 20) == []
+    (marks / "a.go").touch()
+    ran = end != "holder killed with it"
+    assert read_written(marks / "rc", 30, "the nested call to end") == ("0" if ran else "2")
+    assert (marks / "nested.ran").exists() is ran
+    wait_for(marks / "b.held")
+    _held_until_the_command_ends_at("orphan", lock_dir, marks, "b")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+@pytest.mark.parametrize("hold", ["on", "released"])
 def test_a_leftover_of_another_run_inside_the_hold_still_waits_beside_an_orphaned_run(
-    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str], hold: str
 ) -> None:
     """Only the run that left without its goodbye is its command's: a job that another,
     finished run inside the same hold left behind must still wait for the hold (its
-    release unlocks what that job shares), not run inside because some run was orphaned."""
+    release unlocks what that job shares), not run inside because some run was orphaned.
+    Once the hold was released (and left the lock to the orphaned run), nobody can unlock
+    what the job shares: it is told it would wait for itself (exit 2), and runs nothing."""
     leftover = left_behind_call(marks, "orphan")
     token, run = _inside("orphan", procs, lock_dir, marks, cleanup)
     try:
@@ -1218,7 +1261,16 @@ def test_a_leftover_of_another_run_inside_the_hold_still_waits_beside_an_orphane
         )
         assert r.returncode == 0, r.stderr
         _kill_keeper_and_supervisor(run)
-        left_behind_call_waited(marks)
+        if hold == "on":
+            left_behind_call_waited(marks)
+            return
+        path = lock_file(lock_dir, "orphan")
+        wait_for(lambda: "left_runs" in path.read_text(), 20, "the holder to name the run")
+        r = run_cli(["release", "orphan", "--lock-dir", str(lock_dir), "--token", token])
+        assert r.returncode == 0, r.stderr
+        (marks / "go").touch()
+        assert read_written(marks / "rc", 20, "the left-behind job's call") == "2"
+        assert not (marks / "ran").exists()
     finally:
         (marks / "go").touch()
         (marks / "in.go").touch()

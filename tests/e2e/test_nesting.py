@@ -18,6 +18,7 @@ from helpers import (
     left_behind_call,
     left_behind_call_waited,
     lock_file,
+    read_written,
     run_cli,
     start_each,
     wait_for,
@@ -296,7 +297,9 @@ def test_a_leftover_of_a_run_inside_a_hold_does_not_run_inside_the_hold(
     """A run inside a hold shares the hold's lock description, and so does a job its
     command leaves behind. Once the run is over, that job's nested call must wait like
     anyone else: the description is locked by the hold -- and, its holder killed, by all
-    that ran inside it, whose leftovers would otherwise all run "inside" at once."""
+    that ran inside it, whose leftovers would otherwise all run "inside" at once. Nobody can
+    unlock it then, and the job holds it: rather than wait for itself forever, it is told
+    so (exit 2), and runs nothing."""
     r = run_cli(["hold", "h", "--lock-dir", str(lock_dir)])
     assert r.returncode == 0, r.stderr
     job = {"LOCAL_MUTEX_HOLD_TOKEN": r.stdout.decode().strip()}
@@ -308,9 +311,14 @@ def test_a_leftover_of_a_run_inside_a_hold_does_not_run_inside_the_hold(
             ["--lock-dir", str(lock_dir), "run", "--reentrant", "h", leftover], env=job
         )
         assert inside.returncode == 0 and b"running inside it" in inside.stderr, inside.stderr
-        if holder == "killed":
-            os.kill(holder_pid, signal.SIGKILL)
-        left_behind_call_waited(marks)
+        if holder == "alive":
+            left_behind_call_waited(marks)
+            return
+        os.kill(holder_pid, signal.SIGKILL)
+        assert pw.wait_gone([holder_pid], 20) == []
+        (marks / "go").touch()
+        assert read_written(marks / "rc", 20, "the left-behind job's call") == "2"
+        assert not (marks / "ran").exists()
     finally:
         (marks / "go").touch()
         run_cli(["release", "h", "--lock-dir", str(lock_dir)], env=job)

@@ -132,3 +132,25 @@ def test_a_run_named_to_the_holder_is_known_by_that_name_only() -> None:
                 assert asker.recv(16) == answer
     finally:
         sharing.close()
+
+
+@pytest.mark.parametrize(
+    "said",
+    [b"run ABCDEF0123456789abcdef01", b"run 0123456789abcdef0123456g", b"run \xb2\xb2", b"run 12"],
+)
+def test_only_a_name_as_runs_give_them_is_kept(said: bytes) -> None:
+    """What a run says goes into the hold's record once it left without a goodbye: a
+    same-user process that names itself in anything but lowercase hex of the right length
+    (upper case, a letter past f, other bytes, too short) is kept out of it."""
+    sharing = Sharing("t" * 32, None)
+    run = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        run.connect(address(os.getpid(), sharing.token_sha256))
+        conn, _ = sharing.listener.accept()
+        sharing.inside.append(conn)
+        run.sendall(said + b"\nrun " + b"ab" * 12 + b"\n")
+        run.close()
+        assert sharing.in_use() is True
+        assert sharing.dropped_runs == {"ab" * 12}
+    finally:
+        sharing.close()

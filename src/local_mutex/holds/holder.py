@@ -19,6 +19,7 @@ import time
 from .. import _proc
 from .._json import dumps, loads_object
 from ..backends import open_backend
+from ..backends.flock import record
 from ..backends.flock.lock import FlockLock
 from ..backends.flock.share import SUPPORTED, Sharing
 from ..errors import (
@@ -44,6 +45,9 @@ if TYPE_CHECKING:
 
 # How often the waiting holder looks whether its caller is still there.
 _CALLER_LOOK_MS = 200
+# The most runs gone without their goodbye that our record names (they are rare: each had
+# its keeper and supervisor killed).
+_LEFT_RUNS = 64
 
 
 def _say(fd: int, text: str) -> None:
@@ -247,8 +251,29 @@ def _keep(
                     sharing.serve(held.lock.at_path())
                 sharing.in_use()  # forget the runs that left: a descriptor each
                 held.lock.given = sharing.joined_with()
+                _name_left_runs(held.lock, sharing)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _name_left_runs(lock: FlockLock, sharing: Sharing) -> None:
+    """Our record names the runs that left without their goodbye (``share``): their
+    commands' own calls of the lock run inside, also once we are gone and cannot be asked
+    (``ancestry``). A record that cannot take them (a full disk) is written back as it
+    was: over the bytes it had, it needs no new space."""
+    names = " ".join(sorted(sharing.dropped_runs)[:_LEFT_RUNS])
+    if lock.record is None or names == lock.record.get("left_runs", ""):
+        return
+    before = dict(lock.record)
+    lock.record["left_runs"] = names
+    for fd in lock.descriptions():
+        try:
+            record.write_record(fd, lock.record, lock.path)
+        except RecordNotWritten:
+            try:
+                record.write_record(fd, before, lock.path)
+            except RecordNotWritten:
+                pass  # cleared, as ``write_record`` leaves one it could not write
 
 
 def _read(fd: int) -> bytes:

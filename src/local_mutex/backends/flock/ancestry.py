@@ -10,6 +10,7 @@ import os
 import stat
 
 from ... import nesting
+from ...errors import NestingError
 from . import record
 from .lockdir import as_proc_names_it, file_id
 
@@ -27,7 +28,7 @@ def enclosing(lock: FlockLock, env: Mapping[str, str]) -> tuple[int, str] | None
     the enclosing runs' own descriptors (``/proc/PID/fd``): one of them, of the file
     LOCAL_MUTEX_HELD names, still names our path, deleted (or its record does, renamed)."""
     path = as_proc_names_it(lock.path)
-    return held_by_ancestor([path], env) or held_through_us(file_id(lock.fd), path, env)
+    return held_by_ancestor([path], env) or held_through_us(file_id(lock.fd), path, env, lock.label)
 
 
 def held_by_ancestor(paths: Collection[str], env: Mapping[str, str]) -> tuple[int, str] | None:
@@ -56,16 +57,21 @@ def held_by_ancestor(paths: Collection[str], env: Mapping[str, str]) -> tuple[in
 
 
 def held_through_us(
-    here: tuple[int, int], path: str, env: Mapping[str, str]
+    here: tuple[int, int], path: str, env: Mapping[str, str], label: str
 ) -> tuple[int, str] | None:
     """The run we are part of had its keeper and supervisor killed together: its lock is
     its command's alone, through the description the command inherited -- and we inherited
     it too. Waiting would wait for ourselves, and the command with us, for good. A plain
-    run's lock counts once its taker (the keeper) is gone, the record in the file its own;
-    a hold's, if the hold left it to our run (``_left_to_our_command``). A leftover of a
-    plain run that ended holds nothing through it: the run unlocked it. A taker's pid that
-    reads 0 (another PID namespace) tells nothing: we wait. ``here``: the file at ``path``
-    now (device, inode). The command's top process, and mode."""
+    run's lock counts once its taker (the keeper) is gone, the record in the file its own.
+    A hold's, if it was left to our run: its holder, alive, says so (``_left_to_our_command``);
+    once it is gone, or the hold's end left the lock to the runs inside
+    (``record.handed_over``), its record does (``_named_as_left``). Nobody can unlock such
+    a lock then -- it is freed when its last description closes, ours included -- so a
+    process it was not left to (a job a finished run left behind) is told, NestingError,
+    rather than wait for itself forever. A leftover of a plain run that ended holds nothing
+    through it: the run unlocked it. A taker's pid that reads 0 (another PID namespace)
+    tells nothing: we wait. ``here``: the file at ``path`` now (device, inode). The
+    command's top process, and mode."""
     from ..._proc import PROC, granted, holds_lock, open_files, parent_of, running
 
     me = os.getpid()
@@ -87,11 +93,22 @@ def held_through_us(
         for line in granted(me, fd):  # "FLOCK ADVISORY WRITE <taker> dev:ino 0 EOF"
             how, taker = line.split()[2:4]
             rec = record.read_record_fd(int(fd))
-            if rec is None or not taker.isdigit() or str(rec.get("pid")) != taker:
+            if rec is None or not taker.isdigit():
+                continue
+            handed = record.handed_over(rec)
+            if not handed and str(rec.get("pid")) != taker:
                 continue  # not its record's taker's lock (or one of another PID namespace)
-            if rec.get("hold"):
-                if not _left_to_our_command(int(taker), rec, env):
-                    continue
+            if handed or rec.get("hold"):
+                if not handed and running(int(taker)):
+                    if not _left_to_our_command(int(taker), rec, env):
+                        continue  # the holder lives, and unlocks it at the hold's end
+                elif not _named_as_left(rec, env):
+                    raise NestingError(
+                        f"lock {label} is held through a descriptor this process inherited "
+                        "from a hold that is over: nobody can unlock it until this process "
+                        "and the others holding it are gone, so waiting would wait for "
+                        "itself forever; not run"
+                    )
             elif running(int(taker)):
                 continue  # a plain run's taker, its keeper, lives
             top, up = me, parent_of(me)
@@ -101,14 +118,21 @@ def held_through_us(
     return None
 
 
+def _named_as_left(rec: dict[str, Any], env: Mapping[str, str]) -> bool:
+    """Does the hold's record, left by a holder that is gone, name the run we are part of
+    as one that left without its goodbye (``holder._name_left_runs``)?"""
+    run, names = env.get(nesting.ENV_HOLD_RUN), rec.get("left_runs")
+    return bool(run) and isinstance(names, str) and run in names.split()
+
+
 def _left_to_our_command(holder: int, rec: dict[str, Any], env: Mapping[str, str]) -> bool:
     """A hold's description, shared by every run inside the hold and by what they left
     behind: ours only if the run we are part of (as it named itself to the holder:
     LOCAL_MUTEX_HOLD_RUN) left without saying its command was over -- its keeper and
     supervisor died. Its holder, asked, knows; and then it never unlocks the lock, so it
     stays our command's. A job that a finished run left behind must wait: the hold's end
-    unlocks what it shares. A holder that is gone cannot be asked: we wait (as such a job
-    must)."""
+    unlocks what it shares. A holder that cannot be asked (stopped, or its pid another
+    process's now): we wait."""
     from .share import left_without_goodbye
 
     token_sha256, run = rec.get("token_sha256"), env.get(nesting.ENV_HOLD_RUN)

@@ -146,7 +146,9 @@ class FlockLock:
         and the lock is held until the last of those ends. The hold's record goes: the hold
         is over (a run must not take it for a hold to join), and ``status`` names the runs;
         what stays says where the file is (a file moved away is known by it: ``predecessor``)."""
-        left = {"lock_file": as_proc_names_it(self.path), "message": "left to runs inside a hold"}
+        left = {"lock_file": as_proc_names_it(self.path), "message": record.HANDED_OVER}
+        if self.record is not None and self.record.get("left_runs"):
+            left["left_runs"] = self.record["left_runs"]  # their calls run inside (``ancestry``)
         for fd in self.descriptions() if self.record is not None else ():
             try:
                 record.write_record(fd, left, self.path)

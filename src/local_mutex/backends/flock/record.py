@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 MAX_RECORD = 64 * 1024
 # What a holder says about itself in free text, cut (longest first) where the record would
 # be longer than readers read; a name longer than that is no name ``list`` can show anyway.
+# The message of the record a hold's end leaves to the runs inside it (``handed_over``).
+HANDED_OVER = "left to runs inside a hold"
 _CUT_FIRST = ("command", "message", "cwd", "run_url", "workflow", "job", "runner", "user", "name")
 
 
@@ -104,6 +106,13 @@ def _parse(data: bytes) -> dict[str, Any] | None:
         if isinstance(value, (dict, list)):
             del rec[key]
     return rec
+
+
+def handed_over(rec: Mapping[str, Any]) -> bool:
+    """Is it what a hold's end leaves in a lock file it left to the runs inside it
+    (``FlockLock.hand_over``)? Nobody unlocks that lock then: it is held until the last
+    process holding its description (the runs' commands, what they left behind) is gone."""
+    return rec.get("pid") is None and rec.get("message") == HANDED_OVER
 
 
 def recorded_path(through: str) -> str | None:

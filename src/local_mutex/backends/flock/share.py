@@ -48,6 +48,7 @@ BYE = b"bye\n"
 # What a run says once it joined: its name, which its command's nested calls know it by.
 HELLO = b"run %s\n"
 _RUN_NAME = 12  # random bytes: names no other run, whatever pids get reused
+_HEX = set(b"0123456789abcdef")
 # What a nested call asks, of the run its LOCAL_MUTEX_HOLD_RUN names: "left NAME".
 _LEFT = "left"
 
@@ -247,12 +248,10 @@ def goodbye(ended: bool, heard: bytes) -> bool | None:
 
 
 def _run_names(heard: bytes) -> list[str]:
+    """The names a run gave (``introduce``'s: hex, nothing else; they go into the record)."""
     word = HELLO.split(b" ")[0]
-    return [
-        line[len(word) + 1 :].decode("ascii", "replace")
-        for line in heard.split(b"\n")
-        if line.startswith(word + b" ")
-    ]
+    names = (line[len(word) + 1 :] for line in heard.split(b"\n") if line.startswith(word + b" "))
+    return [n.decode() for n in names if len(n) == 2 * _RUN_NAME and set(n) <= _HEX]
 
 
 def introduce(conn: socket.socket) -> str:

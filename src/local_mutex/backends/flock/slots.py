@@ -15,7 +15,7 @@ import os
 import time
 
 from ... import nesting
-from ...errors import NotAcquired
+from ...errors import NestingError, NotAcquired
 from ...names import LOCK_SUFFIX
 from ...ui.lines import describe_holder, duration
 from . import kernel, record
@@ -94,8 +94,10 @@ def enclosing_slot(lock: FlockLock, env: Mapping[str, str], slots: int) -> tuple
 
     found = held_by_ancestor({as_proc_names_it(p) for p in paths}, env)
     for path, file in files.items():  # a run whose keeper and supervisor died
-        if found is None:
-            found = held_through_us(file, as_proc_names_it(path), env)
+        try:
+            found = found or held_through_us(file, as_proc_names_it(path), env, lock.label)
+        except NestingError:
+            pass  # a slot we would wait for ourselves for: another may come free
     return found
 
 
