@@ -22,6 +22,7 @@ from helpers import (
     run_cli,
     wait_for,
 )
+from helpers import procwatch as pw
 from helpers.actions import needs_act, run_act, start_act, workflow
 
 pytestmark = [needs_act, pytest.mark.timeout(300)]
@@ -390,6 +391,10 @@ def _gone(pid: int) -> bool:
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc to find processes")
 def test_cancel_signal_to_the_entry_process_frees_the_lock(tmp_path: Path) -> None:
+    """The runner's cancel (SIGINT to the step's entry process, our keeper) reaches a
+    command that ignores it -- from its first instant: a child started before the trap
+    could take the SIGINT before it ignored it, and its end let `wait` return 0 -- and
+    the escalation ends it; the job fails."""
     locks, marks = tmp_path / "locks", tmp_path / "m"
     locks.mkdir()
     marks.mkdir()
@@ -401,18 +406,19 @@ def test_cancel_signal_to_the_entry_process_frees_the_lock(tmp_path: Path) -> No
             name: cancel-me
             lock-dir: {locks}
             run: |
-              echo $PPID > {marks}/entry.pid
+              trap '' INT
+              echo $PPID > {marks}/supervisor.pid
               sleep 300 &
               echo $! > {marks}/child.pid
-              trap '' INT
               wait
         """),
     )
     try:
         child = read_pid(marks / "child.pid", 120)
-        entry = int((marks / "entry.pid").read_text())
+        entry = pw.ppid(read_pid(marks / "supervisor.pid"))
+        assert entry is not None
         with open(f"/proc/{entry}/cmdline", "rb") as f:
-            assert b"bootstrap.py" in f.read()  # the step's shell exec'd the supervisor
+            assert b"bootstrap.py" in f.read()  # the step's shell exec'd the keeper
         os.kill(entry, signal.SIGINT)
         t0 = time.monotonic()
 
