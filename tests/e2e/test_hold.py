@@ -1202,42 +1202,80 @@ def test_a_nested_call_of_a_run_inside_a_hold_whose_keeper_and_supervisor_died_r
     _held_until_the_command_ends_at("orphan", lock_dir, marks, "b")
 
 
+_HOLD_OVER = [
+    "named, then released",
+    "named, then holder killed",
+    "killed with its holder",
+    "released, then orphaned",
+    "holder killed, then orphaned",
+    "released in the holder's last tick",
+    "named, holder stopped when asked",
+    "named, file deleted, then released",
+]
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
-@pytest.mark.parametrize("end", ["released", "holder killed", "holder killed with it"])
-def test_a_nested_call_of_an_orphaned_run_once_its_hold_is_over_too_does_not_wait_for_itself(
-    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str], end: str
+@pytest.mark.parametrize("how", _HOLD_OVER)
+def test_a_nested_call_of_an_orphaned_run_whose_hold_is_over_runs_inside(
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str], how: str
 ) -> None:
-    """A run inside a hold lost its keeper and supervisor, then the hold ended: released
-    (the holder leaves the lock to the runs inside), or its holder killed. Its command's
+    """A run inside a hold lost its keeper and supervisor, and the hold ended -- before or
+    after, by release or by its holder killed, with the holder killed too. Its command's
     own call of that lock waited for it -- for itself -- for good: nobody was left to ask,
-    and nobody who could unlock it (it is freed when the last process holding it is gone,
-    the caller included). The holder names such runs in its record as soon as it sees
-    them go: the call runs inside. A holder killed with the run, before it saw it go, named
-    nothing: the call is told it would wait for itself (exit 2). Either way, anyone else
-    still waits until the command ends."""
+    nor anybody who could unlock it (it is freed when the last process holding it is gone,
+    the caller included). The holder names the runs inside, and those gone without their
+    goodbye, in its record as they come and go, and its end leaves the lock to them by
+    name: the call runs inside. Also when the drop comes in the holder's last tick, when
+    the holder is stopped (it does not answer: its record stands), and after a put-back.
+    Anyone else still waits until the command ends."""
     nested = f'"$LOCAL_MUTEX_CLI" -q orphan "touch {marks}/nested.ran"; echo $? > {marks}/rc'
     cmd = f"{hold_until(marks, 'a')}; {nested}; {hold_until(marks, 'b')}"
     token, run = _inside("orphan", procs, lock_dir, marks, cleanup, cmd, "a.held")
     holder = _status("orphan", lock_dir)["holders"][0]["pid"]
     path = lock_file(lock_dir, "orphan")
-    if end == "holder killed with it":
+    release = ["release", "orphan", "--lock-dir", str(lock_dir), "--token", token]
+
+    def named(key: str) -> None:
+        wait_for(lambda: key in path.read_text(), 20, f"the holder to name the run ({key})")
+
+    if how == "killed with its holder":
+        named("runs_inside")
         supervisor = pw.supervisor_child(run.pid)
         assert supervisor is not None
         pw.kill_together([run.pid, supervisor, holder])
         run.wait(20)
+    elif how.endswith(", then orphaned"):
+        if how.startswith("released"):
+            assert run_cli(release).returncode == 0
+        else:
+            named("runs_inside")
+            os.kill(holder, signal.SIGKILL)
+        assert pw.wait_gone([holder], 20) == []
+        _kill_keeper_and_supervisor(run)
+    elif how == "released in the holder's last tick":
+        os.kill(holder, signal.SIGSTOP)  # it sees the drop only as it ends
+        _kill_keeper_and_supervisor(run)
+        os.kill(holder, signal.SIGTERM)  # what release sends
+        os.kill(holder, signal.SIGCONT)
     else:
         _kill_keeper_and_supervisor(run)
-        wait_for(lambda: "left_runs" in path.read_text(), 20, "the holder to name the run")
-        if end == "released":
-            r = run_cli(["release", "orphan", "--lock-dir", str(lock_dir), "--token", token])
-            assert r.returncode == 0, r.stderr
-        else:
+        named("left_runs")
+        if how == "named, holder stopped when asked":
+            os.kill(holder, signal.SIGSTOP)  # (continued and released once the call ran)
+        elif how == "named, then holder killed":
             os.kill(holder, signal.SIGKILL)
-    assert pw.wait_gone([holder], 20) == []
+        else:
+            if how == "named, file deleted, then released":
+                delete_until_put_back(path)
+            assert run_cli(release).returncode == 0
+    if how != "named, holder stopped when asked":
+        assert pw.wait_gone([holder], 20) == []
     (marks / "a.go").touch()
-    ran = end != "holder killed with it"
-    assert read_written(marks / "rc", 30, "the nested call to end") == ("0" if ran else "2")
-    assert (marks / "nested.ran").exists() is ran
+    assert read_written(marks / "rc", 30, "the nested call to end") == "0"
+    assert (marks / "nested.ran").exists()
+    if how == "named, holder stopped when asked":
+        os.kill(holder, signal.SIGCONT)
+        assert run_cli(release).returncode == 0
     wait_for(marks / "b.held")
     _held_until_the_command_ends_at("orphan", lock_dir, marks, "b")
 
@@ -1326,7 +1364,7 @@ def test_the_holder_shares_its_lock_only_with_its_token(lock_dir: Path, cleanup:
     assert share.join(pid, digest, None, {"run_id": "1", "job": "x"}) is None
     got = share.join(pid, digest, token, None)
     assert got is not None
-    conn, fds = got
+    conn, fds, _ = got
     try:
         assert fds and all(not os.get_inheritable(fd) for fd in fds)
     finally:
@@ -1373,7 +1411,7 @@ def test_the_holder_never_shares_its_lock_with_another_user(
             assert (r.returncode, r.stdout.strip()) == (0, b"refused"), r.stderr
     for got in (share.join(pid, digest, token, None), share.join(pid, digest, None, job)):
         assert got is not None
-        conn, fds = got
+        conn, fds, _ = got
         for fd in fds:
             os.close(fd)
         conn.close()
@@ -1511,7 +1549,7 @@ def test_a_peer_that_says_nothing_does_not_stall_the_holder(
     try:
         got = share.join(rec["pid"], rec["token_sha256"], token, None)  # 2 s to answer
         assert got is not None
-        conn, fds = got
+        conn, fds, _ = got
         for fd in fds:
             os.close(fd)
         conn.close()

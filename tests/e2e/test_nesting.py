@@ -314,6 +314,10 @@ def test_a_leftover_of_a_run_inside_a_hold_does_not_run_inside_the_hold(
         if holder == "alive":
             left_behind_call_waited(marks)
             return
+        # Killed once it saw the run end: a holder killed before names it among the runs
+        # inside, whose commands (and what they leave behind) its end leaves the lock to.
+        path = lock_file(lock_dir, "h")
+        wait_for(lambda: "runs_inside" not in path.read_text(), 10, "the holder to see it end")
         os.kill(holder_pid, signal.SIGKILL)
         assert pw.wait_gone([holder_pid], 20) == []
         (marks / "go").touch()

@@ -564,3 +564,55 @@ def test_a_nested_slots_call_of_a_command_whose_keeper_and_supervisor_died_runs_
         (marks / "b.go").touch()
         if token is not None:
             run_cli(["release", "pool", "--slots", "--lock-dir", d, "--token", token])
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fdinfo"), reason="finds its lock through /proc")
+@pytest.mark.parametrize("who", ["the orphaned run", "a finished run's job"])
+def test_a_nested_slots_call_once_a_slot_holds_holder_was_killed(
+    procs: Procs, lock_dir: Path, marks: Path, who: str
+) -> None:
+    """A `hold --slots 1` killed while its slot is shared with what ran inside it: the
+    orphaned run, which the holder named, still runs its own `--slots 1` call inside; a
+    job a finished run left behind, not named, holds the only slot through its own
+    descriptor, and nobody can unlock it: it is told it would wait for itself (exit 2),
+    as for a plain hold, rather than wait for good."""
+    d = str(lock_dir)
+    token = run_cli(["hold", "pool", "--slots", "1", "--lock-dir", d]).stdout.decode().strip()
+    st = json.loads(run_cli(["status", "pool", "--json", "--lock-dir", d]).stdout)
+    holder = st["slots"][0]["holders"][0]["pid"]
+    path = Path(slot_path(str(lock_file(lock_dir, "pool")), 0))
+    env = {"LOCAL_MUTEX_HOLD_TOKEN": token}
+    nested = (
+        f'"$LOCAL_MUTEX_CLI" -q --slots 1 pool "touch {marks}/nested.ran"; echo $? > {marks}/rc'
+    )
+    try:
+        if who == "the orphaned run":
+            cmd = f"{hold_until(marks, 'a')}; {nested}; {hold_until(marks, 'b')}"
+            run = procs.start(
+                ["run", "--reentrant", "--slots", "1", "--lock-dir", d, "pool", cmd], env=env
+            )
+            wait_for(marks / "a.held")
+            supervisor = pw.supervisor_child(run.pid)
+            assert supervisor is not None
+            pw.kill_together([run.pid, supervisor])
+            run.wait(20)
+            wait_for(lambda: "left_runs" in path.read_text(), 20, "the holder to name the run")
+        else:
+            job = (
+                f"(setsid sh -c 'while [ ! -e {marks}/a.go ]; do sleep 0.01; done; {nested}' "
+                "</dev/null >/dev/null 2>&1 &)"
+            )
+            r = run_cli(
+                ["--lock-dir", d, "run", "--reentrant", "--slots", "1", "pool", job], env=env
+            )
+            assert r.returncode == 0, r.stderr
+            wait_for(lambda: "runs_inside" not in path.read_text(), 10, "the run's end seen")
+        os.kill(holder, signal.SIGKILL)
+        assert pw.wait_gone([holder], 20) == []
+        (marks / "a.go").touch()
+        ran = who == "the orphaned run"
+        assert read_written(marks / "rc", 30, "the nested call to end") == ("0" if ran else "2")
+        assert (marks / "nested.ran").exists() is ran
+    finally:
+        (marks / "a.go").touch()
+        (marks / "b.go").touch()

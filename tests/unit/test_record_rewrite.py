@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -77,3 +78,41 @@ def test_a_record_of_any_length_is_written_so_that_it_reads_back(
         kept = back.get(key)
         if kept != text:  # cut: a start of it, and a "…"
             assert isinstance(kept, str) and kept.endswith("…") and text.startswith(kept[:-1])
+
+
+REWRITE = """
+import json, os, resource, signal, sys
+from local_mutex.backends.flock import record
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG)
+path, limit = sys.argv[1], int(sys.argv[2])
+before, after = json.loads(sys.argv[3]), json.loads(sys.argv[4])
+fd = os.open(path, os.O_RDWR)
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+print(record.rewrite_record(fd, after, before))
+"""
+
+
+@pytest.mark.parametrize("room", ["none", "some"])
+def test_a_rewrite_that_cannot_be_written_leaves_the_record_as_it_was(
+    tmp_path: Path, room: str
+) -> None:
+    """A holder naming its runs in a record the file system cannot take (a full disk; a
+    file size limit here): the record it had stays, whole -- a record cut to nothing (as
+    a first write's failure leaves it) would make its hold one nobody could release."""
+    path = tmp_path / "lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    before = {"pid": 1, "hold": True, "lock_file": str(path), "message": "m" * 100}
+    after = {**before, "left_runs": "ab" * 12 + " " + "cd" * 12}
+    record.write_record(fd, before, str(path))
+    old = path.read_bytes()
+    limit = len(old) + (0 if room == "none" else 20)  # "some": a short write, then none
+    args = [str(path), str(limit), json.dumps(before), json.dumps(after)]
+    r = subprocess.run(
+        [sys.executable, "-c", REWRITE, *args], capture_output=True, text=True, timeout=30
+    )
+    assert r.stdout.strip() == "False", r.stderr
+    assert path.read_bytes() == old
+    assert record.rewrite_record(fd, after, before) is True  # with room, it is rewritten
+    assert record.read_record_fd(fd) == record._parse(path.read_bytes())
+    assert record.read_record_fd(fd)["left_runs"] == after["left_runs"]  # type: ignore[index]
+    os.close(fd)

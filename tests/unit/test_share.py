@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +16,6 @@ from local_mutex.backends.flock.share import (
     _hear,
     address,
     goodbye,
-    introduce,
     leave,
 )
 
@@ -74,28 +75,43 @@ def test_leaving_a_holder_that_is_gone_is_quiet() -> None:
     assert run.fileno() == -1
 
 
+def _joined(sharing: Sharing, lock: int) -> tuple[socket.socket, str]:
+    """A run that joined the hold (with its token): its connection, and the name the holder
+    gave it."""
+    run = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    run.connect(address(os.getpid(), sharing.token_sha256))
+    run.sendall(b"token " + b"t" * 32 + b"\n")
+    sharing.serve([lock])
+    msg, ancdata, _, _ = run.recvmsg(64, socket.CMSG_SPACE(16 * 4))
+    for _level, _kind, data in ancdata:
+        for fd in struct.unpack(f"{len(data) // 4}i", data):
+            os.close(fd)
+    said, name = msg.decode().split()
+    assert said == "ok"
+    return run, name
+
+
 @pytest.mark.parametrize("ticks", [1, 2])
-def test_the_holder_knows_which_runs_left_without_a_goodbye(ticks: int) -> None:
-    """A run names itself once it joined; what it said is kept from tick to tick, so the
-    holder can tell a nested call whether its run left without a goodbye -- and only that
-    run: one that said goodbye is not counted."""
+def test_the_holder_knows_which_runs_left_without_a_goodbye(tmp_path: Path, ticks: int) -> None:
+    """The holder names each run as it joins (it writes the names down before the run has
+    the lock: ``joining``); so it can tell a nested call whether its run left without a
+    goodbye -- and only that run: one that said goodbye is not counted."""
     sharing = Sharing("t" * 32, None)
+    lock = os.open(tmp_path / "lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        pairs = [socket.socketpair() for _ in range(2)]
-        for holder, _ in pairs:
-            sharing.inside.append(holder)
-        (_, dropped), (_, finished) = pairs
-        assert introduce(dropped) != introduce(finished)
+        (dropped, a), (finished, b) = _joined(sharing, lock), _joined(sharing, lock)
+        assert a != b and all(len(n) == 24 and int(n, 16) >= 0 for n in (a, b))
+        assert sharing.runs_inside() == [a, b]
         if ticks == 2:
-            assert sharing.in_use()  # both still inside: what they said is kept
+            assert sharing.in_use()  # both still inside
         dropped.close()
         leave(finished)
         assert sharing.in_use()  # one left without its goodbye: never unlocked
-        assert len(sharing.dropped_runs) == 1
-        (name,) = sharing.dropped_runs
-        assert len(name) == 24 and int(name, 16) >= 0
+        assert list(sharing.dropped_runs) == [a]
+        assert sharing.runs_inside() == []
     finally:
         sharing.close()
+        os.close(lock)
 
 
 @pytest.mark.parametrize(
@@ -107,7 +123,7 @@ def test_a_question_the_holder_cannot_read_is_answered_no(asked: bytes) -> None:
     to int()) gets "no"; the holder answered with a ValueError and died, ending the hold."""
     sharing = Sharing("t" * 32, None)
     try:
-        sharing.dropped_runs.add("ab" * 12)
+        sharing.dropped_runs["ab" * 12] = None
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as asker:
             asker.connect(address(os.getpid(), sharing.token_sha256))
             asker.sendall(asked + b"\n")
@@ -117,12 +133,11 @@ def test_a_question_the_holder_cannot_read_is_answered_no(asked: bytes) -> None:
         sharing.close()
 
 
-def test_a_run_named_to_the_holder_is_known_by_that_name_only() -> None:
+def test_a_run_named_by_the_holder_is_known_by_that_name_only(tmp_path: Path) -> None:
     sharing = Sharing("t" * 32, None)
+    lock = os.open(tmp_path / "lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        holder, run = socket.socketpair()
-        sharing.inside.append(holder)
-        name = introduce(run)
+        run, name = _joined(sharing, lock)
         run.close()
         for asked, answer in ((name, b"yes\n"), ("cd" * 12, b"no\n")):
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as asker:
@@ -132,25 +147,4 @@ def test_a_run_named_to_the_holder_is_known_by_that_name_only() -> None:
                 assert asker.recv(16) == answer
     finally:
         sharing.close()
-
-
-@pytest.mark.parametrize(
-    "said",
-    [b"run ABCDEF0123456789abcdef01", b"run 0123456789abcdef0123456g", b"run \xb2\xb2", b"run 12"],
-)
-def test_only_a_name_as_runs_give_them_is_kept(said: bytes) -> None:
-    """What a run says goes into the hold's record once it left without a goodbye: a
-    same-user process that names itself in anything but lowercase hex of the right length
-    (upper case, a letter past f, other bytes, too short) is kept out of it."""
-    sharing = Sharing("t" * 32, None)
-    run = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        run.connect(address(os.getpid(), sharing.token_sha256))
-        conn, _ = sharing.listener.accept()
-        sharing.inside.append(conn)
-        run.sendall(said + b"\nrun " + b"ab" * 12 + b"\n")
-        run.close()
-        assert sharing.in_use() is True
-        assert sharing.dropped_runs == {"ab" * 12}
-    finally:
-        sharing.close()
+        os.close(lock)

@@ -15,6 +15,7 @@ import os
 import select
 import signal
 import time
+from functools import partial
 
 from .. import _proc
 from .._json import dumps, loads_object
@@ -45,9 +46,8 @@ if TYPE_CHECKING:
 
 # How often the waiting holder looks whether its caller is still there.
 _CALLER_LOOK_MS = 200
-# The most runs gone without their goodbye that our record names (they are rare: each had
-# its keeper and supervisor killed).
-_LEFT_RUNS = 64
+# The most runs our record names of each kind (the latest): 256 names are 6 KiB.
+_NAMED = 256
 
 
 def _say(fd: int, text: str) -> None:
@@ -138,7 +138,7 @@ def main() -> int:
                 # Theirs until the last command of a run inside ends: the file at the path
                 # too, if a tmp cleaner made it one the runs did not join with.
                 sharing.share_more(held.lock.at_path())
-                held.lock.hand_over()
+                held.lock.hand_over(_left_to(sharing))
             sharing.close()
         held.__exit__(None, None, None)
     return 0
@@ -222,6 +222,9 @@ def _keep(
                 return
             pause = _min(pause, 1.0) or 1.0
         waitables: list[Any] = [w for w in (watch, sharing, ack) if w is not None]
+        # A run's goodbye (or its end) is seen at once, and our record follows: a holder
+        # killed a tick later would have left the lock to a run that was over.
+        waitables += sharing.inside if sharing is not None else []
         ready: list[Any] = []
         if waitables:
             ready = select.select(waitables, [], [], pause)[0]
@@ -248,32 +251,41 @@ def _keep(
                 held.check()
             if sharing is not None and isinstance(held.lock, FlockLock):
                 if sharing in ready:
-                    sharing.serve(held.lock.at_path())
+                    sharing.serve(held.lock.at_path(), partial(_name_runs, held.lock, sharing))
                 sharing.in_use()  # forget the runs that left: a descriptor each
                 held.lock.given = sharing.joined_with()
-                _name_left_runs(held.lock, sharing)
+                _name_runs(held.lock, sharing)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-def _name_left_runs(lock: FlockLock, sharing: Sharing) -> None:
-    """Our record names the runs that left without their goodbye (``share``): their
-    commands' own calls of the lock run inside, also once we are gone and cannot be asked
-    (``ancestry``). A record that cannot take them (a full disk) is written back as it
-    was: over the bytes it had, it needs no new space."""
-    names = " ".join(sorted(sharing.dropped_runs)[:_LEFT_RUNS])
-    if lock.record is None or names == lock.record.get("left_runs", ""):
+def _name_runs(lock: FlockLock, sharing: Sharing) -> None:
+    """Our record names the runs inside (``runs_inside``) and those that left without their
+    goodbye (``left_runs``): their commands hold the lock, and once we are gone and cannot
+    be asked, their own calls of it still run inside (``ancestry``). Rewritten as runs come
+    and go; a record that cannot take them (a full disk) stays as it was, and is tried
+    again at the next tick."""
+    if lock.record is None:
         return
-    before = dict(lock.record)
-    lock.record["left_runs"] = names
-    for fd in lock.descriptions():
-        try:
-            record.write_record(fd, lock.record, lock.path)
-        except RecordNotWritten:
-            try:
-                record.write_record(fd, before, lock.path)
-            except RecordNotWritten:
-                pass  # cleared, as ``write_record`` leaves one it could not write
+    names = {
+        "left_runs": " ".join(list(sharing.dropped_runs)[-_NAMED:]),
+        "runs_inside": " ".join(sharing.runs_inside()[-_NAMED:]),
+    }
+    new = dict(lock.record)
+    for key, value in names.items():
+        if value:
+            new[key] = value
+        else:
+            new.pop(key, None)
+    if new != lock.record and all(
+        record.rewrite_record(fd, new, lock.record) for fd in lock.descriptions()
+    ):
+        lock.record = new
+
+
+def _left_to(sharing: Sharing) -> list[str]:
+    """The runs a hold's end leaves its lock to: those inside, those gone without a goodbye."""
+    return [*list(sharing.dropped_runs), *sharing.runs_inside()][-_NAMED:]
 
 
 def _read(fd: int) -> bytes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 
 from ... import nesting
 from ...errors import NestingError
@@ -62,16 +63,11 @@ def held_through_us(
     """The run we are part of had its keeper and supervisor killed together: its lock is
     its command's alone, through the description the command inherited -- and we inherited
     it too. Waiting would wait for ourselves, and the command with us, for good. A plain
-    run's lock counts once its taker (the keeper) is gone, the record in the file its own.
-    A hold's, if it was left to our run: its holder, alive, says so (``_left_to_our_command``);
-    once it is gone, or the hold's end left the lock to the runs inside
-    (``record.handed_over``), its record does (``_named_as_left``). Nobody can unlock such
-    a lock then -- it is freed when its last description closes, ours included -- so a
-    process it was not left to (a job a finished run left behind) is told, NestingError,
-    rather than wait for itself forever. A leftover of a plain run that ended holds nothing
-    through it: the run unlocked it. A taker's pid that reads 0 (another PID namespace)
-    tells nothing: we wait. ``here``: the file at ``path`` now (device, inode). The
-    command's top process, and mode."""
+    run's lock counts once its taker (the keeper) is gone, the record in the file its own;
+    a hold's if the hold left it to our run (``_hold_left_to_us``). A leftover of a plain
+    run that ended holds nothing through it: the run unlocked it. A taker's pid that reads
+    0 (another PID namespace) tells nothing: we wait. ``here``: the file at ``path`` now
+    (device, inode). The command's top process, and mode."""
     from ..._proc import PROC, granted, holds_lock, open_files, parent_of, running
 
     me = os.getpid()
@@ -92,22 +88,28 @@ def held_through_us(
                 continue
         for line in granted(me, fd):  # "FLOCK ADVISORY WRITE <taker> dev:ino 0 EOF"
             how, taker = line.split()[2:4]
-            rec = record.read_record_fd(int(fd))
+            rec = _settled_record(int(fd))
             if rec is None or not taker.isdigit():
                 continue
-            handed = record.handed_over(rec)
+            # Only a hold's exclusive lock is handed over (a shared taker keeps any line).
+            handed = how == "WRITE" and record.handed_over(rec)
             if not handed and str(rec.get("pid")) != taker:
                 continue  # not its record's taker's lock (or one of another PID namespace)
             if handed or rec.get("hold"):
-                if not handed and running(int(taker)):
-                    if not _left_to_our_command(int(taker), rec, env):
-                        continue  # the holder lives, and unlocks it at the hold's end
-                elif not _named_as_left(rec, env):
+                holder, file = int(taker), (st.st_dev, st.st_ino)
+                if running(holder) and _still_holds(holder, file, line):
+                    # A hold that is over while its holder holds the lock: no record of its.
+                    if handed or not _asked_or_named(holder, rec, env):
+                        continue  # the holder unlocks it at the hold's end
+                elif line not in granted(me, fd):
+                    continue  # it unlocked as it went: free, to take as anyone would
+                elif not _named(rec, env, "left_runs", "runs_inside"):
                     raise NestingError(
                         f"lock {label} is held through a descriptor this process inherited "
-                        "from a hold that is over: nobody can unlock it until this process "
-                        "and the others holding it are gone, so waiting would wait for "
-                        "itself forever; not run"
+                        "from a hold that is over and did not leave it to this process's "
+                        "run: nobody can unlock it until this process and the others "
+                        "holding it are gone, so waiting would wait for itself forever; "
+                        "not run"
                     )
             elif running(int(taker)):
                 continue  # a plain run's taker, its keeper, lives
@@ -118,21 +120,58 @@ def held_through_us(
     return None
 
 
-def _named_as_left(rec: dict[str, Any], env: Mapping[str, str]) -> bool:
-    """Does the hold's record, left by a holder that is gone, name the run we are part of
-    as one that left without its goodbye (``holder._name_left_runs``)?"""
-    run, names = env.get(nesting.ENV_HOLD_RUN), rec.get("left_runs")
-    return bool(run) and isinstance(names, str) and run in names.split()
+def _still_holds(pid: int, file: tuple[int, int], line: str) -> bool:
+    """Does the live process ``pid`` -- a hold's holder, or another process under its pid
+    now -- still hold this very lock? One we may not look into is taken to."""
+    from ..._proc import PROC, holds_lock
+
+    try:
+        os.listdir(f"{PROC}/{pid}/fd")
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return holds_lock(pid, {file}, locks={line})
 
 
-def _left_to_our_command(holder: int, rec: dict[str, Any], env: Mapping[str, str]) -> bool:
+def _settled_record(fd: int) -> dict[str, Any] | None:
+    """The record, read again should it be caught mid-rewrite (a holder naming its runs)."""
+    for _ in range(3):
+        rec = record.read_record_fd(fd)
+        if rec is not None:
+            return rec
+        time.sleep(0.01)
+    return None
+
+
+def _asked_or_named(holder: int, rec: dict[str, Any], env: Mapping[str, str]) -> bool:
+    """A live holder's lock is ours if it says so (``_left_to_our_command``); one that does
+    not answer (stopped, busy ending) stands by its record: the runs gone without their
+    goodbye, for which it never unlocks."""
+    answer = _left_to_our_command(holder, rec, env)
+    return answer if answer is not None else _named(rec, env, "left_runs")
+
+
+def _named(rec: dict[str, Any], env: Mapping[str, str], *keys: str) -> bool:
+    """Does the hold's record name the run we are part of (LOCAL_MUTEX_HOLD_RUN) under one
+    of ``keys`` (``holder._name_runs``, ``FlockLock.hand_over``)? ``left_runs``: gone
+    without their goodbye, or left the lock by the hold's end; ``runs_inside``: inside it
+    when its holder last wrote the record -- a holder gone since leaves them its lock."""
+    run = env.get(nesting.ENV_HOLD_RUN)
+    for key in keys:
+        names = rec.get(key)
+        if run and isinstance(names, str) and run in names.split():
+            return True
+    return False
+
+
+def _left_to_our_command(holder: int, rec: dict[str, Any], env: Mapping[str, str]) -> bool | None:
     """A hold's description, shared by every run inside the hold and by what they left
-    behind: ours only if the run we are part of (as it named itself to the holder:
+    behind: ours only if the run we are part of (as the holder named it:
     LOCAL_MUTEX_HOLD_RUN) left without saying its command was over -- its keeper and
     supervisor died. Its holder, asked, knows; and then it never unlocks the lock, so it
     stays our command's. A job that a finished run left behind must wait: the hold's end
-    unlocks what it shares. A holder that cannot be asked (stopped, or its pid another
-    process's now): we wait."""
+    unlocks what it shares. None: the holder did not answer."""
     from .share import left_without_goodbye
 
     token_sha256, run = rec.get("token_sha256"), env.get(nesting.ENV_HOLD_RUN)

@@ -114,7 +114,7 @@ def join(
     got = share.join(int(rec["pid"]), digest, token, job_identity(env), within)
     if got is None:
         return False
-    conn, fds = got
+    conn, fds, name = got
     # Only what really is the hold's lock on this very file: a description of the
     # file at the path (or of ``file``, deleted from it: ``join_lost_hold`` -- unless the
     # hold put a file back at the path meanwhile, and shares that one) that holds the lock
@@ -130,7 +130,7 @@ def join(
         share.leave(conn)
         return False
     lock.joined, lock.join_failed = (conn, fds), False
-    lock.hold_run = share.introduce(conn)
+    lock.hold_run = name
     return True
 
 

@@ -31,7 +31,7 @@ from .lockdir import (
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import socket
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
     from typing import Any
 
     from ...ui.lines import Reporter
@@ -141,14 +141,15 @@ class FlockLock:
         here = [fd for fd in self.descriptions() if names_inode(self.path, fd)]
         return here if here or self.lost_to is None else self.descriptions()
 
-    def hand_over(self) -> None:
+    def hand_over(self, runs: Sequence[str] = ()) -> None:
         """Close our descriptions without unlocking them: runs inside our hold share them,
         and the lock is held until the last of those ends. The hold's record goes: the hold
         is over (a run must not take it for a hold to join), and ``status`` names the runs;
-        what stays says where the file is (a file moved away is known by it: ``predecessor``)."""
+        what stays says where the file is (a file moved away is known by it: ``predecessor``)
+        and which ``runs`` it is left to (their calls run inside it: ``ancestry``)."""
         left = {"lock_file": as_proc_names_it(self.path), "message": record.HANDED_OVER}
-        if self.record is not None and self.record.get("left_runs"):
-            left["left_runs"] = self.record["left_runs"]  # their calls run inside (``ancestry``)
+        if runs:
+            left["left_runs"] = " ".join(runs)
         for fd in self.descriptions() if self.record is not None else ():
             try:
                 record.write_record(fd, left, self.path)

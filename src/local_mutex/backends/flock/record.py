@@ -20,18 +20,22 @@ if TYPE_CHECKING:
     from typing import Any
 
 MAX_RECORD = 64 * 1024
-# What a holder says about itself in free text, cut (longest first) where the record would
-# be longer than readers read; a name longer than that is no name ``list`` can show anyway.
 # The message of the record a hold's end leaves to the runs inside it (``handed_over``).
 HANDED_OVER = "left to runs inside a hold"
+# What a holder says about itself in free text, cut (longest first) where the record would
+# be longer than readers read; a name longer than that is no name ``list`` can show anyway.
 _CUT_FIRST = ("command", "message", "cwd", "run_url", "workflow", "job", "runner", "user", "name")
+
+
+def _line(record: Mapping[str, Any]) -> bytes:
+    return (dumps(cut_to_fit(record, MAX_RECORD - 1, _CUT_FIRST)) + "\n").encode("ascii")
 
 
 def write_record(fd: int, record: Mapping[str, Any], path: str) -> bool:
     """Replace the file's content with the record. False when the descriptor is read-only
     (a lock file another user owns: the lock works, the record cannot be published);
     RecordNotWritten when the write fails (a full disk, a file size limit)."""
-    line = (dumps(cut_to_fit(record, MAX_RECORD - 1, _CUT_FIRST)) + "\n").encode("ascii")
+    line = _line(record)
     if len(line) > MAX_RECORD:  # not seen: thousands of fields
         clear_record(fd)
         raise RecordNotWritten(f"took the lock but its holder record for {path!r} is too long")
@@ -51,6 +55,26 @@ def write_record(fd: int, record: Mapping[str, Any], path: str) -> bool:
             f"{exc.strerror}; let it go"
         ) from None
     return True
+
+
+def rewrite_record(fd: int, record: Mapping[str, Any], before: Mapping[str, Any]) -> bool:
+    """Replace ``before``, the record we wrote, with ``record``; one that cannot be
+    written (a full disk) puts ``before`` back -- the file was never cut shorter meanwhile,
+    so what that needs is the file's still -- and leaves the rest of the file as it was.
+    Whether ``record`` is there now."""
+    line, old = _line(record), _line(before)
+    try:
+        if len(line) <= MAX_RECORD and os.pwrite(fd, line, 0) == len(line):
+            os.ftruncate(fd, len(line))
+            return True
+    except OSError:
+        pass
+    try:
+        os.pwrite(fd, old, 0)
+        os.ftruncate(fd, len(old))
+    except OSError:
+        pass
+    return False
 
 
 def _writable(fd: int) -> bool:

@@ -11,10 +11,12 @@ open for the run's life and ends with a goodbye once the command is over. A hold
 ends while a run is inside, or after a run's connection closed without its goodbye (its
 keeper and supervisor killed: the command may run on), closes its descriptions without
 unlocking them; otherwise it unlocks them, so nothing a finished command left behind keeps
-the lock. A run names itself on the connection once it joined (a random name, which its
-command gets too), so that the command's own nested calls of the lock can ask the holder
-whether their run left so: then the lock is their command's (they hold it, through the
-description), and they run inside rather than wait for it -- for themselves.
+the lock. The holder names each run as it joins (a random name, which its command gets
+too) and writes the names down in its record before the run has the descriptions, so that
+the command's own nested calls of the lock can tell whether their run left so -- asking
+the holder, or once it is gone, its record: then the lock is their command's (they hold
+it, through the description), and they run inside rather than wait for it -- for
+themselves.
 
 Linux only (abstract sockets, SO_PEERCRED); elsewhere a run inside a hold holds nothing,
 as before.
@@ -34,7 +36,7 @@ from .lockdir import file_id
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
 SUPPORTED = sys.platform.startswith("linux")
 _REQUEST_LIMIT = 4096
@@ -45,9 +47,7 @@ _SERVE_TIMEOUT = 0.2  # for the holder: a peer that connects and says nothing st
 _SERVE_BUDGET = 0.25
 # What a run says on its connection once its command is over, before closing it.
 BYE = b"bye\n"
-# What a run says once it joined: its name, which its command's nested calls know it by.
-HELLO = b"run %s\n"
-_RUN_NAME = 12  # random bytes: names no other run, whatever pids get reused
+_RUN_NAME = 12  # random bytes of a run's name: no other run's, whatever pids get reused
 _HEX = set(b"0123456789abcdef")
 # What a nested call asks, of the run its LOCAL_MUTEX_HOLD_RUN names: "left NAME".
 _LEFT = "left"
@@ -77,16 +77,19 @@ class Sharing:
         self.dropped = False
         self.dropped_files: set[tuple[int, int]] = set()
         self.heard: dict[socket.socket, bytes] = {}  # what each run inside said so far
-        self.dropped_runs: set[str] = set()  # the names of the runs that left so
+        self.names: dict[socket.socket, str] = {}  # the name we gave each run inside
+        # The names of the runs that left so, oldest first.
+        self.dropped_runs: dict[str, None] = {}
 
     def fileno(self) -> int:
         return self.listener.fileno()
 
-    def serve(self, fds: Sequence[int]) -> None:
+    def serve(self, fds: Sequence[int], joining: Callable[[], object] = lambda: None) -> None:
         """Answer the runs that knocked (for a quarter second at most; the rest next tick):
-        the lock's descriptions, or a refusal. Another user's connection is closed unread;
-        our own user's gets a fraction of a second to ask (our user could end the hold
-        anyway)."""
+        the lock's descriptions and a name for the run, or a refusal. Another user's
+        connection is closed unread; our own user's gets a fraction of a second to ask (our
+        user could end the hold anyway). ``joining``: called once a run is counted inside,
+        named, and before it has the descriptions (the holder writes the name down)."""
         budget = time.monotonic() + _SERVE_BUDGET
         while time.monotonic() < budget:
             try:
@@ -110,11 +113,14 @@ class Sharing:
                 # the lock over rather than unlock what this run now shares.
                 self.inside.append(conn)
                 self.files[conn] = {file_id(fd) for fd in fds}
-                socket.send_fds(conn, [b"ok\n"], list(fds))
+                self.names[conn] = name = os.urandom(_RUN_NAME).hex()
+                joining()
+                socket.send_fds(conn, [b"ok %s\n" % name.encode()], list(fds))
             except OSError:
                 if conn in self.inside:
                     self.inside.remove(conn)
                     self.files.pop(conn, None)
+                    self.names.pop(conn, None)
                 conn.close()
 
     def share_more(self, fds: Sequence[int]) -> None:
@@ -157,14 +163,18 @@ class Sharing:
                 self.heard[conn] = heard[-_REQUEST_LIMIT:]
                 still.append(conn)
                 continue
-            files = self.files.pop(conn, set())
+            files, name = self.files.pop(conn, set()), self.names.pop(conn, None)
             if not said:
                 self.dropped = True
                 self.dropped_files |= files
-                self.dropped_runs.update(_run_names(heard))
+                if name:
+                    self.dropped_runs[name] = None
             conn.close()
         self.inside = still
         return bool(still) or self.dropped
+
+    def runs_inside(self) -> list[str]:
+        return [self.names[conn] for conn in self.inside if conn in self.names]
 
     def joined_with(self) -> set[tuple[int, int]]:
         """The files the commands of runs that joined may hold (the runs inside, and those
@@ -176,7 +186,7 @@ class Sharing:
         self.listener.close()
         for conn in self.inside:
             conn.close()
-        self.inside, self.files, self.heard = [], {}, {}
+        self.inside, self.files, self.heard, self.names = [], {}, {}, {}
 
 
 def join(
@@ -185,9 +195,10 @@ def join(
     token: str | None,
     identity: Mapping[str, str] | None,
     within: float = TIMEOUT,
-) -> tuple[socket.socket, list[int]] | None:
-    """The run's side: the hold's descriptions of the lock (non-inheritable) and the
-    connection to keep open while inside; None when the holder cannot be asked or says no
+) -> tuple[socket.socket, list[int], str | None] | None:
+    """The run's side: the hold's descriptions of the lock (non-inheritable), the
+    connection to keep open while inside, and the name the holder gave the run (which its
+    command's nested calls know it by); None when the holder cannot be asked or says no
     (or does not answer ``within`` seconds: a stopped holder)."""
     if not SUPPORTED or not (token or identity):
         return None
@@ -197,7 +208,7 @@ def join(
         _reach(conn, holder_pid, token_sha256, within)
         conn.sendall(request.encode("utf-8", "surrogateescape") + b"\n")
         # MSG_CMSG_CLOEXEC: the descriptions must never reach a command we spawn.
-        msg, ancdata, _, _ = conn.recvmsg(16, socket.CMSG_SPACE(16 * 4), socket.MSG_CMSG_CLOEXEC)
+        msg, ancdata, _, _ = conn.recvmsg(64, socket.CMSG_SPACE(16 * 4), socket.MSG_CMSG_CLOEXEC)
     except OSError:
         conn.close()
         return None
@@ -206,12 +217,13 @@ def join(
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             usable = len(data) - len(data) % 4
             fds += list(struct.unpack(f"{usable // 4}i", data[:usable]))
-    if msg != b"ok\n" or not fds:
+    said, _, name = msg.rstrip(b"\n").partition(b" ")
+    if said != b"ok" or not msg.endswith(b"\n") or not fds:
         for fd in fds:
             os.close(fd)
         conn.close()
         return None
-    return conn, fds
+    return conn, fds, name.decode() if len(name) == 2 * _RUN_NAME and set(name) <= _HEX else None
 
 
 def leave(conn: socket.socket) -> None:
@@ -247,38 +259,22 @@ def goodbye(ended: bool, heard: bytes) -> bool | None:
     return True if BYE in heard else None if not ended else False
 
 
-def _run_names(heard: bytes) -> list[str]:
-    """The names a run gave (``introduce``'s: hex, nothing else; they go into the record)."""
-    word = HELLO.split(b" ")[0]
-    names = (line[len(word) + 1 :] for line in heard.split(b"\n") if line.startswith(word + b" "))
-    return [n.decode() for n in names if len(n) == 2 * _RUN_NAME and set(n) <= _HEX]
-
-
-def introduce(conn: socket.socket) -> str:
-    """The run's side, once it joined: name it to the holder; the name, for its command."""
-    name = os.urandom(_RUN_NAME).hex()
-    try:
-        conn.send(HELLO % name.encode(), socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
-    except OSError:
-        pass  # the holder is gone: the command's nested calls cannot ask it either
-    return name
-
-
-def left_without_goodbye(holder_pid: int, token_sha256: str, run: str) -> bool:
+def left_without_goodbye(holder_pid: int, token_sha256: str, run: str) -> bool | None:
     """A nested call's side: did the run named ``run`` inside the hold of ``holder_pid``
     leave without its goodbye (its keeper and supervisor killed)? The holder then never
-    unlocks the lock, which is that run's command's. False when it cannot be asked."""
+    unlocks the lock, which is that run's command's. None when it cannot be asked."""
     if not SUPPORTED:
-        return False
+        return None
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         _reach(conn, holder_pid, token_sha256, TIMEOUT)
         conn.sendall(f"{_LEFT} {run}\n".encode("utf-8", "surrogateescape"))
-        return _read_line(conn, time.monotonic() + TIMEOUT) == "yes"
+        answer = _read_line(conn, time.monotonic() + TIMEOUT)
     except OSError:
-        return False
+        return None
     finally:
         conn.close()
+    return answer == "yes" if answer in ("yes", "no") else None
 
 
 def _reach(conn: socket.socket, holder_pid: int, token_sha256: str, within: float) -> None:

@@ -93,11 +93,14 @@ def enclosing_slot(lock: FlockLock, env: Mapping[str, str], slots: int) -> tuple
     from .ancestry import held_by_ancestor, held_through_us
 
     found = held_by_ancestor({as_proc_names_it(p) for p in paths}, env)
+    stuck: list[NestingError] = []  # slots we would wait for ourselves for
     for path, file in files.items():  # a run whose keeper and supervisor died
         try:
             found = found or held_through_us(file, as_proc_names_it(path), env, lock.label)
-        except NestingError:
-            pass  # a slot we would wait for ourselves for: another may come free
+        except NestingError as exc:
+            stuck.append(exc)
+    if found is None and stuck and len(stuck) == slots:
+        raise stuck[0]  # no other slot can come free for us
     return found
 
 
