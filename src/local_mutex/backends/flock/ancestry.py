@@ -145,11 +145,11 @@ def _settled_record(fd: int) -> dict[str, Any] | None:
 
 
 def _asked_or_named(holder: int, rec: dict[str, Any], env: Mapping[str, str]) -> bool:
-    """A live holder's lock is ours if it says so (``_left_to_our_command``); one that does
-    not answer (stopped, busy ending) stands by its record: the runs gone without their
-    goodbye, for which it never unlocks."""
-    answer = _left_to_our_command(holder, rec, env)
-    return answer if answer is not None else _named(rec, env, "left_runs")
+    """A live holder's lock is ours if its record names our run among those gone without
+    their goodbye (for which it never unlocks: no need to ask, nor to wait two seconds for
+    a stopped holder's answer), or if it says so (``_left_to_our_command``): it may not
+    have written down a run gone a moment ago."""
+    return _named(rec, env, "left_runs") or bool(_left_to_our_command(holder, rec, env))
 
 
 def _named(rec: dict[str, Any], env: Mapping[str, str], *keys: str) -> bool:
