@@ -16,22 +16,29 @@ from local_mutex.backends.flock import record
 
 READER = """
 import os, sys, time
+from local_mutex.backends.flock import record
 fd = os.open(sys.argv[1], os.O_RDONLY)
 print("ready", flush=True)
-empty = reads = 0
+empty = unreadable = reads = 0
 end = time.monotonic() + float(sys.argv[2])
 while time.monotonic() < end:
     reads += 1
     if not os.pread(fd, 65536, 0).split(b"\\n", 1)[0]:
         empty += 1
-print(empty, reads)
+    if record.read_record_fd(fd) is None:
+        unreadable += 1
+print(empty, unreadable, reads)
 """
 
 
-def test_a_record_being_rewritten_is_never_empty_to_a_reader(tmp_path: Path) -> None:
+def test_a_record_being_rewritten_is_never_empty_or_unreadable_to_a_reader(
+    tmp_path: Path,
+) -> None:
     """A newcomer asks a moved file's record whose the file is while its hold hands it to
     the runs inside (a rewrite): between a truncate and the write it found the file
-    empty, could not tell, and ran beside them."""
+    empty, could not tell, and ran beside them. And a read that meets the write may see a
+    mix of the two lines (ext4: some in a thousand here, as a holder names the runs inside
+    its hold): it reads again, and gets the one or the other."""
     path = tmp_path / "lock"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     records = [{"pid": 1, "lock_file": str(path), "message": "x" * n} for n in (10, 300)]
@@ -44,10 +51,11 @@ def test_a_record_being_rewritten_is_never_empty_to_a_reader(tmp_path: Path) -> 
     while reader.poll() is None:
         record.write_record(fd, records[rewrites % 2], str(path))
         rewrites += 1
-    empty, reads = map(int, reader.stdout.read().split())
+    empty, unreadable, reads = map(int, reader.stdout.read().split())
     os.close(fd)
     assert reads > 1000 and rewrites > 1000
     assert empty == 0, f"{empty} of {reads} reads found no record"
+    assert unreadable == 0, f"{unreadable} of {reads} reads found no record it could read"
 
 
 @settings(max_examples=40, deadline=None)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import stat
-import time
 
 from ... import nesting
 from ...errors import NestingError
@@ -88,7 +87,7 @@ def held_through_us(
                 continue
         for line in granted(me, fd):  # "FLOCK ADVISORY WRITE <taker> dev:ino 0 EOF"
             how, taker = line.split()[2:4]
-            rec = _settled_record(int(fd))
+            rec = record.read_record_fd(int(fd))
             if rec is None or not taker.isdigit():
                 continue
             # Only a hold's exclusive lock is handed over (a shared taker keeps any line).
@@ -132,16 +131,6 @@ def _still_holds(pid: int, file: tuple[int, int], line: str) -> bool:
     except OSError:
         return False
     return holds_lock(pid, {file}, locks={line})
-
-
-def _settled_record(fd: int) -> dict[str, Any] | None:
-    """The record, read again should it be caught mid-rewrite (a holder naming its runs)."""
-    for _ in range(3):
-        rec = record.read_record_fd(fd)
-        if rec is not None:
-            return rec
-        time.sleep(0.01)
-    return None
 
 
 def _asked_or_named(holder: int, rec: dict[str, Any], env: Mapping[str, str]) -> bool:

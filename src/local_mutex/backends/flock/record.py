@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 
 from ..._json import cut_to_fit, dumps, loads_object
 from ...errors import RecordNotWritten
@@ -91,11 +92,18 @@ def clear_record(fd: int) -> None:
 
 
 def read_record_fd(fd: int) -> dict[str, Any] | None:
-    try:
-        data = os.pread(fd, MAX_RECORD, 0)
-    except OSError:
-        return None
-    return _parse(data)
+    """The record, or None. A line that does not parse is read again, twice at most: a read
+    that meets a rewrite (a holder naming the runs inside its hold) may see a mix of both."""
+    for again in (True, True, False):
+        try:
+            data = os.pread(fd, MAX_RECORD, 0)
+        except OSError:
+            return None
+        rec = _parse(data)
+        if rec is not None or not again or not data.split(b"\n", 1)[0]:
+            return rec
+        time.sleep(0.001)
+    return None
 
 
 def read_record(path: str, *, through_proc: bool = False) -> dict[str, Any] | None:
