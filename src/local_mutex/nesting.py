@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 ENV_HELD = "LOCAL_MUTEX_HELD"
 # The remote lock domain a command runs in: nested calls take their locks there too.
 ENV_REMOTE = "LOCAL_MUTEX_REMOTE"
-# The run inside a hold a command is of: how the run named itself to the holder.
+# The run inside a hold a command is of: the name its holder gave that run.
 ENV_HOLD_RUN = "LOCAL_MUTEX_HOLD_RUN"
 
 

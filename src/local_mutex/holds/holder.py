@@ -224,7 +224,8 @@ def _keep(
         waitables: list[Any] = [w for w in (watch, sharing, ack) if w is not None]
         # A run's goodbye (or its end) is seen at once, and our record follows: a holder
         # killed a tick later would have left the lock to a run that was over.
-        waitables += sharing.inside if sharing is not None else []
+        # (Not one select() cannot take: that run's end is seen at the next tick.)
+        waitables += [c for c in sharing.inside if c.fileno() < 1024] if sharing else []
         ready: list[Any] = []
         if waitables:
             ready = select.select(waitables, [], [], pause)[0]
@@ -284,8 +285,8 @@ def _name_runs(lock: FlockLock, sharing: Sharing) -> None:
 
 
 def _left_to(sharing: Sharing) -> list[str]:
-    """The runs a hold's end leaves its lock to: those inside, those gone without a goodbye."""
-    return [*list(sharing.dropped_runs), *sharing.runs_inside()][-_NAMED:]
+    """The runs a hold's end leaves its lock to: those gone without a goodbye, those inside."""
+    return [*list(sharing.dropped_runs)[-_NAMED:], *sharing.runs_inside()[-_NAMED:]]
 
 
 def _read(fd: int) -> bytes:

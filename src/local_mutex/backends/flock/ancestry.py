@@ -63,7 +63,7 @@ def held_through_us(
     its command's alone, through the description the command inherited -- and we inherited
     it too. Waiting would wait for ourselves, and the command with us, for good. A plain
     run's lock counts once its taker (the keeper) is gone, the record in the file its own;
-    a hold's if the hold left it to our run (``_hold_left_to_us``). A leftover of a plain
+    a hold's if the hold left it to our run (``_asked_or_named``, ``_named``). A leftover of a plain
     run that ended holds nothing through it: the run unlocked it. A taker's pid that reads
     0 (another PID namespace) tells nothing: we wait. ``here``: the file at ``path`` now
     (device, inode). The command's top process, and mode."""

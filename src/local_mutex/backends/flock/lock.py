@@ -78,7 +78,7 @@ class FlockLock:
         self.guardian: int | None = None  # holds the file put back too (``guardian``)
         # Inside a hold: its descriptions of the lock, and our connection to its holder.
         self.joined: tuple[socket.socket, list[int]] | None = None
-        self.hold_run: str | None = None  # how we named ourselves to its holder
+        self.hold_run: str | None = None  # the name its holder gave us
         self.join_failed = False  # a hold's holder that could not share its lock with us
         self.reentrant = False  # a run that may join its job's hold (with its token)
         self.token: str | None = None
@@ -150,11 +150,9 @@ class FlockLock:
         left = {"lock_file": as_proc_names_it(self.path), "message": record.HANDED_OVER}
         if runs:
             left["left_runs"] = " ".join(runs)
-        for fd in self.descriptions() if self.record is not None else ():
-            try:
-                record.write_record(fd, left, self.path)
-            except Exception:  # a full disk: no record at all, then
-                record.clear_record(fd)
+        if self.record is not None:
+            for fd in self.descriptions():  # a full disk: the hold's record stays, naming
+                record.rewrite_record(fd, left, self.record)  # them too (``ancestry``)
         self.held = False
         # A guardian holds the file put back for as long as the lock on the deleted file
         # lives: the commands inside hold that lock now, so it stays (it ends by itself).

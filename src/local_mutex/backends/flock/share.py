@@ -12,7 +12,8 @@ ends while a run is inside, or after a run's connection closed without its goodb
 keeper and supervisor killed: the command may run on), closes its descriptions without
 unlocking them; otherwise it unlocks them, so nothing a finished command left behind keeps
 the lock. The holder names each run as it joins (a random name, which its command gets
-too) and writes the names down in its record before the run has the descriptions, so that
+too) and writes the names down in its record before the run has the descriptions (where
+the disk takes them), so that
 the command's own nested calls of the lock can tell whether their run left so -- asking
 the holder, or once it is gone, its record: then the lock is their command's (they hold
 it, through the description), and they run inside rather than wait for it -- for
