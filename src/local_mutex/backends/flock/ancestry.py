@@ -63,10 +63,12 @@ def held_through_us(
     its command's alone, through the description the command inherited -- and we inherited
     it too. Waiting would wait for ourselves, and the command with us, for good. A plain
     run's lock counts once its taker (the keeper) is gone, the record in the file its own;
-    a hold's if the hold left it to our run (``_asked_or_named``, ``_named``). A leftover of a plain
-    run that ended holds nothing through it: the run unlocked it. A taker's pid that reads
-    0 (another PID namespace) tells nothing: we wait. ``here``: the file at ``path`` now
-    (device, inode). The command's top process, and mode."""
+    a hold's if the hold left it to our run: its live holder says so (``_asked_or_named``),
+    or once it is gone, its record (``_named``) -- a process it was not left to is told,
+    NestingError, rather than wait for a lock nobody can unlock any more. A leftover of a
+    plain run that ended holds nothing through it: the run unlocked it. A taker's pid that
+    reads 0 (another PID namespace) tells nothing: we wait. ``here``: the file at ``path``
+    now (device, inode). The command's top process, and mode."""
     from ..._proc import PROC, granted, holds_lock, open_files, parent_of, running
 
     me = os.getpid()
@@ -90,7 +92,8 @@ def held_through_us(
             rec = record.read_record_fd(int(fd))
             if rec is None or not taker.isdigit():
                 continue
-            # Only a hold's exclusive lock is handed over (a shared taker keeps any line).
+            # A hand-over record counts on an exclusive lock only: a shared lock's takers
+            # keep whatever line the file had.
             handed = how == "WRITE" and record.handed_over(rec)
             if not handed and str(rec.get("pid")) != taker:
                 continue  # not its record's taker's lock (or one of another PID namespace)
