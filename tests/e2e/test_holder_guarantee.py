@@ -660,6 +660,35 @@ def test_a_nested_call_of_a_command_whose_keeper_and_supervisor_died_runs_inside
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.parametrize("nested", ["--shared", "exclusive"])
+def test_a_nested_call_of_a_shared_command_whose_keeper_and_supervisor_died(
+    procs: Procs, lock_dir: Path, marks: Path, nested: str
+) -> None:
+    """The same under `--shared`: shared holders keep a mark without a pid in the file, so
+    the command's own call found no taker to look at, and waited -- for itself, for good
+    without a ceiling. A shared call runs inside now; an exclusive one is told that an
+    exclusive lock inside a shared one would wait for itself (exit 2). Anyone exclusive
+    still waits until the command ends."""
+    flag = "--shared " if nested == "--shared" else ""
+    call = f'"$LOCAL_MUTEX_CLI" {flag}orphan "touch {marks}/nested.ran"; echo $? > {marks}/rc'
+    cmd = f"{hold_until(marks, 'a')}; {call}; {hold_until(marks, 'b')}"
+    keeper = procs.start(["--shared", "orphan", cmd, str(lock_dir)])
+    wait_for(marks / "a.held")
+    supervisor = pw.supervisor_child(keeper.pid)
+    assert supervisor is not None
+    _kill_both(keeper, supervisor)
+    (marks / "a.go").touch()
+    ran = nested == "--shared"
+    assert read_written(marks / "rc", 20, "the nested call to end") == ("0" if ran else "2")
+    assert (marks / "nested.ran").exists() is ran
+    wait_for(marks / "b.held")
+    r = run_cli(["--no-wait", "orphan", f"touch '{marks}/newcomer.ran'", str(lock_dir)])
+    assert r.returncode == 75, r.stderr  # still the command's
+    (marks / "b.go").touch()
+    r = run_cli(["--wait", "20", "orphan", "true", str(lock_dir)])
+    assert r.returncode == 0, r.stderr
+
+
 def _kill_both(keeper: subprocess.Popen[bytes], supervisor: int) -> None:
     """Both at once, as ``kill -9`` of both would on an idle machine. Killed one after the
     other, the second may see the first die and stop the command (as it must) before its

@@ -95,7 +95,9 @@ def held_through_us(
             # A hand-over record counts on an exclusive lock only: a shared lock's takers
             # keep whatever line the file had.
             handed = how == "WRITE" and record.handed_over(rec)
-            if not handed and str(rec.get("pid")) != taker:
+            # Shared holders keep one mark, no pid: each one's own line names its taker.
+            shared = how == "READ" and rec.get("shared") is True and rec.get("pid") is None
+            if not handed and not shared and str(rec.get("pid")) != taker:
                 continue  # not its record's taker's lock (or one of another PID namespace)
             if handed or rec.get("hold"):
                 holder, file = int(taker), (st.st_dev, st.st_ino)
