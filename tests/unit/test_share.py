@@ -68,6 +68,19 @@ def test_a_goodbye_survives_the_reset_of_a_close_with_unread_data() -> None:
         assert _said_goodbye(holder) is False
 
 
+def test_a_run_that_says_much_is_still_inside() -> None:
+    """More than the holder reads in a tick (4 KiB, a same-user peer's flood) was taken
+    for the end of the connection: a run gone without its goodbye, whose hold then never
+    unlocks its lock."""
+    holder, run = socket.socketpair()
+    with holder, run:
+        run.send(b"x" * 8192)
+        assert _said_goodbye(holder) is None
+        assert _said_goodbye(holder) is None  # the rest, the next tick
+        leave(run)
+        assert _said_goodbye(holder) is True
+
+
 def test_leaving_a_holder_that_is_gone_is_quiet() -> None:
     holder, run = socket.socketpair()
     holder.close()

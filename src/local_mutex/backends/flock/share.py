@@ -247,6 +247,8 @@ def _hear(conn: socket.socket) -> tuple[bool, bytes]:
             if not chunk:
                 break
             said += chunk
+        else:
+            return False, said  # more than a tick's share: the rest next tick
     except BlockingIOError:  # still connected
         return False, said
     except OSError:
