@@ -652,12 +652,7 @@ def test_a_nested_call_of_a_command_whose_keeper_and_supervisor_died_runs_inside
     (marks / "a.go").touch()
     assert read_written(marks / "rc", 20, "the nested call to end") == "0"
     assert (marks / "nested.ran").exists()
-    wait_for(marks / "b.held")
-    r = run_cli(["--no-wait", "orphan", f"touch '{marks}/newcomer.ran'", str(lock_dir)])
-    assert r.returncode == 75, r.stderr  # still the command's
-    (marks / "b.go").touch()
-    r = run_cli(["--wait", "20", "orphan", "true", str(lock_dir)])
-    assert r.returncode == 0, r.stderr
+    _the_commands_until_it_ends(lock_dir, marks)
 
 
 @pytest.mark.parametrize("nested", ["--shared", "exclusive"])
@@ -681,6 +676,12 @@ def test_a_nested_call_of_a_shared_command_whose_keeper_and_supervisor_died(
     ran = nested == "--shared"
     assert read_written(marks / "rc", 20, "the nested call to end") == ("0" if ran else "2")
     assert (marks / "nested.ran").exists() is ran
+    _the_commands_until_it_ends(lock_dir, marks)
+
+
+def _the_commands_until_it_ends(lock_dir: Path, marks: Path) -> None:
+    """Once the command holds at ``b.held``, a newcomer is kept out; once it ends, the
+    lock ``orphan`` is free."""
     wait_for(marks / "b.held")
     r = run_cli(["--no-wait", "orphan", f"touch '{marks}/newcomer.ran'", str(lock_dir)])
     assert r.returncode == 75, r.stderr  # still the command's
