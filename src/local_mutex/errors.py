@@ -49,6 +49,16 @@ class NestingError(ValidationError):
     """An exclusive lock was asked for inside a shared hold of the same lock."""
 
 
+class EnclosedWhileWaiting(Exception):
+    """Not an error: while it waited, a lock held through our own inherited description
+    was left to the run we are part of (its holder ended without unlocking it). ``pid``
+    and ``mode`` (``"x"``/``"s"``) are the enclosing run's, as ``Lock.enclosing`` gives."""
+
+    def __init__(self, pid: int, mode: str) -> None:
+        super().__init__(pid, mode)
+        self.pid, self.mode = pid, mode
+
+
 class InvalidTemplate(ValidationError):
     """A ``{`` or ``}`` in an ``each`` template that is neither ``{}`` nor doubled."""
 

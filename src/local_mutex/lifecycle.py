@@ -16,6 +16,7 @@ import time
 
 from .backends import Take
 from .errors import (
+    EnclosedWhileWaiting,
     LocalMutexError,
     LockLost,
     NestingError,
@@ -88,9 +89,11 @@ def _enclosing(
                 "network namespace's, or not answering); inside it, nothing would hold it: not run"
             )
         found = None if pid is None else (pid, "x")
-    if found is None:
-        return None
-    pid, held_mode = found
+    return None if found is None else _inside_of(lock, opts, *found)
+
+
+def _inside_of(lock: Lock, opts: Options, pid: int, held_mode: str) -> int:
+    """The enclosing holder we run inside, if our mode fits in its: ``pid``."""
     if held_mode == "s" and not opts.shared:
         raise NestingError(
             f"lock {lock.label} is held shared by enclosing pid {pid}; an exclusive lock "
@@ -120,48 +123,68 @@ def run_locked(
         pid = _enclosing(backend, lock, opts, env, reporter)
         # Looking for our hold may have waited (its end, under way): part of the --wait.
         spent = time.monotonic() - looked if opts.reentrant else 0.0
-        if pid is not None:
-            here = _held_here.get(_here_key(backend, lock, opts.slots)) if _held_here else None
-            # A remote hold's run holds a key of its own (``backends.postgres.inside``):
-            # nested calls of its command run inside, as under the holder's own lock.
-            joined = session_of(lock) is not None
-            inside = command_env(lock if here is None else here[1], env, here is not None or joined)
-            # Inside this process's own hold, the command holds the hold's description: it
-            # keeps the lock should we and the supervisor both die.
-            holding = lock if here is None else here[1]
-            return _run_inside(
-                lock, pid, command, opts, inside, reporter, result, subreaper, last, holding
-            )
-        if opts.reentrant and reporter is not None and not _may_join_a_hold(opts, env):
-            reporter.warning(
-                f"--reentrant runs inside a hold of this GitHub job, or the hold whose token "
-                f"is in ${ENV_TOKEN} (export it); there is neither here: {lock.label} is "
-                "taken like anyone else would take it, after any hold of it"
-            )
-        with SignalsHeld(last) as held:
-            try:
-                result.waited = _take(lock, opts, env, reporter, command.text, spent=spent)
-                result.acquired, result.lock_file = True, lock.lock_file
-                outcome = supervise(
-                    _spec(command, command_env(lock, env, True), opts),
-                    keep_fds=lock.keep_fds(),
-                    lock=lock,
-                    reporter=reporter,
-                    subreaper=subreaper,
-                    held=held,
-                    then=lambda outcome: _release(lock, reporter, outcome, result),
+        if pid is None:
+            if opts.reentrant and reporter is not None and not _may_join_a_hold(opts, env):
+                reporter.warning(
+                    f"--reentrant runs inside a hold of this GitHub job, or the hold whose "
+                    f"token is in ${ENV_TOKEN} (export it); there is neither here: "
+                    f"{lock.label} is taken like anyone else would take it, after any hold of it"
                 )
-            except BaseException:
-                held.letting_go = True
-                if held.command_may_run:  # our error once it may run: leave it the lock
-                    getattr(lock, "leave", lock.close)()
-                else:
-                    _let_go(lock)
-                raise
-        _finish(result, outcome, lock.label, reporter, opts)
-        return result
+            try:
+                return _run_holding(
+                    lock, command, opts, env, reporter, result, subreaper, last, spent
+                )
+            except EnclosedWhileWaiting as now:  # its holder's end left it to our command
+                pid = _inside_of(lock, opts, now.pid, now.mode)
+        here = _held_here.get(_here_key(backend, lock, opts.slots)) if _held_here else None
+        # A remote hold's run holds a key of its own (``backends.postgres.inside``): nested
+        # calls of its command run inside, as under the holder's own lock.
+        joined = session_of(lock) is not None
+        inside = command_env(lock if here is None else here[1], env, here is not None or joined)
+        # Inside this process's own hold, the command holds the hold's description: it keeps
+        # the lock should we and the supervisor both die.
+        holding = lock if here is None else here[1]
+        return _run_inside(
+            lock, pid, command, opts, inside, reporter, result, subreaper, last, holding
+        )
     finally:
         lock.close()
+
+
+def _run_holding(
+    lock: Lock,
+    command: Command,
+    opts: Options,
+    env: Mapping[str, str],
+    reporter: Reporter | None,
+    result: RunResult,
+    subreaper: bool,
+    last: bool,
+    spent: float,
+) -> RunResult:
+    """Take the lock, run the command holding it, release."""
+    with SignalsHeld(last) as held:
+        try:
+            result.waited = _take(lock, opts, env, reporter, command.text, spent=spent)
+            result.acquired, result.lock_file = True, lock.lock_file
+            outcome = supervise(
+                _spec(command, command_env(lock, env, True), opts),
+                keep_fds=lock.keep_fds(),
+                lock=lock,
+                reporter=reporter,
+                subreaper=subreaper,
+                held=held,
+                then=lambda outcome: _release(lock, reporter, outcome, result),
+            )
+        except BaseException:
+            held.letting_go = True
+            if held.command_may_run:  # our error once it may run: leave it the lock
+                getattr(lock, "leave", lock.close)()
+            else:
+                _let_go(lock)
+            raise
+    _finish(result, outcome, lock.label, reporter, opts)
+    return result
 
 
 def _may_join_a_hold(opts: Options, env: Mapping[str, str]) -> bool:

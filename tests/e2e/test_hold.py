@@ -1314,6 +1314,90 @@ def test_a_leftover_of_another_run_inside_the_hold_still_waits_beside_an_orphane
         (marks / "in.go").touch()
 
 
+def _waiting_job(marks: Path, name: str) -> str:
+    """A shell command that leaves a job behind (in a session of its own) which calls NAME
+    at once -- waiting, no ceiling -- with its stderr in ``job.err``: it writes ``ran`` if
+    it ran inside, and its exit status to ``rc``."""
+    return (
+        f'(setsid sh -c \'sh "$LOCAL_MUTEX_CLI" {name} "touch {marks}/ran" '
+        f'2> "{marks}/job.err"; echo $? > "{marks}/rc"\' </dev/null >/dev/null 2>&1 &)'
+    )
+
+
+def _says_it_waits(err: Path) -> None:
+    wait_for(lambda: err.exists() and b"waiting for" in err.read_bytes(), 20, "the call to wait")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+@pytest.mark.parametrize("end", ["released", "holder killed"])
+def test_a_waiting_leftover_is_told_once_the_hold_ends_without_unlocking(
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str], end: str
+) -> None:
+    """A job a finished run inside a hold left behind calls the lock and rightly waits: the
+    hold's end unlocks what it shares. The hold then ends without unlocking -- released
+    while an orphaned run is inside (the lock is left to that run), or its holder killed
+    -- and the job's own inherited description keeps the lock for good: it waited for
+    itself forever. It is looked at again as it waits, and told (exit 2), running nothing."""
+    token, run = _inside("waiter", procs, lock_dir, marks, cleanup)
+    holder = _status("waiter", lock_dir)["holders"][0]["pid"]
+    r = run_cli(
+        [
+            "--lock-dir",
+            str(lock_dir),
+            "run",
+            "--reentrant",
+            "waiter",
+            _waiting_job(marks, "waiter"),
+        ],
+        env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+    )
+    assert r.returncode == 0, r.stderr
+    try:
+        _says_it_waits(marks / "job.err")
+        if end == "released":
+            _kill_keeper_and_supervisor(run)
+            path = lock_file(lock_dir, "waiter")
+            wait_for(lambda: "left_runs" in path.read_text(), 20, "the holder to name the run")
+            release = ["release", "waiter", "--lock-dir", str(lock_dir), "--token", token]
+            assert run_cli(release).returncode == 0
+        else:
+            os.kill(holder, signal.SIGKILL)
+        assert read_written(marks / "rc", 20, "the waiting call to end") == "2"
+        assert b"wait for itself" in (marks / "job.err").read_bytes()
+        assert not (marks / "ran").exists()
+    finally:
+        (marks / "in.go").touch()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+def test_an_orphaned_runs_call_that_waited_for_a_stopped_holder_runs_inside_once_it_goes_on(
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
+) -> None:
+    """The holder stopped before it saw a run lose its keeper and supervisor: it can
+    neither answer that run's command's call nor has it named the run, so the call waits
+    -- for itself, for good. The holder, continued, names the run: the waiting call looks
+    again and runs inside, and anyone else still waits until the command ends."""
+    err = marks / "nested.err"
+    nested = f'"$LOCAL_MUTEX_CLI" orphan "touch {marks}/nested.ran" 2> {err}; echo $? > {marks}/rc'
+    cmd = f"{hold_until(marks, 'a')}; {nested}; {hold_until(marks, 'b')}"
+    token, run = _inside("orphan", procs, lock_dir, marks, cleanup, cmd, "a.held")
+    holder = _status("orphan", lock_dir)["holders"][0]["pid"]
+    os.kill(holder, signal.SIGSTOP)
+    try:
+        _kill_keeper_and_supervisor(run)
+        (marks / "a.go").touch()
+        _says_it_waits(err)
+        assert not (marks / "rc").exists()
+    finally:
+        os.kill(holder, signal.SIGCONT)
+    assert read_written(marks / "rc", 20, "the nested call to end") == "0", err.read_text()
+    assert (marks / "nested.ran").exists()
+    wait_for(marks / "b.held")
+    r = run_cli(["release", "orphan", "--lock-dir", str(lock_dir), "--token", token])
+    assert r.returncode == 0, r.stderr
+    _held_until_the_command_ends_at("orphan", lock_dir, marks, "b")
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
 def test_a_reentrant_run_after_the_holder_died_and_a_deletion_waits_as_anyone(
     procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 
 from ... import nesting
-from ...errors import NestingError
-from . import record
+from ...errors import EnclosedWhileWaiting, NestingError
+from . import kernel, record
 from .lockdir import as_proc_names_it, file_id
 
 TYPE_CHECKING = False
@@ -21,6 +22,10 @@ if TYPE_CHECKING:
 
     from .lock import FlockLock
 
+# How often a wait for a lock our own description holds looks at who holds it again (its
+# holder's end may have left it to our command): only such waits, which are rare, do.
+LOOK_AGAIN = 1.0
+
 
 def enclosing(lock: FlockLock, env: Mapping[str, str]) -> tuple[int, str] | None:
     """Inside a run whose lock file was deleted (before its holder put one back, or after
@@ -28,7 +33,35 @@ def enclosing(lock: FlockLock, env: Mapping[str, str]) -> tuple[int, str] | None
     the enclosing runs' own descriptors (``/proc/PID/fd``): one of them, of the file
     LOCAL_MUTEX_HELD names, still names our path, deleted (or its record does, renamed)."""
     path = as_proc_names_it(lock.path)
-    return held_by_ancestor([path], env) or held_through_us(file_id(lock.fd), path, env, lock.label)
+    ours: list[int] = []
+    found = held_by_ancestor([path], env) or held_through_us(
+        file_id(lock.fd), path, env, lock.label, ours
+    )
+    # Our own description holds what we would wait for: only its holder's unlock lets us
+    # on. One that ends without it (a hold over, a holder or keeper killed) may leave the
+    # lock to our command, or to nobody we could wait for: looked at again while we wait.
+    lock.waits_on_us = env if ours and found is None else None
+    return found
+
+
+def wait_looking_again(lock: FlockLock, shared: bool, wait: float | None) -> bool:
+    """``lock.acquire``'s wait for a lock our own description holds: only its holder's
+    unlock ends it. A holder that ends without one (a hold over, killed; a run's keeper
+    killed) leaves the lock to our command (``EnclosedWhileWaiting``: we run inside) or to
+    nobody we could wait for (``NestingError``), so we look again now and then."""
+    deadline = None if wait is None else time.monotonic() + wait
+    while lock.waits_on_us is not None:
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        part = LOOK_AGAIN if left is None else min(left, LOOK_AGAIN)
+        if kernel.wait_lock(lock.fd, shared=shared, timeout=part):
+            return True
+        if part == left:
+            return False
+        found = enclosing(lock, lock.waits_on_us)
+        if found is not None:
+            raise EnclosedWhileWaiting(*found)
+    left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+    return kernel.wait_lock(lock.fd, shared=shared, timeout=left)
 
 
 def held_by_ancestor(paths: Collection[str], env: Mapping[str, str]) -> tuple[int, str] | None:
@@ -57,7 +90,11 @@ def held_by_ancestor(paths: Collection[str], env: Mapping[str, str]) -> tuple[in
 
 
 def held_through_us(
-    here: tuple[int, int], path: str, env: Mapping[str, str], label: str
+    here: tuple[int, int],
+    path: str,
+    env: Mapping[str, str],
+    label: str,
+    ours: list[int] | None = None,
 ) -> tuple[int, str] | None:
     """The run we are part of had its keeper and supervisor killed together: its lock is
     its command's alone, through the description the command inherited -- and we inherited
@@ -68,7 +105,8 @@ def held_through_us(
     NestingError, rather than wait for a lock nobody can unlock any more. A leftover of a
     plain run that ended holds nothing through it: the run unlocked it. A taker's pid that
     reads 0 (another PID namespace) tells nothing: we wait. ``here``: the file at ``path``
-    now (device, inode). The command's top process, and mode."""
+    now (device, inode); ``ours`` gets each of our descriptors that holds it and does not
+    (yet) let us in. The command's top process, and mode."""
     from ..._proc import PROC, granted, holds_lock, open_files, parent_of, running
 
     me = os.getpid()
@@ -88,6 +126,8 @@ def held_through_us(
             except OSError:
                 continue
         for line in granted(me, fd):  # "FLOCK ADVISORY WRITE <taker> dev:ino 0 EOF"
+            if ours is not None:
+                ours.append(int(fd))
             how, taker = line.split()[2:4]
             rec = record.read_record_fd(int(fd))
             if rec is None or not taker.isdigit():

@@ -82,6 +82,8 @@ class FlockLock:
         self.join_failed = False  # a hold's holder that could not share its lock with us
         self.reentrant = False  # a run that may join its job's hold (with its token)
         self.token: str | None = None
+        # Held through our own inherited description: the env to look again with (``ancestry``)
+        self.waits_on_us: Mapping[str, str] | None = None
 
     # -- who we are ----------------------------------------------------------------------
 
@@ -136,8 +138,7 @@ class FlockLock:
 
     def at_path(self) -> list[int]:
         """The description of the file now at the path (for a hold to share); once another
-        took the file at the path first (``putback``), those of the file deleted from it:
-        the hold's lock is there."""
+        took the file at the path first (``putback``), those of the file deleted from it."""
         here = [fd for fd in self.descriptions() if names_inode(self.path, fd)]
         return here if here or self.lost_to is None else self.descriptions()
 
@@ -231,7 +232,11 @@ class FlockLock:
             from ...ui.progress import Progress  # only paid for when the lock is busy
 
             with Progress(reporter, self.label, progress, start, self._look):
-                return kernel.wait_lock(self.fd, shared=shared, timeout=wait), True
+                if self.waits_on_us is None:
+                    return kernel.wait_lock(self.fd, shared=shared, timeout=wait), True
+                from .ancestry import wait_looking_again  # rare: only ``ancestry`` sets it
+
+                return wait_looking_again(self, shared, wait), True
 
     def _marked(self) -> bool:
         """Something in the file but shared holders' mark: a new file's, or a record left."""
