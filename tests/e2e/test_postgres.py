@@ -1753,3 +1753,34 @@ def test_list_shows_a_lock_held_by_a_session_without_a_record_under_its_name(
     assert r.returncode == 0, r.stderr
     locks = json.loads(r.stdout)
     assert [(s["name"], s["state"], s["queue_length"]) for s in locks] == [("deploy", "held", 1)]
+
+
+@pytest.mark.parametrize(
+    "db, revoked",
+    [
+        ("lm_noview", "SELECT ON pg_catalog.pg_locks"),
+        ("lm_nofunction", "EXECUTE ON FUNCTION pg_catalog.pg_lock_status()"),
+    ],
+)
+def test_a_role_that_may_not_read_pg_locks_is_refused_before_its_command_runs(
+    pg: PgServer, tmp_path: Path, db: str, revoked: str
+) -> None:
+    """The heartbeat asks pg_locks whether the session still holds its key: a role that may
+    not read it lost the lock at the first beat -- every run's command was started, then
+    stopped, exit 74 ("heartbeat failed"). Refused as the session starts (exit 2), naming
+    what to grant; nothing runs."""
+    import psycopg
+
+    pg.psql(f"DROP DATABASE IF EXISTS {db}")
+    pg.psql(f"CREATE DATABASE {db}")
+    pg.psql("DROP ROLE IF EXISTS lm_nolocks")
+    pg.psql("CREATE ROLE lm_nolocks LOGIN PASSWORD 'nolocks'")
+    with psycopg.connect(pg.socket_url.replace("/postgres?", f"/{db}?"), autocommit=True) as c:
+        c.execute(f"REVOKE {revoked} FROM PUBLIC")  # this database's catalog only
+    url = pg.url.replace("postgres@", "lm_nolocks@").rsplit("/", 1)[0] + f"/{db}"
+    mark = tmp_path / "ran"
+    env = {**pg.env(), "PGPASSWORD": "nolocks"}
+    r = run_cli(["run", "--remote", url, "nolocks", f"touch '{mark}'"], env=env, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert b"pg_locks" in r.stderr and b"GRANT" in r.stderr, r.stderr
+    assert not mark.exists()

@@ -106,10 +106,17 @@ class Session:
         calls = ", ".join(f"set_config('{k}', '{v}', false)" for k, v in settings.items())
         row = self.fetch(
             "SELECT pg_is_in_recovery(), pg_backend_pid(), "
-            f"current_setting('track_activity_query_size'), {calls}",
+            f"current_setting('track_activity_query_size'), {_READS_LOCKS}, current_user, "
+            f"{calls}",
             timeout=timeout,
         )
         refuse_server(self.address, info.server_version, bool(row[0]))
+        if not row[3]:  # every heartbeat asks it: the first would lose the lock
+            raise BadAddress(
+                f"{self.address}: role {row[4]} may not read pg_locks, which tells whether a "
+                "session still holds its lock; GRANT SELECT ON pg_catalog.pg_locks and "
+                "EXECUTE ON FUNCTION pg_catalog.pg_lock_status() to it, in that database"
+            )
         self.backend_pid = int(row[1])
         self.query_budget = _bytes(str(row[2]))
         # A pooler answers the startup with its own key data: the pid it names is not the
@@ -286,6 +293,13 @@ class Session:
             self.conn.pgconn.finish()
         except Exception:
             pass
+
+
+# May this role read pg_locks? A view whose function the caller must be allowed to run too.
+_READS_LOCKS = (
+    "has_table_privilege('pg_catalog.pg_locks', 'SELECT') AND "
+    "has_function_privilege('pg_catalog.pg_lock_status()', 'EXECUTE')"
+)
 
 
 def refuse_server(address: str, version: int, in_recovery: bool) -> None:
