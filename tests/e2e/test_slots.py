@@ -264,6 +264,34 @@ def test_a_slot_hold_is_released_when_a_tmp_cleaner_took_the_plain_lock_file(
     assert r.returncode == 0 and b"pool is not held" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("deleted", ["the first", "the last"])
+def test_release_slots_finds_holds_once_a_tmp_cleaner_deleted_a_slot_file(
+    lock_dir: Path, deleted: str
+) -> None:
+    """`release --slots` looked at the slot files up to the first one missing: a slot
+    file deleted by a tmp cleaner, before its holder put one back (every 0.1 s; here it
+    is stopped), hid every hold after it ("no slot files", exit 2) -- and the stopped
+    hold of the deleted file could not be released at all. Each is found and ended."""
+    d = ["--lock-dir", str(lock_dir)]
+    tokens = []
+    for _ in range(2):
+        r = run_cli(["hold", "pool", "--slots", "2", *d])
+        assert r.returncode == 0, r.stderr
+        tokens.append(r.stdout.decode().strip())
+    gone = 0 if deleted == "the first" else 1
+    path = Path(slot_path(str(lock_file(lock_dir, "pool")), gone))
+    holder = json.loads(path.read_text())["pid"]
+    with stopped(holder):
+        path.unlink()
+        other = run_cli(["release", "pool", "--slots", "--token", tokens[1 - gone], *d])
+        assert other.returncode == 0 and b"released pool" in other.stderr, other.stderr
+        r = run_cli(["release", "pool", "--slots", "--token", tokens[gone], *d])
+        assert r.returncode == 0 and b"released pool" in r.stderr, r.stderr
+        assert pw.wait_gone([holder], 20) == []
+    r = run_cli(["--slots", "2", "--no-wait", "pool", "true", str(lock_dir)])
+    assert r.returncode == 0, r.stderr
+
+
 def test_slots_bad_input(lock_dir: Path) -> None:
     r = run_cli(["--slots", "0", "pool", "true", str(lock_dir)])
     assert r.returncode == 2

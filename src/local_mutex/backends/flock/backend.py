@@ -109,7 +109,7 @@ class FlockBackend:
         ``force``) by stopping its holder process."""
         from ..base import Released
         from . import record
-        from .slots import existing_slots
+        from .slots import slots_to_look_at
         from .state import status_of_path
 
         env, force, slots = ending.env, ending.force, ending.slots
@@ -118,19 +118,13 @@ class FlockBackend:
         token = ending.token or env.get(ENV_TOKEN) or None
         label = display(validate_name(name))
         path = self.path_of(name)
-        candidates = existing_slots(path) if slots else [path]
-        if not slots:
-            lost = _lost_hold(path)
-            if lost is not None and not _waited_for_put_back(path, lost[0]):
-                pid, held = lost  # a stopped holder, say: it is ended where it is
-                if not force and not owned(held, env, token):
-                    raise _not_ours(label, pid)
-                from .ending import end_holder
-
-                end_holder(pid, path, label, held.get("user"), gone=lambda: not _lost_hold(path))
-                return Released(path, True, pid, _held_for(held))
-            if not os.path.lexists(path) and status_of_path(path, allow_other_owner=True).held:
-                _wait_for_a_file(path)  # put back by a holder that is no hold: said below
+        candidates = slots_to_look_at(path) if slots else [path]
+        refusal: Refused | None = None
+        for candidate in candidates:  # a file deleted from its path a moment ago
+            ended = _end_lost_hold(candidate, label, ending, token)
+            if isinstance(ended, Released):
+                return ended
+            refusal = ended or refusal  # (one of a name's slots: another may be ours)
         existing = [c for c in candidates if os.path.lexists(c)]
         if not existing:
             where = "slot files" if slots else "lock file"
@@ -138,7 +132,6 @@ class FlockBackend:
                 f"no {where} for {label} in {self.lock_dir!r}; was the hold taken in "
                 "another lock dir?"
             )
-        refusal: Refused | None = None
         for candidate in existing:
             st = status_of_path(candidate, allow_other_owner=True)
             if not st.held:
@@ -176,6 +169,28 @@ def _lost_hold(path: str) -> tuple[int, dict[str, Any]] | None:
     from .predecessor import lost_hold
 
     return lost_hold(path)
+
+
+def _end_lost_hold(
+    path: str, label: str, ending: Ending, token: str | None
+) -> Released | Refused | None:
+    """A hold whose file a tmp cleaner deleted from ``path`` and that did not put one back
+    (a stopped holder, say) is ended where it is: what ``release`` did, or why not."""
+    from ..base import Released
+    from .state import status_of_path
+
+    lost = _lost_hold(path)
+    if lost is not None and not _waited_for_put_back(path, lost[0]):
+        pid, held = lost
+        if not ending.force and not owned(held, ending.env, token):
+            return _not_ours(label, pid)
+        from .ending import end_holder
+
+        end_holder(pid, path, label, held.get("user"), gone=lambda: not _lost_hold(path))
+        return Released(path, True, pid, _held_for(held))
+    if not os.path.lexists(path) and status_of_path(path, allow_other_owner=True).held:
+        _wait_for_a_file(path)  # put back by a holder that is no hold: said by the caller
+    return None
 
 
 def _waited_for_put_back(path: str, pid: int) -> bool:

@@ -64,6 +64,23 @@ def existing_slots(lock_path: str) -> list[str]:
     return out
 
 
+def slots_to_look_at(lock_path: str) -> list[str]:
+    """Each slot file of a name up to the last one there, and the one after it: a tmp
+    cleaner's deletion a moment ago leaves a gap, or takes the last (``release``)."""
+    head, base = os.path.split(_base(lock_path) + ".slot")
+    last = -1
+    try:
+        names = os.listdir(head or ".")
+    except OSError:
+        names = []
+    for name in names:
+        index = name[len(base) : -len(LOCK_SUFFIX)]
+        number = index.isascii() and index.isdecimal() and int(index) < MAX_SLOTS
+        if number and name.startswith(base) and name.endswith(LOCK_SUFFIX):
+            last = max(last, int(index))
+    return slot_paths(lock_path, last + 2)
+
+
 class Slot:
     """One taken slot: its descriptor, file and index."""
 
