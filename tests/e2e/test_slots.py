@@ -644,3 +644,35 @@ def test_a_nested_slots_call_once_a_slot_holds_holder_was_killed(
     finally:
         (marks / "a.go").touch()
         (marks / "b.go").touch()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fdinfo"), reason="finds its lock through /proc")
+def test_a_job_waiting_for_the_only_slot_it_holds_itself_is_told_once_the_hold_is_killed(
+    lock_dir: Path, marks: Path
+) -> None:
+    """A job a finished run inside a `hold --slots 1` left behind calls `--slots 1` and
+    rightly waits while the hold lives. The holder killed, the job's own inherited
+    description holds the only slot for good: it waited for itself forever. It looks again
+    as it waits, and is told (exit 2), running nothing."""
+    d = str(lock_dir)
+    token = run_cli(["hold", "pool", "--slots", "1", "--lock-dir", d]).stdout.decode().strip()
+    st = json.loads(run_cli(["status", "pool", "--json", "--lock-dir", d]).stdout)
+    holder = st["slots"][0]["holders"][0]["pid"]
+    err = marks / "job.err"
+    job = (
+        f'(setsid sh -c \'"$LOCAL_MUTEX_CLI" --slots 1 pool "touch {marks}/ran" 2> {err}; '
+        f"echo $? > {marks}/rc' </dev/null >/dev/null 2>&1 &)"
+    )
+    try:
+        r = run_cli(
+            ["--lock-dir", d, "run", "--reentrant", "--slots", "1", "pool", job],
+            env={"LOCAL_MUTEX_HOLD_TOKEN": token},
+        )
+        assert r.returncode == 0, r.stderr
+        wait_for(lambda: err.exists() and b"waiting for" in err.read_bytes(), 20, "it waits")
+        os.kill(holder, signal.SIGKILL)
+        assert read_written(marks / "rc", 30, "the waiting call to end") == "2", err.read_text()
+        assert b"wait for itself" in err.read_bytes()
+        assert not (marks / "ran").exists()
+    finally:
+        pw.signal_quietly([holder])

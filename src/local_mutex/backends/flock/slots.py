@@ -15,7 +15,7 @@ import os
 import time
 
 from ... import nesting
-from ...errors import NestingError, NotAcquired
+from ...errors import EnclosedWhileWaiting, NestingError, NotAcquired
 from ...names import LOCK_SUFFIX
 from ...ui.lines import describe_holder, duration
 from . import kernel, record
@@ -111,14 +111,36 @@ def enclosing_slot(lock: FlockLock, env: Mapping[str, str], slots: int) -> tuple
 
     found = held_by_ancestor({as_proc_names_it(p) for p in paths}, env)
     stuck: list[NestingError] = []  # slots we would wait for ourselves for
+    ours: list[int] = []  # our own descriptors holding one: looked at again as we wait
     for path, file in files.items():  # a run whose keeper and supervisor died
         try:
-            found = found or held_through_us(file, as_proc_names_it(path), env, lock.label)
+            found = found or held_through_us(file, as_proc_names_it(path), env, lock.label, ours)
         except NestingError as exc:
             stuck.append(exc)
     if found is None and stuck and len(stuck) == slots:
         raise stuck[0]  # no other slot can come free for us
+    lock.waits_on_us = env if ours and found is None else None
     return found
+
+
+def _looking_again(lock: FlockLock, slots: int) -> Callable[[], None] | None:
+    """For a wait for slots one of which our own description holds (``enclosing_slot``):
+    looks again now and then, as ``ancestry.wait_looking_again`` does for a plain lock."""
+    if lock.waits_on_us is None:
+        return None
+    from .ancestry import LOOK_AGAIN
+
+    due = [time.monotonic() + LOOK_AGAIN]
+
+    def again() -> None:
+        if lock.waits_on_us is None or time.monotonic() < due[0]:
+            return
+        found = enclosing_slot(lock, lock.waits_on_us, slots)
+        if found is not None:
+            raise EnclosedWhileWaiting(*found)
+        due[0] = time.monotonic() + LOOK_AGAIN
+
+    return again
 
 
 def acquire_slot(
@@ -133,6 +155,7 @@ def acquire_slot(
         allow_other_owner=lock.allow_other_owner,
         reporter=reporter,
         ours=lambda path, found: _runs_beside(lock, path, found),
+        again=_looking_again(lock, slots),
     )
     plain, lock.fd = lock.fd, slot.fd  # ours to let go (``close``) from here on
     os.close(plain)
@@ -229,8 +252,10 @@ def take_slot(
     allow_other_owner: bool,
     reporter: Reporter | None,
     ours: Ours = None,
+    again: Callable[[], None] | None = None,
 ) -> tuple[Slot, float]:
-    """Take a free slot (waiting in the gate's queue), returning it and the seconds waited."""
+    """Take a free slot (waiting in the gate's queue), returning it and the seconds waited.
+    ``again``: called as we wait (``_looking_again``)."""
     start = time.monotonic()
     deadline = None if wait is None else start + wait
     gate = open_lock_file(gate_path(lock_path), allow_other_owner=allow_other_owner)
@@ -240,7 +265,7 @@ def take_slot(
         with kernel.interruptible():
             if not kernel.try_lock(gate):
                 announced = _announce(reporter, label, lock_path, slots)
-                slot = _behind(gate, lock_path, slots, deadline, allow_other_owner, ours)
+                slot = _behind(gate, lock_path, slots, deadline, allow_other_owner, ours, again)
                 if slot is None and not kernel.try_lock(gate):
                     raise _not_acquired(label, lock_path, slots, start)
             # Head of the queue: look for a free slot until one frees or time runs out.
@@ -254,6 +279,8 @@ def take_slot(
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
                     raise _not_acquired(label, lock_path, slots, start)
+                if again is not None:
+                    again()
                 pause = delay if deadline is None else min(delay, deadline - now)
                 time.sleep(max(pause, 0.0))
                 delay = min(delay * 2, _POLL_MAX)
@@ -284,6 +311,7 @@ def _behind(
     deadline: float | None,
     allow_other_owner: bool,
     ours: Ours,
+    again: Callable[[], None] | None,
 ) -> Slot | None:
     """Queue behind the head, asleep in the kernel, until we are the head (None, the gate
     ours), a slot stayed free while the head did not take it, or time ran out (None, after
@@ -297,6 +325,8 @@ def _behind(
         slot = _try_slots(lock_path, slots, allow_other_owner, ours)
         if slot is not None:
             return slot
+        if again is not None:
+            again()
 
 
 def _min(a: float | None, b: float) -> float:
