@@ -176,6 +176,9 @@ def _run_holding(
                 held=held,
                 then=lambda outcome: _release(lock, reporter, outcome, result),
             )
+        except EnclosedWhileWaiting:  # (a stop signal meanwhile still stops us: no letting_go)
+            _let_go(lock)  # what we took meanwhile (a new file at the path) is not the run's
+            raise
         except BaseException:
             held.letting_go = True
             if held.command_may_run:  # our error once it may run: leave it the lock

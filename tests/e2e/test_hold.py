@@ -1315,11 +1315,12 @@ def test_a_leftover_of_another_run_inside_the_hold_still_waits_beside_an_orphane
 
 
 def _waiting_job(marks: Path, name: str) -> str:
-    """A shell command that leaves a job behind (in a session of its own) which calls NAME
-    at once -- waiting, no ceiling -- with its stderr in ``job.err``: it writes ``ran`` if
-    it ran inside, and its exit status to ``rc``."""
+    """A shell command that leaves a job behind (in a session of its own) which, once
+    ``job.go`` exists, calls NAME -- waiting, no ceiling -- with its stderr in ``job.err``:
+    it writes ``ran`` if it ran inside, and its exit status to ``rc``."""
     return (
-        f'(setsid sh -c \'sh "$LOCAL_MUTEX_CLI" {name} "touch {marks}/ran" '
+        f'(setsid sh -c \'while [ ! -e "{marks}/job.go" ]; do sleep 0.01; done; '
+        f'sh "$LOCAL_MUTEX_CLI" {name} "touch {marks}/ran" '
         f'2> "{marks}/job.err"; echo $? > "{marks}/rc"\' </dev/null >/dev/null 2>&1 &)'
     )
 
@@ -1329,7 +1330,7 @@ def _says_it_waits(err: Path) -> None:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
-@pytest.mark.parametrize("end", ["released", "holder killed"])
+@pytest.mark.parametrize("end", ["released", "holder killed", "file deleted, holder killed"])
 def test_a_waiting_leftover_is_told_once_the_hold_ends_without_unlocking(
     procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str], end: str
 ) -> None:
@@ -1337,7 +1338,9 @@ def test_a_waiting_leftover_is_told_once_the_hold_ends_without_unlocking(
     hold's end unlocks what it shares. The hold then ends without unlocking -- released
     while an orphaned run is inside (the lock is left to that run), or its holder killed
     -- and the job's own inherited description keeps the lock for good: it waited for
-    itself forever. It is looked at again as it waits, and told (exit 2), running nothing."""
+    itself forever. It is looked at again as it waits, and told (exit 2), running nothing.
+    Also when a tmp cleaner deleted the file under a stopped holder before the call: the
+    call takes a new file, then waits out the deleted file's lock (``predecessor``)."""
     token, run = _inside("waiter", procs, lock_dir, marks, cleanup)
     holder = _status("waiter", lock_dir)["holders"][0]["pid"]
     r = run_cli(
@@ -1353,6 +1356,10 @@ def test_a_waiting_leftover_is_told_once_the_hold_ends_without_unlocking(
     )
     assert r.returncode == 0, r.stderr
     try:
+        if end.startswith("file deleted"):
+            os.kill(holder, signal.SIGSTOP)  # (it cannot put a file back)
+            lock_file(lock_dir, "waiter").unlink()
+        (marks / "job.go").touch()
         _says_it_waits(marks / "job.err")
         if end == "released":
             _kill_keeper_and_supervisor(run)
@@ -1370,13 +1377,16 @@ def test_a_waiting_leftover_is_told_once_the_hold_ends_without_unlocking(
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract unix sockets")
+@pytest.mark.parametrize("file", ["kept", "deleted"])
 def test_an_orphaned_runs_call_that_waited_for_a_stopped_holder_runs_inside_once_it_goes_on(
-    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
+    procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str], file: str
 ) -> None:
     """The holder stopped before it saw a run lose its keeper and supervisor: it can
     neither answer that run's command's call nor has it named the run, so the call waits
     -- for itself, for good. The holder, continued, names the run: the waiting call looks
-    again and runs inside, and anyone else still waits until the command ends."""
+    again and runs inside, and anyone else still waits until the command ends. Also when a
+    tmp cleaner deleted the file meanwhile: the call takes a new file, then waits out the
+    deleted file's lock (``predecessor``)."""
     err = marks / "nested.err"
     nested = f'"$LOCAL_MUTEX_CLI" orphan "touch {marks}/nested.ran" 2> {err}; echo $? > {marks}/rc'
     cmd = f"{hold_until(marks, 'a')}; {nested}; {hold_until(marks, 'b')}"
@@ -1385,6 +1395,8 @@ def test_an_orphaned_runs_call_that_waited_for_a_stopped_holder_runs_inside_once
     os.kill(holder, signal.SIGSTOP)
     try:
         _kill_keeper_and_supervisor(run)
+        if file == "deleted":
+            lock_file(lock_dir, "orphan").unlink()
         (marks / "a.go").touch()
         _says_it_waits(err)
         assert not (marks / "rc").exists()

@@ -17,10 +17,12 @@ from .lockdir import as_proc_names_it, file_id
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Collection, Mapping
+    from collections.abc import Callable, Collection, Mapping
     from typing import Any
 
     from .lock import FlockLock
+
+    Look = Callable[[FlockLock, Mapping[str, str]], tuple[int, str] | None]
 
 # How often a wait for a lock our own description holds looks at who holds it again (its
 # holder's end may have left it to our command): only such waits, which are rare, do.
@@ -45,10 +47,8 @@ def enclosing(lock: FlockLock, env: Mapping[str, str]) -> tuple[int, str] | None
 
 
 def wait_looking_again(lock: FlockLock, shared: bool, wait: float | None) -> bool:
-    """``lock.acquire``'s wait for a lock our own description holds: only its holder's
-    unlock ends it. A holder that ends without one (a hold over, killed; a run's keeper
-    killed) leaves the lock to our command (``EnclosedWhileWaiting``: we run inside) or to
-    nobody we could wait for (``NestingError``), so we look again now and then."""
+    """``lock.acquire``'s wait for a lock our own description holds (``looking_again``)."""
+    again = looking_again(lock)
     deadline = None if wait is None else time.monotonic() + wait
     while lock.waits_on_us is not None:
         left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
@@ -57,11 +57,30 @@ def wait_looking_again(lock: FlockLock, shared: bool, wait: float | None) -> boo
             return True
         if part == left:
             return False
-        found = enclosing(lock, lock.waits_on_us)
-        if found is not None:
-            raise EnclosedWhileWaiting(*found)
+        again()
     left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
     return kernel.wait_lock(lock.fd, shared=shared, timeout=left)
+
+
+def looking_again(lock: FlockLock, look: Look | None = None) -> Callable[[], None]:
+    """For a wait for a lock our own description holds (``lock.waits_on_us``): only its
+    holder's unlock ends it. A holder that ends without one (a hold over, killed; a run's
+    keeper killed) leaves the lock to our command (``EnclosedWhileWaiting``: we run inside)
+    or to nobody we could wait for (``NestingError``): called as we wait, this looks again
+    (``look``: ``enclosing``) once every ``LOOK_AGAIN`` seconds at most."""
+    due = time.monotonic() + LOOK_AGAIN
+
+    def again() -> None:
+        nonlocal due
+        env = lock.waits_on_us
+        if env is None or time.monotonic() < due:
+            return
+        found = (look or enclosing)(lock, env)
+        if found is not None:
+            raise EnclosedWhileWaiting(*found)
+        due = time.monotonic() + LOOK_AGAIN
+
+    return again
 
 
 def held_by_ancestor(paths: Collection[str], env: Mapping[str, str]) -> tuple[int, str] | None:

@@ -253,7 +253,13 @@ def _wait_while_at_path(lock: FlockLock, fd: int, deadline: float | None) -> boo
     """Wait for the predecessor's lock (True), until ``deadline`` (False) -- or until our
     own file is gone from the path too (None): a tmp cleaner deleting faster than anyone
     looks can make two waiters each other's predecessors, each keeping its own file locked
-    while it waits for the other's. The one whose file is gone lets go."""
+    while it waits for the other's. The one whose file is gone lets go. A lock our own
+    description holds is looked at again (``ancestry.looking_again``)."""
+    again = None
+    if lock.waits_on_us is not None:
+        from .ancestry import looking_again
+
+        again = looking_again(lock)
     while True:
         left = _left(deadline)
         ceiling = _LOOK_AGAIN if left is None else min(left, _LOOK_AGAIN)
@@ -264,6 +270,9 @@ def _wait_while_at_path(lock: FlockLock, fd: int, deadline: float | None) -> boo
             return None
         if left is not None and left <= _LOOK_AGAIN:
             return False
+        if again is not None:
+            with kernel.interruptible():
+                again()
 
 
 def _left(deadline: float | None) -> float | None:

@@ -15,7 +15,7 @@ import os
 import time
 
 from ... import nesting
-from ...errors import EnclosedWhileWaiting, NestingError, NotAcquired
+from ...errors import NestingError, NotAcquired
 from ...names import LOCK_SUFFIX
 from ...ui.lines import describe_holder, duration
 from . import kernel, record
@@ -124,23 +124,12 @@ def enclosing_slot(lock: FlockLock, env: Mapping[str, str], slots: int) -> tuple
 
 
 def _looking_again(lock: FlockLock, slots: int) -> Callable[[], None] | None:
-    """For a wait for slots one of which our own description holds (``enclosing_slot``):
-    looks again now and then, as ``ancestry.wait_looking_again`` does for a plain lock."""
+    """For a wait for slots one of which our own description holds (``enclosing_slot``)."""
     if lock.waits_on_us is None:
         return None
-    from .ancestry import LOOK_AGAIN
+    from .ancestry import looking_again
 
-    due = [time.monotonic() + LOOK_AGAIN]
-
-    def again() -> None:
-        if lock.waits_on_us is None or time.monotonic() < due[0]:
-            return
-        found = enclosing_slot(lock, lock.waits_on_us, slots)
-        if found is not None:
-            raise EnclosedWhileWaiting(*found)
-        due[0] = time.monotonic() + LOOK_AGAIN
-
-    return again
+    return looking_again(lock, lambda lock, env: enclosing_slot(lock, env, slots))
 
 
 def acquire_slot(
