@@ -268,10 +268,11 @@ def test_a_slot_hold_is_released_when_a_tmp_cleaner_took_the_plain_lock_file(
 def test_release_slots_finds_holds_once_a_tmp_cleaner_deleted_a_slot_file(
     lock_dir: Path, deleted: str
 ) -> None:
-    """`release --slots` looked at the slot files up to the first one missing: a slot
-    file deleted by a tmp cleaner, before its holder put one back (every 0.1 s; here it
-    is stopped), hid every hold after it ("no slot files", exit 2) -- and the stopped
-    hold of the deleted file could not be released at all. Each is found and ended."""
+    """`release --slots` and `status` looked at the slot files up to the first one missing:
+    a slot file deleted by a tmp cleaner, before its holder put one back (every 0.1 s; here
+    it is stopped), hid every hold after it ("no slot files", exit 2; "free") -- and the
+    stopped hold of the deleted file could not be released at all. Each is found, shown
+    and ended."""
     d = ["--lock-dir", str(lock_dir)]
     tokens = []
     for _ in range(2):
@@ -283,6 +284,8 @@ def test_release_slots_finds_holds_once_a_tmp_cleaner_deleted_a_slot_file(
     holder = json.loads(path.read_text())["pid"]
     with stopped(holder):
         path.unlink()
+        st = json.loads(run_cli(["status", "pool", "--json", *d]).stdout)  # said "free"
+        assert [s["state"] for s in st["slots"]] == ["held", "held"], st
         other = run_cli(["release", "pool", "--slots", "--token", tokens[1 - gone], *d])
         assert other.returncode == 0 and b"released pool" in other.stderr, other.stderr
         r = run_cli(["release", "pool", "--slots", "--token", tokens[gone], *d])

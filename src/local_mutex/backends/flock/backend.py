@@ -61,18 +61,21 @@ class FlockBackend:
         )
 
     def status(self, name: bytes) -> LockStatus:
-        from .slots import existing_slots, gate_path
+        from .slots import gate_path, slots_to_look_at
         from .state import add_gate_queue, status_of_path
 
         path = self.path_of(name)
         st = status_of_path(path, display(name), allow_other_owner=self.allow_other_owner)
-        for slot in existing_slots(path):
+        for slot in slots_to_look_at(path):
             try:
-                st.slots.append(
-                    status_of_path(slot, display(name), allow_other_owner=self.allow_other_owner)
+                found = status_of_path(
+                    slot, display(name), allow_other_owner=self.allow_other_owner
                 )
             except UnsafeLockFile as exc:  # blocks `--slots` runs, not the plain lock
                 st.refused_slots.append(str(exc))
+                continue
+            if found.held or os.path.lexists(slot):  # (held on a file just deleted, too)
+                st.slots.append(found)
         if st.slots:  # waiting for a slot, after the plain lock's own waiters
             add_gate_queue(st.waiters, gate_path(path))
         return st

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 MAX_SLOTS = 1024
 _POLL_MIN, _POLL_MAX = 0.005, 0.1
+# Missing slot files in a row past which a name has no more (``slots_to_look_at``).
+_GAP = 8
 # A waiter behind the head of the queue looks at the slots itself this often: a head that
 # leaves a slot free that long is stopped (SIGSTOP, Ctrl-Z) or asks for a slot beyond ours.
 _BEHIND_LOOK = 1.0
@@ -56,29 +58,18 @@ def slot_paths(lock_path: str, slots: int) -> list[str]:
     return [slot_path(lock_path, i) for i in range(min(slots, MAX_SLOTS))]
 
 
-def existing_slots(lock_path: str) -> list[str]:
-    """The slot files of a name, in index order (stops at the first missing index)."""
-    out: list[str] = []
-    while os.path.exists(slot_path(lock_path, len(out))) and len(out) < MAX_SLOTS:
-        out.append(slot_path(lock_path, len(out)))
-    return out
-
-
 def slots_to_look_at(lock_path: str) -> list[str]:
     """Each slot file of a name up to the last one there, and the one after it: a tmp
-    cleaner's deletion a moment ago leaves a gap, or takes the last (``release``)."""
-    head, base = os.path.split(_base(lock_path) + ".slot")
-    last = -1
-    try:
-        names = os.listdir(head or ".")
-    except OSError:
-        names = []
-    for name in names:
-        index = name[len(base) : -len(LOCK_SUFFIX)]
-        number = index.isascii() and index.isdecimal() and int(index) < MAX_SLOTS
-        if number and name.startswith(base) and name.endswith(LOCK_SUFFIX):
-            last = max(last, int(index))
-    return slot_paths(lock_path, last + 2)
+    cleaner's deletion a moment ago leaves a gap, or takes the last (``release``,
+    ``status``). None where no slot file is there (a name never used with ``--slots``).
+    Asked of each index in turn, up to ``_GAP`` missing in a row: listing the directory
+    would cost ``status`` milliseconds in one of thousands of lock files."""
+    last, index = -1, 0
+    while index < MAX_SLOTS and index - last <= _GAP:
+        if os.path.lexists(slot_path(lock_path, index)):
+            last = index
+        index += 1
+    return slot_paths(lock_path, last + 2) if last >= 0 else []
 
 
 class Slot:
