@@ -61,7 +61,7 @@ def slot_paths(lock_path: str, slots: int) -> list[str]:
 def slots_to_look_at(lock_path: str) -> list[str]:
     """Each slot file of a name up to the last one there, and the one after it: a tmp
     cleaner's deletion a moment ago leaves a gap, or takes the last (``release``,
-    ``status``). None where no slot file is there (a name never used with ``--slots``).
+    ``status``). Nothing where no slot file is there (a name never used with ``--slots``).
     Asked of each index in turn, up to ``_GAP`` missing in a row: listing the directory
     would cost ``status`` milliseconds in one of thousands of lock files."""
     last, index = -1, 0
