@@ -25,6 +25,7 @@ from helpers import (
     lock_file,
     lock_is_free,
     run_cli,
+    stopped,
     wait_for,
 )
 from helpers.otheruser import OtherUser, as_other_user
@@ -373,3 +374,37 @@ def test_status_of_odd_names_is_free_and_creates_nothing(lock_dir: Path, name: s
     st = json.loads(r.stdout)
     assert st["state"] == "free" and st["lock_file"] == str(lock_file(lock_dir, name))
     assert list(lock_dir.iterdir()) == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fdinfo"), reason="finds the lock through /proc")
+@pytest.mark.parametrize("what", ["a hold", "a hold's slot", "a run"])
+def test_list_shows_a_lock_whose_file_a_tmp_cleaner_just_deleted(
+    procs: Procs, lock_dir: Path, marks: Path, what: str
+) -> None:
+    """The file deleted before its holder put one back (within 0.1 s; here the holder is
+    stopped): `status NAME` said held, `list` did not list it at all. Also a slot file."""
+    d = ["--lock-dir", str(lock_dir)]
+    path = lock_file(lock_dir, "gone")
+    if what == "a run":
+        run = procs.start(["gone", hold_until(marks), str(lock_dir)])
+        wait_for(marks / "h.held")
+        holder = run.pid
+    else:
+        slots = ["--slots", "1"] if what == "a hold's slot" else []
+        r = run_cli(["hold", "gone", *slots, *d])
+        assert r.returncode == 0, r.stderr
+        if slots:
+            path = path.with_name(path.name[: -len(".lock")] + ".slot0.lock")
+        holder = json.loads(path.read_text())["pid"]
+    try:
+        with stopped(holder):
+            path.unlink()
+            listed = json.loads(run_cli(["list", "--json", *d]).stdout)
+            assert [(s["name"], s["state"], s["lock_file"]) for s in listed] == [
+                ("gone", "held", str(path))
+            ], listed
+            assert [h["pid"] for h in listed[0]["holders"]] == [holder], listed
+    finally:
+        (marks / "h.go").touch()
+        run_cli(["release", "gone", "--force", "--slots", *d])
+        run_cli(["release", "gone", "--force", *d])

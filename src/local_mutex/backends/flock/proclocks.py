@@ -160,16 +160,17 @@ def all_fd_holders(key: tuple[int, int, int]) -> list[int]:
 
 
 def held_elsewhere(
-    path: str,
+    path: str | Callable[[str], bool],
     locks: list[KernelLock],
     recorded: Callable[[str], str | None],
     any_owner: bool = False,
 ) -> tuple[KernelLock, str] | None:
-    """A granted lock on a file that was at ``path`` and has been deleted or renamed away
-    while held (its holder puts one back within a moment): found through the holder's
-    descriptors, which still name the old path (``… (deleted)``) or whose holder record
-    names ``path`` (``recorded`` reads the lock file a record was found in). Returns the
-    lock and a /proc path that reads the file's content.
+    """A granted lock on a file that was at ``path`` (or at any path the callable says
+    yes to) and has been deleted or renamed away while held (its holder puts one back
+    within a moment): found through the holder's descriptors, which still name the old
+    path (``… (deleted)``) or whose holder record names ``path`` (``recorded`` reads the
+    lock file a record was found in). Returns the lock and a /proc path that reads the
+    file's content.
 
     Only a file of ours (or root's) counts, as at the path (``lockdir.refusal_for``), unless
     ``any_owner`` (``--allow-other-owner``): in a shared directory another user can create
@@ -185,9 +186,12 @@ def held_elsewhere(
             return None
         if not (any_owner or ours_or_roots(st)):
             return None
-        if target in (path + " (deleted)", path) or recorded(through) == path:
+        if wanted(target.removesuffix(" (deleted)")):
             return through
-        return None
+        was = recorded(through)
+        return through if was is not None and wanted(was) else None
+
+    wanted = path if callable(path) else path.__eq__
 
     takers: dict[int, dict[tuple[int, int, int], KernelLock]] = {}
     for lock in locks:

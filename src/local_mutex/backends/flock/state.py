@@ -259,6 +259,10 @@ def _held_deleted(
     return _from_kernel(path, name, lock.key, entries, _proc.boot_time(), rec)
 
 
+# Deleted files still held that ``list`` looks for (each one more walk of /proc).
+_MAX_DELETED = 64
+
+
 def list_locks(
     directory: str,
     *,
@@ -300,9 +304,53 @@ def list_locks(
         found = _of_file(path, None, st, locks, boot)
         if include_free or found.held:
             out.append(found)
+    if locks:
+        out += _held_deleted_from(directory, [key_of(st) for _, st in infos], locks)
     for found in out:
         found.slot = slot_index(found.lock_file)
     return ordered([s for s in out if include_free or s.held])
+
+
+def _held_deleted_from(
+    directory: str, listed: list[tuple[int, int, int]], locks: list[KernelLock]
+) -> list[LockStatus]:
+    """The locks still held on files a tmp cleaner deleted from the directory, whose
+    holders have not put one back (within a tick; never, while stopped): nothing at their
+    path to list, yet held, as ``status`` says."""
+    here = as_proc_names_it(os.path.join(directory, "x"))[:-1]
+
+    def deleted_from_here(path: str) -> bool:
+        name = path[len(here) :]
+        return (
+            path.startswith(here)
+            and "/" not in name
+            and _is_lock_name(name)
+            and (not os.path.lexists(path))
+        )
+
+    try:  # deleted or renamed, a file stays on the directory's device
+        device = os.stat(directory).st_dev
+    except OSError:
+        return []
+    on = (os.major(device), os.minor(device))
+    others = [e for e in locks if e.key[:2] == on and e.key not in listed]
+    out: list[LockStatus] = []
+    for _ in range(_MAX_DELETED):
+        found = held_elsewhere(deleted_from_here, others, record.recorded_path)
+        if found is None:
+            break
+        lock, through = found
+        others = [e for e in others if e.key != lock.key]
+        rec = record.read_record(through, through_proc=True)
+        path = rec.get("lock_file") if rec is not None else None
+        try:
+            link = os.readlink(through).removesuffix(" (deleted)")
+        except OSError:
+            continue  # let go meanwhile
+        path = path if isinstance(path, str) and deleted_from_here(path) else link
+        entries = [e for e in locks if e.key == lock.key]
+        out.append(_from_kernel(path, None, lock.key, entries, _proc.boot_time(), rec))
+    return out
 
 
 def _is_lock_name(name: str) -> bool:
