@@ -795,6 +795,20 @@ def test_a_release_just_after_a_tmp_cleaner_waits_for_the_put_back(
     assert _free("swift", lock_dir)
 
 
+def test_a_release_with_a_wrong_token_after_a_deletion_under_a_stopped_holder_says_so(
+    lock_dir: Path, cleanup: list[str]
+) -> None:
+    """The hold's file deleted while its holder is stopped: a release with another token is
+    told the hold is another's (77), not that there is no lock file here."""
+    cleanup.append("solo")
+    _hold("solo", lock_dir)
+    holder_pid = _status("solo", lock_dir)["holders"][0]["pid"]
+    with stopped(holder_pid):
+        lock_file(lock_dir, "solo").unlink()
+        r = run_cli(["release", "solo", "--lock-dir", str(lock_dir), "--token", "nope"])
+    assert r.returncode == 77 and b"belongs to another job or token" in r.stderr, r.stderr
+
+
 def test_a_reentrant_run_in_the_tick_after_a_deletion_joins_the_hold(
     procs: Procs, lock_dir: Path, marks: Path, cleanup: list[str]
 ) -> None:

@@ -295,6 +295,41 @@ def test_release_slots_finds_holds_once_a_tmp_cleaner_deleted_a_slot_file(
     assert r.returncode == 0, r.stderr
 
 
+def test_release_slots_finds_holds_once_a_tmp_cleaner_deleted_every_slot_file(
+    lock_dir: Path,
+) -> None:
+    """A tmp cleaner deletes files of one age together: every slot file of a pool, under
+    stopped holders. `release --slots` said "no slot files" (exit 2) and ended nothing:
+    the holds are found through their holders' descriptors, and a wrong token is told so."""
+    d = ["--lock-dir", str(lock_dir)]
+    tokens = [run_cli(["hold", "pool", "--slots", "2", *d]).stdout.decode().strip() for _ in "ab"]
+    paths = [Path(slot_path(str(lock_file(lock_dir, "pool")), i)) for i in (0, 1)]
+    holders = [json.loads(path.read_text())["pid"] for path in paths]
+    with stopped(holders[0]), stopped(holders[1]):
+        for path in paths:
+            path.unlink()
+        r = run_cli(["release", "pool", "--slots", "--token", "nope", *d])
+        assert r.returncode == 77 and b"belongs to another job or token" in r.stderr, r.stderr
+        for token in reversed(tokens):
+            r = run_cli(["release", "pool", "--slots", "--token", token, *d])
+            assert r.returncode == 0 and b"released pool" in r.stderr, r.stderr
+        assert pw.wait_gone(holders, 20) == []
+
+
+def test_a_directory_at_a_slot_path_does_not_stop_release_slots(lock_dir: Path) -> None:
+    """Something `--slots` refuses at a slot path past the holds (here a directory) made
+    `release --slots` exit 2 for another job's hold (77) and where nothing is held (0)."""
+    d = ["--lock-dir", str(lock_dir)]
+    token = run_cli(["hold", "pool", "--slots", "1", *d]).stdout.decode().strip()
+    Path(slot_path(str(lock_file(lock_dir, "pool")), 1)).mkdir()
+    r = run_cli(["release", "pool", "--slots", "--token", "nope", *d])
+    assert r.returncode == 77, r.stderr
+    r = run_cli(["release", "pool", "--slots", "--token", token, *d])
+    assert r.returncode == 0 and b"released pool" in r.stderr, r.stderr
+    r = run_cli(["release", "pool", "--slots", "--token", token, *d])
+    assert r.returncode == 0 and b"not held" in r.stderr, r.stderr
+
+
 def test_slots_bad_input(lock_dir: Path) -> None:
     r = run_cli(["--slots", "0", "pool", "true", str(lock_dir)])
     assert r.returncode == 2

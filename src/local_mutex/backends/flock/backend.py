@@ -112,7 +112,6 @@ class FlockBackend:
         ``force``) by stopping its holder process."""
         from ..base import Released
         from . import record
-        from .slots import slots_to_look_at
         from .state import status_of_path
 
         env, force, slots = ending.env, ending.force, ending.slots
@@ -121,22 +120,27 @@ class FlockBackend:
         token = ending.token or env.get(ENV_TOKEN) or None
         label = display(validate_name(name))
         path = self.path_of(name)
-        candidates = slots_to_look_at(path) if slots else [path]
+        candidates = _slot_candidates(path) if slots else [path]
         refusal: Refused | None = None
         for candidate in candidates:  # a file deleted from its path a moment ago
             ended = _end_lost_hold(candidate, label, ending, token)
             if isinstance(ended, Released):
                 return ended
+            if ended is not None and not slots:
+                raise ended
             refusal = ended or refusal  # (one of a name's slots: another may be ours)
         existing = [c for c in candidates if os.path.lexists(c)]
-        if not existing:
+        if not existing and refusal is None:
             where = "slot files" if slots else "lock file"
             raise InvalidLockDir(
                 f"no {where} for {label} in {self.lock_dir!r}; was the hold taken in "
                 "another lock dir?"
             )
         for candidate in existing:
-            st = status_of_path(candidate, allow_other_owner=True)
+            try:
+                st = status_of_path(candidate, allow_other_owner=True)
+            except UnsafeLockFile:  # (a directory at a slot path, say): no hold is there
+                continue
             if not st.held:
                 continue
             rec = record.read_record(candidate)
@@ -162,7 +166,7 @@ class FlockBackend:
             return Released(candidate, True, pid, _held_for(rec))
         if refusal is not None:
             raise refusal
-        return Released(existing[0], False)
+        return Released(existing[0] if existing else path, False)
 
     def close(self) -> None:
         pass
@@ -172,6 +176,24 @@ def _lost_hold(path: str) -> tuple[int, dict[str, Any]] | None:
     from .predecessor import lost_hold
 
     return lost_hold(path)
+
+
+def _slot_candidates(path: str) -> list[str]:
+    """The slot paths ``release --slots`` looks at: each index up to the last slot file
+    there and the next, and any whose lock is held on a file deleted from it (a tmp
+    cleaner takes files of one age together: every slot file of a pool, perhaps)."""
+    from .slots import slot_path, slots_to_look_at
+    from .state import held_deleted_from, slot_index
+
+    candidates = slots_to_look_at(path)
+    base = os.path.basename(path)[: -len(".lock")] + ".slot"
+    for st in held_deleted_from(os.path.dirname(path), []):
+        index = slot_index(st.lock_file)
+        if index is None or not os.path.basename(st.lock_file).startswith(base):
+            continue  # another name's lock file, or its plain one
+        if slot_path(path, index) not in candidates:
+            candidates.append(slot_path(path, index))
+    return candidates
 
 
 def _end_lost_hold(

@@ -305,18 +305,21 @@ def list_locks(
         if include_free or found.held:
             out.append(found)
     if locks:
-        out += _held_deleted_from(directory, [key_of(st) for _, st in infos], locks)
+        out += held_deleted_from(directory, [key_of(st) for _, st in infos], locks)
     for found in out:
         found.slot = slot_index(found.lock_file)
     return ordered([s for s in out if include_free or s.held])
 
 
-def _held_deleted_from(
-    directory: str, listed: list[tuple[int, int, int]], locks: list[KernelLock]
+def held_deleted_from(
+    directory: str, listed: list[tuple[int, int, int]], locks: list[KernelLock] | None = None
 ) -> list[LockStatus]:
     """The locks still held on files a tmp cleaner deleted from the directory, whose
     holders have not put one back (within a tick; never, while stopped): nothing at their
-    path to list, yet held, as ``status`` says."""
+    path to list, yet held, as ``status`` says. ``listed``: files there, not asked about."""
+    locks = read_proc_locks() if locks is None else locks
+    if not locks:
+        return []
     here = as_proc_names_it(os.path.join(directory, "x"))[:-1]
 
     def deleted_from_here(path: str) -> bool:
