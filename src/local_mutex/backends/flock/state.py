@@ -320,16 +320,11 @@ def held_deleted_from(
     locks = read_proc_locks() if locks is None else locks
     if not locks:
         return []
-    here = as_proc_names_it(os.path.join(directory, "x"))[:-1]
+    here = os.path.realpath(directory)  # as /proc names it (``as_proc_names_it``)
 
     def deleted_from_here(path: str) -> bool:
-        name = path[len(here) :]
-        return (
-            path.startswith(here)
-            and "/" not in name
-            and _is_lock_name(name)
-            and (not os.path.lexists(path))
-        )
+        head, name = os.path.split(path)
+        return head == here and _is_lock_name(name) and not os.path.lexists(path)
 
     try:  # deleted or renamed, a file stays on the directory's device
         device = os.stat(directory).st_dev
