@@ -270,6 +270,10 @@ def _run_inside(
     guard = lock if session_of(lock) is not None else None
     if guard is not None:
         guard.stop_grace = opts.kill_after + STOP_MARGIN
+    # Through what we inherited (flock): a job the enclosing command left behind runs on
+    # after that run ended and unlocked, as any leftover does -- said, not silent.
+    ours = getattr(lock, "held_through_us", None)
+    held_before = ours is not None and ours()
     try:
         with SignalsHeld(last) as held:
             outcome = supervise(
@@ -282,8 +286,15 @@ def _run_inside(
                 subreaper=subreaper,
                 held=held,
             )
+        let_go = held_before and ours is not None and not ours()
     finally:
         lock.close()
+    if let_go and reporter is not None:
+        reporter.warning(
+            f"lock {lock.label} was let go while this command ran inside it (the run or hold "
+            "it ran inside ended first, as it may for a job left behind): it ran on without "
+            "the lock"
+        )
     _finish(result, outcome, lock.label, reporter, opts)
     return result
 

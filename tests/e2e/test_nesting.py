@@ -326,3 +326,36 @@ def test_a_leftover_of_a_run_inside_a_hold_does_not_run_inside_the_hold(
     finally:
         (marks / "go").touch()
         run_cli(["release", "h", "--lock-dir", str(lock_dir)], env=job)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fdinfo"), reason="finds the lock through /proc")
+@pytest.mark.parametrize("ends", ["before", "after"])
+def test_a_left_behind_jobs_call_that_outlives_its_run_says_the_lock_was_let_go(
+    lock_dir: Path, marks: Path, ends: str
+) -> None:
+    """A job the command leaves behind calls the lock while the run lives: it runs inside.
+    The run then ends normally and unlocks -- what it leaves behind runs on unlocked -- and
+    a newcomer may take the lock while the job's command still runs: the job's call said
+    nothing of it ("done inside enclosing lock"). It now says it ran on without the lock;
+    a call whose run outlives its command says nothing more."""
+    err = marks / "job.err"
+    job = (
+        f'(setsid sh -c \'"$LOCAL_MUTEX_CLI" p "touch {marks}/in; '
+        f"while [ ! -e {marks}/go ]; do sleep 0.01; done\" 2> {err}; echo $? > {marks}/rc' "
+        "</dev/null >/dev/null 2>&1 &)"
+    )
+    wait_in = f"while [ ! -e {marks}/in ]; do sleep 0.01; done"
+    if ends == "before":
+        r = run_cli(["p", f"{job}; {wait_in}", str(lock_dir)])
+        assert r.returncode == 0, r.stderr
+        r = run_cli(["--no-wait", "p", f"touch {marks}/newcomer", str(lock_dir)])
+        assert r.returncode == 0, r.stderr  # unlocked: the job runs on without it
+        (marks / "go").touch()
+    else:
+        cmd = f"{job}; {wait_in}; touch {marks}/go; while [ ! -e {marks}/rc ]; do sleep 0.01; done"
+        r = run_cli(["p", cmd, str(lock_dir)])
+        assert r.returncode == 0, r.stderr
+    assert read_written(marks / "rc", 20, "the job's call to end") == "0"
+    said = err.read_text()
+    assert "running inside it" in said
+    assert ("it ran on without the lock" in said) is (ends == "before"), said

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 
-from ... import nesting
+from ... import _proc, nesting
 from ...errors import NotAcquired, UnsafeLockFile
 from ...names import display, lock_filename
 from ...ui.lines import describe_holder, duration
@@ -39,9 +39,8 @@ if TYPE_CHECKING:
 
 # How often a holder looks at its lock file's path: the issue's bound is 250 ms.
 WATCH_INTERVAL = 0.1
-# A waiter that keeps waking on replaced files gives up after this many within
-# ``RETRY_WINDOW`` seconds (exit 2): a cleaner deleting faster than anyone can take the lock.
-# A slower one (or a long wait behind a holder it keeps replacing) does not wear it out.
+# A waiter waking on replaced files this often within ``RETRY_WINDOW`` seconds gives up (exit
+# 2): a cleaner deleting faster than anyone can take the lock (a slower one never wears it out).
 MAX_RETRIES = 20
 RETRY_WINDOW = 2.0
 # A holder's record follows its lock within microseconds: looks for it before a holder is
@@ -87,15 +86,16 @@ class FlockLock:
 
     # -- who we are ----------------------------------------------------------------------
 
-    def _inode(self) -> tuple[int, int]:
-        return file_id(self.fd)
+    def held_through_us(self) -> bool:
+        """Do descriptions this process inherited hold this lock (a run we run inside)?"""
+        return self.fd >= 0 and _proc.holds_lock(os.getpid(), {file_id(self.fd)})
 
     def _key(self) -> str:
         return _file_key(self.fd)
 
     def enclosing(self, env: Mapping[str, str], slots: int | None = None) -> tuple[int, str] | None:
         if slots is None:
-            found = nesting.enclosing_hold(env, self._key(), self._inode())
+            found = nesting.enclosing_hold(env, self._key(), file_id(self.fd))
             if found is None and env.get(nesting.ENV_HELD):  # inside some lock
                 from .ancestry import enclosing
 
