@@ -14,6 +14,7 @@ import os
 import sys
 import time
 
+from ._proc import USE_PROC, running
 from .backends import Take
 from .errors import (
     EnclosedWhileWaiting,
@@ -271,9 +272,9 @@ def _run_inside(
     if guard is not None:
         guard.stop_grace = opts.kill_after + STOP_MARGIN
     # Through what we inherited (flock): a job the enclosing command left behind runs on
-    # after that run ended and unlocked, as any leftover does -- said, not silent.
+    # after that run ended and unlocked, as any leftover does -- said, not silent. Looked
+    # at only once the enclosing run is gone: the nested path stays light.
     ours = getattr(lock, "held_through_us", None)
-    held_before = ours is not None and ours()
     try:
         with SignalsHeld(last) as held:
             outcome = supervise(
@@ -286,7 +287,7 @@ def _run_inside(
                 subreaper=subreaper,
                 held=held,
             )
-        let_go = held_before and ours is not None and not ours()
+        let_go = ours is not None and USE_PROC and not running(pid) and not ours()
     finally:
         lock.close()
     if let_go and reporter is not None:

@@ -87,8 +87,8 @@ class FlockLock:
     # -- who we are ----------------------------------------------------------------------
 
     def held_through_us(self) -> bool:
-        """Do descriptions this process inherited hold this lock (a run we run inside)?"""
-        return self.fd >= 0 and _proc.holds_lock(os.getpid(), {file_id(self.fd)})
+        """Do descriptions this process inherited hold this lock (/proc; True once closed)?"""
+        return self.fd < 0 or _proc.holds_lock(os.getpid(), {file_id(self.fd)})
 
     def _key(self) -> str:
         return _file_key(self.fd)
