@@ -33,6 +33,7 @@ from helpers import (
     read_pid,
     read_written,
     run_cli,
+    run_seen_over,
     sleeps_in,
     stopped,
     wait_for,
@@ -1331,9 +1332,11 @@ def test_a_leftover_of_another_run_inside_the_hold_still_waits_beside_an_orphane
 def _waiting_job(marks: Path, name: str) -> str:
     """A shell command that leaves a job behind (in a session of its own) which, once
     ``job.go`` exists, calls NAME -- waiting, no ceiling -- with its stderr in ``job.err``:
-    it writes ``ran`` if it ran inside, and its exit status to ``rc``."""
+    it writes its run's name to ``job.run``, ``ran`` if it ran inside, and its exit status
+    to ``rc``."""
     return (
-        f'(setsid sh -c \'while [ ! -e "{marks}/job.go" ]; do sleep 0.01; done; '
+        f'(setsid sh -c \'echo "$LOCAL_MUTEX_HOLD_RUN" > "{marks}/job.run"; '
+        f'while [ ! -e "{marks}/job.go" ]; do sleep 0.01; done; '
         f'sh "$LOCAL_MUTEX_CLI" {name} "touch {marks}/ran" '
         f'2> "{marks}/job.err"; echo $? > "{marks}/rc"\' </dev/null >/dev/null 2>&1 &)'
     )
@@ -1369,6 +1372,7 @@ def test_a_waiting_leftover_is_told_once_the_hold_ends_without_unlocking(
         env={"LOCAL_MUTEX_HOLD_TOKEN": token},
     )
     assert r.returncode == 0, r.stderr
+    run_seen_over(lock_file(lock_dir, "waiter"), marks / "job.run")
     try:
         if end.startswith("file deleted"):
             os.kill(holder, signal.SIGSTOP)  # (it cannot put a file back)

@@ -17,6 +17,7 @@ from helpers import (
     lock_is_free,
     read_written,
     run_cli,
+    run_seen_over,
     stopped,
     wait_for,
 )
@@ -698,7 +699,8 @@ def test_a_job_waiting_for_the_only_slot_it_holds_itself_is_told_once_the_hold_i
     holder = st["slots"][0]["holders"][0]["pid"]
     err = marks / "job.err"
     job = (
-        f'(setsid sh -c \'"$LOCAL_MUTEX_CLI" --slots 1 pool "touch {marks}/ran" 2> {err}; '
+        f'(setsid sh -c \'echo "$LOCAL_MUTEX_HOLD_RUN" > {marks}/job.run; '
+        f'"$LOCAL_MUTEX_CLI" --slots 1 pool "touch {marks}/ran" 2> {err}; '
         f"echo $? > {marks}/rc' </dev/null >/dev/null 2>&1 &)"
     )
     try:
@@ -707,6 +709,7 @@ def test_a_job_waiting_for_the_only_slot_it_holds_itself_is_told_once_the_hold_i
             env={"LOCAL_MUTEX_HOLD_TOKEN": token},
         )
         assert r.returncode == 0, r.stderr
+        run_seen_over(Path(slot_path(str(lock_file(lock_dir, "pool")), 0)), marks / "job.run")
         wait_for(lambda: err.exists() and b"waiting for" in err.read_bytes(), 20, "it waits")
         os.kill(holder, signal.SIGKILL)
         assert read_written(marks / "rc", 30, "the waiting call to end") == "2", err.read_text()

@@ -263,6 +263,15 @@ def left_behind_call(marker_dir: Path, name: str) -> str:
     )
 
 
+def run_seen_over(lock_path: Path, run_file: Path) -> None:
+    """Wait until the hold's record in ``lock_path`` no longer names the run inside it
+    whose LOCAL_MUTEX_HOLD_RUN a job it left behind wrote to ``run_file``. A holder sees a
+    run's goodbye a moment after the run ends; one stopped or killed before it did leaves
+    its lock to that run -- and so, rightly, to the job, which then runs inside."""
+    run = read_written(run_file, 20, "the job's run")
+    wait_for(lambda: run not in lock_path.read_text(), 20, "the holder to see the run end")
+
+
 def left_behind_call_waited(marker_dir: Path) -> None:
     """Let the job ``left_behind_call`` left go: it must have been kept out (75)."""
     (marker_dir / "go").touch()
