@@ -704,10 +704,20 @@ def _kill_both(keeper: subprocess.Popen[bytes], supervisor: int) -> None:
     assert pw.wait_gone([supervisor], 10) == []
 
 
-def _still_excludes_then_frees(name: str, lock_dir: Path, marks: Path) -> None:
+def _still_excludes_then_frees(
+    name: str, lock_dir: Path, marks: Path, guarded: str | None = None
+) -> None:
+    """A newcomer is kept out until ``a.go``, then takes the lock. ``guarded``: the
+    command a guardian holds the lock for, named as such (not by the guardian's own
+    interpreter line, which read as the holder's command)."""
     r = run_cli(["--no-wait", name, f"touch '{marks}/newcomer.ran'", str(lock_dir)])
     assert r.returncode == 75, r.stderr
     assert not (marks / "newcomer.ran").exists()
+    if guarded is not None:
+        assert b"(guardian of '" in r.stderr and b" -I -S " not in r.stderr, r.stderr
+        st = run_cli(["status", name, "--json", "--lock-dir", str(lock_dir)])
+        (holder,) = json.loads(st.stdout)["holders"]
+        assert (holder["source"], holder["command"]) == ("guardian", guarded)
     (marks / "a.go").touch()
     r = run_cli(["--wait", "10", name, "true", str(lock_dir)])
     assert r.returncode == 0, r.stderr
@@ -730,7 +740,7 @@ def test_the_guardian_starts_from_any_working_directory(
     wait_for(marks / "a.held")
     _put_back_and_kill_both(procs, keeper, lock_file(lock_dir, "cwd"))
     assert not (marks / "planted.ran").exists()
-    _still_excludes_then_frees("cwd", lock_dir, marks)
+    _still_excludes_then_frees("cwd", lock_dir, marks, guarded=hold_until(marks, "a"))
 
 
 def test_a_killed_guardian_is_started_again(procs: Procs, lock_dir: Path, marks: Path) -> None:

@@ -114,6 +114,8 @@ def describe_holder(holder: Mapping[str, Any], now: float | None = None) -> str:
     who = f"user {field('user')}" if holder.get("user") else "?"
     parts = [f"pid {field('pid')}" if pid is not None else who]
     details = running(holder.get("command"), holder.get("cwd"))
+    if holder.get("source") == "guardian":  # it holds the lock for that run's command
+        details = [" ".join(["guardian of", *details]) if details else "guardian"]
     for key, word in (("host", "on"), ("runner", "runner"), ("job", "job")):
         if holder.get(key):
             details.append(f"{word} {field(key)}")

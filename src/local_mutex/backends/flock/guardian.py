@@ -42,6 +42,11 @@ _STARTED_WITHIN = 5.0  # seconds; an interpreter starts in ~10 ms
 SUPPORTED = USE_PROC  # Linux: a deleted file can be opened again through /proc/self/fd
 
 
+def is_guardian(command: str) -> bool:
+    """Is this (as ``_proc.cmdline`` joins it) a guardian's command line?"""
+    return f" -I -S -c {_WAIT} " in command
+
+
 def _interpreter() -> str | None:
     """The base interpreter, by its full path: argv[0] is where it looks for its own
     library, and a bare name would have it look in the working directory. None inside a

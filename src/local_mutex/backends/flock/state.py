@@ -19,6 +19,7 @@ from ...identity import utc_stamp
 from ...names import LOCK_PREFIX, LOCK_SUFFIX, lock_filename
 from ..base import Holder, LockStatus, Waiter
 from . import record
+from .guardian import is_guardian
 from .lockdir import as_proc_names_it, refusal_for
 from .proclocks import (
     KernelLock,
@@ -37,13 +38,16 @@ if TYPE_CHECKING:
 
 def _holder_from(pid: int, exclusive: bool, rec: Mapping[str, Any] | None, now: float) -> Holder:
     mode = "exclusive" if exclusive else "shared"
-    if rec is not None and rec.get("pid") == pid:
+    ours = rec is not None and rec.get("pid") == pid
+    command = None if ours else _proc.cmdline(pid)
+    # A guardian stands for the run that wrote the record: told by that run's details.
+    guardian = rec is not None and command is not None and is_guardian(command)
+    if rec is not None and (ours or guardian):
         since = rec.get("since_epoch")
         since_f = float(since) if isinstance(since, (int, float)) else None
 
         def text(key: str) -> str | None:
-            value = rec.get(key)
-            return None if value is None else str(value)
+            return None if rec.get(key) is None else str(rec[key])
 
         return Holder(
             pid=pid,
@@ -60,9 +64,9 @@ def _holder_from(pid: int, exclusive: bool, rec: Mapping[str, Any] | None, now: 
             workflow=text("workflow"),
             run_url=text("run_url"),
             message=text("message"),
-            source="record",
+            source="guardian" if guardian else "record",
         )
-    return Holder(pid=pid, mode=mode, command=_proc.cmdline(pid))
+    return Holder(pid=pid, mode=mode, command=command)
 
 
 def _from_kernel(
@@ -86,11 +90,10 @@ def _from_kernel(
         pids = [(pid, exclusive) for pid in all_fd_holders(key)]
     if not pids:  # a holder we cannot see into (another user's /proc): keep the kernel's pid
         pids = [(e.pid, e.exclusive) for e in granted]
-    # One line per holder: a torn read of /proc/locks can repeat one (and a process may
-    # hold two shared descriptions).
+    # One line per holder: a torn read of /proc/locks (or two shared descriptions) repeats.
     pids = list(dict.fromkeys(pids))
     holders = [_holder_from(pid, excl, rec, now) for pid, excl in pids]
-    if name is None and rec is not None and any(h.source == "record" for h in holders):
+    if name is None and rec is not None and any(h.source != "kernel" for h in holders):
         name = recorded_name(rec, path)
     waiters: list[Waiter] = []
     add_waiters(waiters, queued, boot)
