@@ -707,19 +707,18 @@ def test_a_command_that_reads_the_moment_it_is_brought_back_gets_the_terminal(
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-def test_a_pager_the_run_is_piped_into_keeps_the_terminal(lock_dir: Path, tmp_path: Path) -> None:
-    """``local-mutex NAME CMD | less``: the command, in a group of its own, had the
-    terminal from the start, so the pager -- in our caller's group, the shell's job -- was
-    stopped at its first use of it (SIGTTIN), and the whole job with it. Part of a
-    pipeline, the command gets the terminal only when it asks (``piped into cat`` above):
-    the pager reads it while the command runs, and Ctrl-C still ends the command."""
+def test_a_pager_inside_the_command_has_the_terminal(lock_dir: Path, tmp_path: Path) -> None:
+    """What the README says to do instead of ``local-mutex NAME CMD | less`` (where the
+    pager, in the shell's job, is stopped at its first read: the command's group has the
+    terminal): ``local-mutex NAME 'CMD | less'`` -- the pager reads the terminal while the
+    command still writes, and Ctrl-C ends them, and the run."""
     pgid = tmp_path / "pgid"
-    job = f"echo $$ > {pgid}; exec sleep 600"
-    run = " ".join(shlex.quote(a) for a in [*CLI, "-q", "tty", job, str(lock_dir)])
     pager = "sh -c 'read line < /dev/tty; echo \"pager:$line\"; cat > /dev/null'"
+    job = f"(echo $$ > {pgid}; exec sleep 600) | {pager}"
+    run = " ".join(shlex.quote(a) for a in [*CLI, "-q", "tty", job, str(lock_dir)])
     with _interactive_bash() as (proc, master):
-        os.write(master, f"{run} | {pager}\n".encode())
-        wait_for(lambda: pgid.exists() and pgid.read_text().strip() != "", 20, "the command")
+        os.write(master, f"{run}\n".encode())
+        _in_the_foreground(master, pgid)
         os.write(master, b"hey\n")
         _read_until(master, b"pager:hey")
         os.write(master, b"\x03")  # Ctrl-C

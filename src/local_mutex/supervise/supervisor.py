@@ -20,6 +20,7 @@ the caller's code, and always leaves through ``os._exit``.
 from __future__ import annotations
 
 import _thread
+import errno
 import fcntl
 import os
 import time
@@ -28,7 +29,7 @@ from .._fastsignal import STOP_SIGNALS, signal
 from ..nesting import ENV_HELD, handed_down
 from ..wakeup import until_a_signal
 from . import reaper, terminal
-from .spec import Spec, find_program, why_not_started
+from .spec import Spec, find_program
 from .watch import say_keeper_gone, watch_keeper
 
 TYPE_CHECKING = False
@@ -248,13 +249,11 @@ def _woken(signum: int, frame: FrameType | None) -> None:
     ``_wait_command``."""
 
 
-def _wait_command(sup: _Supervisor, pid: int, tty: int | None, home: int, on_demand: bool) -> int:
+def _wait_command(sup: _Supervisor, pid: int, tty: int | None, home: int) -> int:
     """The command's wait status; reaps adopted orphans on the way. Never asleep in
     waitpid(): a stop (a --timeout, a relayed signal, the keeper's death) that landed just
-    before it would wait for the command's own end; a child's end is a signal too.
-    ``on_demand``: the command gets the terminal only when it asks (``in_a_pipeline``)."""
+    before it would wait for the command's own end; a child's end is a signal too."""
     flags = os.WNOHANG | (os.WUNTRACED if tty is not None else 0)
-    given = None if on_demand else tty  # the terminal we pass on unasked
     sleep = until_a_signal()
     while True:
         try:
@@ -264,8 +263,8 @@ def _wait_command(sup: _Supervisor, pid: int, tty: int | None, home: int, on_dem
         except ChildProcessError:
             return 0
         if got == 0:
-            sleep(terminal.LOOK_AGAIN if terminal.in_background(given, pid) else None)
-            terminal.back_in_the_foreground(given, pid, home)
+            sleep(terminal.LOOK_AGAIN if terminal.in_background(tty, pid) else None)
+            terminal.back_in_the_foreground(tty, pid, home)
             continue
         if got != pid:
             continue  # an adopted orphan ended: reaped, so it never lingers as a zombie
@@ -280,7 +279,7 @@ def _wait_command(sup: _Supervisor, pid: int, tty: int | None, home: int, on_dem
             if sup.stopping:
                 terminal.continue_caller(sup.keeper, home)  # to hear how it ended, and let go
             # ``fg`` gave our caller's group the terminal; ``bg``, ``kill %1`` leave it be.
-            terminal.give_terminal(given, pid, taking_from=home.__eq__)  # and it goes on
+            terminal.give_terminal(tty, pid, taking_from=home.__eq__)
             continue
         return status
 
@@ -321,7 +320,6 @@ def _run(
 ) -> int:
     _install(sup)
     tty, foreground = terminal.controlling_tty()
-    on_demand = tty is not None and terminal.in_a_pipeline()
     home = os.getpgrp()  # the caller's group: the terminal goes back to it
     # A group of our own: whoever kills the caller's whole group (``kill -9 -PGID``,
     # ``timeout``) takes the keeper but not us, and we stop the command before letting go.
@@ -331,9 +329,15 @@ def _run(
     # PID 1, from its very first instant (``prctl``: loaded by the keeper before the fork).
     sup.stopper.subreaper = reaper.become_subreaper(prctl)
     try:
-        pid = sup.start(keep_fds, mask, tty if foreground and not on_demand else None)
+        pid = sup.start(keep_fds, mask, tty if foreground else None)
     except OSError as exc:
-        _write(out, f"spawnfail {exc.errno or 0} {why_not_started(sup.spec, exc)}\n")
+        why = exc.strerror or str(exc)
+        program = sup.spec.argv[0]
+        if exc.errno == errno.ENOENT and program not in why:  # name what is missing
+            why = f"{program}: {why} (the program, or the interpreter its #! names)"
+        elif program not in why:  # a directory, no x permission: say which program
+            why = f"{program}: {why}"
+        _write(out, f"spawnfail {exc.errno or 0} {why}\n")
         return 0
     # First: should we die now, the keeper knows whom to stop. (A command in the terminal
     # took it before it ran: nothing to hand over, and a SIGCONT would undo a Ctrl-Z.)
@@ -344,7 +348,7 @@ def _run(
     # "stop now", SIGCHLD our waking at the command's end; the command still gets the
     # caller's mask as it was).
     signal.pthread_sigmask(signal.SIG_SETMASK, set(mask) - {*HANDLED, signal.SIGCHLD})
-    status = _wait_command(sup, pid, tty, home, on_demand)
+    status = _wait_command(sup, pid, tty, home)
     if sup.stopping or os.WIFSIGNALED(status) or _reports_a_kill(sup.spec, status):
         # Killed by a signal nobody here sent (OOM, kill -9) -- or what it ran was, as a
         # shell says with 128+N (dash runs `sh -c 'bash job.sh'` as sh's child) --, or

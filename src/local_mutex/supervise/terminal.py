@@ -1,6 +1,5 @@
 """Sharing a terminal with the command: it gets the foreground (it can prompt, and Ctrl-C
-and Ctrl-Z reach it) -- from the start, or in a pipeline once it asks -- and we take it
-back when it stops or ends."""
+and Ctrl-Z reach it), and we take it back when it stops or ends."""
 
 from __future__ import annotations
 
@@ -26,22 +25,6 @@ def controlling_tty() -> tuple[int | None, bool]:
     return None, False
 
 
-def in_a_pipeline() -> bool:
-    """Is our stdin or stdout a pipe -- are we one part of a shell's pipeline, whose other
-    parts may want the terminal (``| less``)? Then the command gets it only when it asks
-    (a read or a setting of it stops it: ``read_in_the_foreground``), not from the start:
-    the pager, in our caller's group, would be stopped at once."""
-    import stat
-
-    for fd in (0, 1):
-        try:
-            if stat.S_ISFIFO(os.fstat(fd).st_mode):
-                return True
-        except OSError:
-            continue
-    return False
-
-
 def give_terminal(
     tty: int | None,
     pgid: int,
@@ -53,16 +36,17 @@ def give_terminal(
     with ``taking_from``, only if it says yes to the group that has it now (one gone is
     still named by the kernel): a terminal the shell took back (its job stopped, then
     ``bg`` or ``kill %1``) stays the shell's. Taken from it, the shell lost its prompt; an
-    interactive bash exited. (No terminal: it is only continued, with ``resume``.)"""
-    if tty is not None:
-        previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
-        try:
-            if taking_from is None or taking_from(os.tcgetpgrp(tty)):
-                os.tcsetpgrp(tty, pgid)
-        except OSError:
-            pass  # not our terminal after all (e.g. we lost it): the command still runs
-        finally:
-            signal.signal(signal.SIGTTOU, previous)
+    interactive bash exited."""
+    if tty is None:
+        return
+    previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        if taking_from is None or taking_from(os.tcgetpgrp(tty)):
+            os.tcsetpgrp(tty, pgid)
+    except OSError:
+        pass  # not our terminal after all (e.g. we lost it): the command still runs
+    finally:
+        signal.signal(signal.SIGTTOU, previous)
     if resume:
         # The command may have tried the terminal before it was its own and been stopped.
         try:
