@@ -723,3 +723,51 @@ def test_a_pager_inside_the_command_has_the_terminal(lock_dir: Path, tmp_path: P
         _read_until(master, b"pager:hey")
         os.write(master, b"\x03")  # Ctrl-C
         _shell_has_its_prompt_and_the_lock_is_free(proc, master, lock_dir)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize("how", ["plain", "nested"])
+def test_a_command_whose_stdin_is_piped_gets_the_terminal_when_it_reads_it(
+    lock_dir: Path, tmp_path: Path, how: str
+) -> None:
+    """``printf x | local-mutex NAME 'read a </dev/tty'`` (or ``each``, which reads its
+    items from stdin): stdin not being the terminal, the command never got it, and its
+    read of the terminal stopped it (SIGTTIN) -- unseen, for good, the lock held. It gets
+    the terminal when it asks now; also from a run nested in such a run."""
+    pgid = tmp_path / "pgid"
+    job = f"echo $$ > {pgid}; read answer < /dev/tty; echo got:$answer"
+    run = [*CLI, "-q", "tty", job, str(lock_dir)]
+    if how == "nested":
+        run = [*CLI, "-q", "outer", " ".join(shlex.quote(a) for a in run), str(lock_dir)]
+    with _interactive_bash() as (proc, master):
+        os.write(master, f"printf x | {' '.join(shlex.quote(a) for a in run)}\n".encode())
+        _in_the_foreground(master, pgid)
+        os.write(master, b"hey\n")
+        _read_until(master, b"got:hey")
+        _shell_has_its_prompt_and_the_lock_is_free(proc, master, lock_dir)
+        assert how == "plain" or lock_is_free(lock_file(lock_dir, "outer"))
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc for process states")
+def test_ctrl_z_stops_a_command_whose_stdin_is_piped(lock_dir: Path, tmp_path: Path) -> None:
+    """``printf x | local-mutex ...``, Ctrl-Z before the command used the terminal: the
+    shell showed the job stopped while the command ran on, the lock held. The command
+    stops with the job now; after ``fg`` it reads the terminal as it asks for it."""
+    pgid, go = tmp_path / "pgid", gate(tmp_path / "go")
+    job = f"echo $$ > {pgid}; read g < {go}; read answer < /dev/tty; echo got:$answer"
+    run = " ".join(shlex.quote(a) for a in [*CLI, "-q", "tty", job, str(lock_dir)])
+    with _interactive_bash() as (proc, master):
+        os.write(master, f"printf x | {run}\n".encode())
+        wait_for(lambda: pgid.exists() and pgid.read_text().strip() != "", 20, "the command")
+        command = int(pgid.read_text())
+        os.write(master, b"\x1a")  # Ctrl-Z
+        _read_until(master, b"Stopped")
+        wait_for(lambda: pw.state(command) == "T", 20, "the command to stop with its job")
+        os.write(master, b"fg\n")
+        wait_for(lambda: pw.state(command) != "T", 20, "the command to go on")
+        let_through(go)
+        _in_the_foreground(master, pgid)
+        os.write(master, b"hey\n")
+        _read_until(master, b"got:hey")
+        _shell_has_its_prompt_and_the_lock_is_free(proc, master, lock_dir)

@@ -277,7 +277,7 @@ def _wait(
                 line, buffer = buffer.split(b"\n", 1)
                 text = line.decode("utf-8", "replace")
                 if text.startswith("pid "):
-                    outcome.command_pid = relay.command = int(text.split()[1])
+                    outcome.command_pid = relay.started(int(text.split()[1]))
                 elif text.startswith("spawnfail "):
                     relay.done = True
                     detail = text.split(" ", 2)[2]

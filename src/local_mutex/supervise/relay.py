@@ -31,6 +31,7 @@ class Relay:
         self.command: int | None = None  # its pid, its group's id: once the supervisor says
         self.done = False
         self.pending: list[int] = []
+        self.ctrl_z = False  # one came before we knew the command: for it once we do
         # Every stop signal passed on: one that reached the supervisor only after the
         # command ended is in no report of its, yet it was a request to stop (``each``).
         self.relayed: list[int] = []
@@ -82,6 +83,12 @@ class Relay:
         signal makes the kernel drop a SIGCONT not yet delivered (``fg`` and at once
         Ctrl-Z), and with it the one word that its wait for our job to go on is over."""
         self._continue(signal.SIGCONT, frame)
+        if self.command is None and self.child is not None and not self.done:
+            # The supervisor starts the command (it may run already, its pid on its way to
+            # us): stopped alone, we would leave it running while the shell shows the job
+            # stopped. It stops as soon as we know it (``started``).
+            self.ctrl_z = True
+            return
         try:
             if self.command is not None and not self.done:
                 os.killpg(self.command, signal.SIGTSTP)
@@ -95,6 +102,18 @@ class Relay:
             os.kill(os.getpid(), signal.SIGTSTP)
         finally:
             signal.signal(signal.SIGTSTP, self._ctrl_z)
+
+    def started(self, command: int) -> int:
+        """The supervisor says the command runs (its pid): a Ctrl-Z that came before is
+        its now."""
+        self.command = command
+        if self.ctrl_z:
+            self.ctrl_z = False
+            try:
+                os.killpg(command, signal.SIGTSTP)
+            except OSError:
+                pass
+        return command
 
     def _continue(self, signum: int, frame: FrameType | None) -> None:
         try:

@@ -54,3 +54,11 @@ def find_program(spec: Spec) -> str:
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
     raise FileNotFoundError(errno.ENOENT, f"{name}: not found in PATH")
+
+
+def why_not_started(spec: Spec, exc: OSError) -> str:
+    """What to say when the command could not be started, naming its program."""
+    why, program = exc.strerror or str(exc), spec.argv[0]
+    if exc.errno == errno.ENOENT and program not in why:  # name what is missing
+        return f"{program}: {why} (the program, or the interpreter its #! names)"
+    return why if program in why else f"{program}: {why}"  # a directory, no x permission

@@ -20,7 +20,6 @@ the caller's code, and always leaves through ``os._exit``.
 from __future__ import annotations
 
 import _thread
-import errno
 import fcntl
 import os
 import time
@@ -29,7 +28,7 @@ from .._fastsignal import STOP_SIGNALS, signal
 from ..nesting import ENV_HELD, handed_down
 from ..wakeup import until_a_signal
 from . import reaper, terminal
-from .spec import Spec, find_program
+from .spec import Spec, find_program, why_not_started
 from .watch import say_keeper_gone, watch_keeper
 
 TYPE_CHECKING = False
@@ -254,6 +253,7 @@ def _wait_command(sup: _Supervisor, pid: int, tty: int | None, home: int) -> int
     waitpid(): a stop (a --timeout, a relayed signal, the keeper's death) that landed just
     before it would wait for the command's own end; a child's end is a signal too."""
     flags = os.WNOHANG | (os.WUNTRACED if tty is not None else 0)
+    given = tty if tty == 0 else None  # passed on unasked: the terminal that is our stdin
     sleep = until_a_signal()
     while True:
         try:
@@ -263,8 +263,8 @@ def _wait_command(sup: _Supervisor, pid: int, tty: int | None, home: int) -> int
         except ChildProcessError:
             return 0
         if got == 0:
-            sleep(terminal.LOOK_AGAIN if terminal.in_background(tty, pid) else None)
-            terminal.back_in_the_foreground(tty, pid, home)
+            sleep(terminal.LOOK_AGAIN if terminal.in_background(given, pid) else None)
+            terminal.back_in_the_foreground(given, pid, home)
             continue
         if got != pid:
             continue  # an adopted orphan ended: reaped, so it never lingers as a zombie
@@ -279,7 +279,7 @@ def _wait_command(sup: _Supervisor, pid: int, tty: int | None, home: int) -> int
             if sup.stopping:
                 terminal.continue_caller(sup.keeper, home)  # to hear how it ended, and let go
             # ``fg`` gave our caller's group the terminal; ``bg``, ``kill %1`` leave it be.
-            terminal.give_terminal(tty, pid, taking_from=home.__eq__)
+            terminal.give_terminal(given, pid, taking_from=home.__eq__)  # and it goes on
             continue
         return status
 
@@ -331,13 +331,7 @@ def _run(
     try:
         pid = sup.start(keep_fds, mask, tty if foreground else None)
     except OSError as exc:
-        why = exc.strerror or str(exc)
-        program = sup.spec.argv[0]
-        if exc.errno == errno.ENOENT and program not in why:  # name what is missing
-            why = f"{program}: {why} (the program, or the interpreter its #! names)"
-        elif program not in why:  # a directory, no x permission: say which program
-            why = f"{program}: {why}"
-        _write(out, f"spawnfail {exc.errno or 0} {why}\n")
+        _write(out, f"spawnfail {exc.errno or 0} {why_not_started(sup.spec, exc)}\n")
         return 0
     # First: should we die now, the keeper knows whom to stop. (A command in the terminal
     # took it before it ran: nothing to hand over, and a SIGCONT would undo a Ctrl-Z.)

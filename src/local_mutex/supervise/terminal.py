@@ -15,13 +15,17 @@ if TYPE_CHECKING:
 
 
 def controlling_tty() -> tuple[int | None, bool]:
-    """fd 0 when it is our controlling terminal (else None), and whether its foreground
-    group is ours -- not for a run started with `&`, whose command gets it on `fg`."""
-    try:
-        if os.isatty(0):
-            return 0, os.tcgetpgrp(0) == os.getpgrp()
-    except OSError:  # another session's terminal
-        pass
+    """Our controlling terminal: fd 0 -- or, where stdin is not it (``printf x |
+    local-mutex ...``, ``each``), fd 2 or 1 -- else None; and whether the command gets it
+    from the start: not a run started with `&`, whose command gets it on `fg`, nor one
+    whose stdin is not the terminal, whose command gets it only when it asks for it (a
+    read stops it: ``read_in_the_foreground``) -- it might have stopped for good unseen."""
+    for fd in (0, 2, 1):
+        try:
+            if os.isatty(fd):
+                return fd, fd == 0 and os.tcgetpgrp(fd) == os.getpgrp()
+        except OSError:  # another session's terminal
+            continue
     return None, False
 
 
@@ -36,17 +40,16 @@ def give_terminal(
     with ``taking_from``, only if it says yes to the group that has it now (one gone is
     still named by the kernel): a terminal the shell took back (its job stopped, then
     ``bg`` or ``kill %1``) stays the shell's. Taken from it, the shell lost its prompt; an
-    interactive bash exited."""
-    if tty is None:
-        return
-    previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
-    try:
-        if taking_from is None or taking_from(os.tcgetpgrp(tty)):
-            os.tcsetpgrp(tty, pgid)
-    except OSError:
-        pass  # not our terminal after all (e.g. we lost it): the command still runs
-    finally:
-        signal.signal(signal.SIGTTOU, previous)
+    interactive bash exited. (No terminal: it is only continued, with ``resume``.)"""
+    if tty is not None:
+        previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        try:
+            if taking_from is None or taking_from(os.tcgetpgrp(tty)):
+                os.tcsetpgrp(tty, pgid)
+        except OSError:
+            pass  # not our terminal after all (e.g. we lost it): the command still runs
+        finally:
+            signal.signal(signal.SIGTTOU, previous)
     if resume:
         # The command may have tried the terminal before it was its own and been stopped.
         try:
@@ -163,12 +166,31 @@ def read_in_the_foreground(tty: int | None, command: int, home: int, status: int
     if tty is None or os.WSTOPSIG(status) not in (signal.SIGTTIN, signal.SIGTTOU):
         return False
     try:
-        if os.tcgetpgrp(tty) not in (home, command):
-            return False  # in the background: it stops, as any job would
+        group = os.tcgetpgrp(tty)
     except OSError:
         return False
+    if group not in (home, command) and not _an_enclosing_runs_caller(group):
+        return False  # in the background: it stops, as any job would
     give_terminal(tty, command)
     return True
+
+
+def _an_enclosing_runs_caller(group: int) -> bool:
+    """Is ``group`` the caller's group of a run whose command we are part of? That run's
+    command would get the terminal by asking (its stdin not the terminal, it gets it only
+    then), and so do we: a nested run's stop would stop it instead, for good after each
+    `fg`. (Not a shell's own group: a run started with `&` stops, as any job would.)"""
+    from .. import _proc  # loaded already (``reaper``)
+    from ..nesting import held_entries
+
+    for supervisor, _, _ in held_entries(os.environ):
+        keeper = _proc.parent_of(supervisor) if _proc.is_ancestor(supervisor) else None
+        try:
+            if keeper is not None and os.getpgid(keeper) == group:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def stop_caller(tty: int | None, keeper: int, home: int, command: int) -> None:
