@@ -7,6 +7,7 @@ import os
 import select
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -771,3 +772,70 @@ def test_ctrl_z_stops_a_command_whose_stdin_is_piped(lock_dir: Path, tmp_path: P
         os.write(master, b"hey\n")
         _read_until(master, b"got:hey")
         _shell_has_its_prompt_and_the_lock_is_free(proc, master, lock_dir)
+
+
+def _switches(pid: int) -> int:
+    """How often ``pid`` has been switched off the processor (it ran, then waited)."""
+    text = Path(f"/proc/{pid}/status").read_text()
+    return sum(int(line.split()[1]) for line in text.splitlines() if "ctxt_switches" in line)
+
+
+def _reading_job(pgid: Path) -> str:
+    return f"echo $$ > {pgid}; read answer < /dev/tty; echo got:$answer"
+
+
+def _stopped_at_its_read(pgid: Path) -> int:
+    wait_for(lambda: pgid.exists() and pgid.read_text().strip() != "", 20, "the command")
+    command = int(pgid.read_text())
+    wait_for(lambda: pw.state(command) == "T", 20, "the command to stop at its read")
+    return command
+
+
+def _end_the_run_of(command: int, lock_dir: Path) -> None:
+    """SIGTERM to the run's keeper: the command is stopped, the lock let go."""
+    supervisor = pw.ppid(command)
+    keeper = pw.ppid(supervisor) if supervisor is not None else None
+    assert keeper is not None
+    os.kill(keeper, signal.SIGTERM)
+    wait_for(lambda: lock_is_free(lock_file(lock_dir, "tty")), 20, "the run to end")
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc for process states")
+def test_a_background_run_of_a_shell_without_job_control_leaves_it_the_terminal(
+    lock_dir: Path, tmp_path: Path
+) -> None:
+    """``set +m``, then ``local-mutex NAME CMD &`` (stdin /dev/null, as such a shell gives
+    a command in the background), whose command reads the terminal: our caller's group is
+    the shell's own, and it has the terminal -- to read its next command line. Handed to
+    the command, that line was the command's, and the shell's next read failed: it exited.
+    The command stays stopped at its read; the shell keeps its terminal."""
+    pgid = tmp_path / "pgid"
+    run = " ".join(shlex.quote(a) for a in [*CLI, "-q", "tty", _reading_job(pgid), str(lock_dir)])
+    with _interactive_bash() as (proc, master):
+        os.write(master, f"set +m; {run} &\n".encode())
+        command = _stopped_at_its_read(pgid)
+        os.write(master, b"echo shell-$((40+2))\n")
+        assert b"got:" not in _read_until(master, b"shell-42")
+        assert proc.poll() is None, "the shell exited"
+        _end_the_run_of(command, lock_dir)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc for process states")
+def test_a_run_of_an_orphaned_group_does_not_spin_on_a_read_of_the_terminal(
+    lock_dir: Path, tmp_path: Path
+) -> None:
+    """``(printf x | local-mutex NAME CMD &)``: our caller's group is orphaned (its shell
+    gone), the terminal the interactive shell's. The command's read of it stopped it; the
+    supervisor continued it, as it does a stop nobody could undo, and the read stopped it
+    again: a busy loop, for good. It stays stopped at its read now."""
+    pgid = tmp_path / "pgid"
+    run = " ".join(shlex.quote(a) for a in [*CLI, "-q", "tty", _reading_job(pgid), str(lock_dir)])
+    with _interactive_bash() as (_proc, master):
+        os.write(master, f"(printf x | {run} &)\n".encode())
+        command = _stopped_at_its_read(pgid)
+        before = _switches(command)
+        time.sleep(0.5)  # a window to watch: a loop stops and continues it thousands of times
+        assert _switches(command) - before < 5 and pw.state(command) == "T"
+        _end_the_run_of(command, lock_dir)

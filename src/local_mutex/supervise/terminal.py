@@ -123,14 +123,15 @@ def its_own_stop(tty: int | None, command: int, home: int, keeper: int, status: 
     """Is this stop of the command one its job does not share (taken care of here)? A read
     of a terminal that is the job's (``read_in_the_foreground``), or any stop when our
     caller's group is not a job (``_a_job``): the terminal's Ctrl-Z would have been dropped
-    for the command too, had it been in that group -- it goes on."""
+    for the command too, had it been in that group -- it goes on. (Not from a read of a
+    terminal that is not its to take: it would only stop again, and again.)"""
     job = _a_job(keeper, home)  # first: a shell's `fg` may come meanwhile (ours to see)
-    if read_in_the_foreground(tty, command, home, status):
+    if read_in_the_foreground(tty, command, home if job else None, status):
         return True
     if job:
         return False
-    if os.WSTOPSIG(status) != signal.SIGSTOP:  # one sent by hand stays
-        try:
+    if os.WSTOPSIG(status) not in (signal.SIGSTOP, signal.SIGTTIN, signal.SIGTTOU):
+        try:  # (one sent by hand stays)
             os.killpg(command, signal.SIGCONT)
         except OSError:
             pass
@@ -159,10 +160,13 @@ def _a_job(keeper: int, home: int) -> bool:
     return False
 
 
-def read_in_the_foreground(tty: int | None, command: int, home: int, status: int) -> bool:
+def read_in_the_foreground(tty: int | None, command: int, home: int | None, status: int) -> bool:
     """The command stopped at the terminal (SIGTTIN, SIGTTOU) that our caller's group has
-    -- `fg` after `bg`, not passed on yet: it is the command's now, and it goes on. (Or
-    the command's already: passed on as the stop was on its way to us.)"""
+    -- `fg` after `bg`, not passed on yet; a command whose stdin is not the terminal asks
+    for it so --: it is the command's now, and it goes on. (Or the command's already:
+    passed on as the stop was on its way to us.) ``home``: None where our caller's group is
+    no job -- that of a shell without job control, reading its next command line from the
+    terminal we would take (an interactive bash then exits)."""
     if tty is None or os.WSTOPSIG(status) not in (signal.SIGTTIN, signal.SIGTTOU):
         return False
     try:
@@ -187,7 +191,7 @@ def _an_enclosing_runs_caller(group: int) -> bool:
         keeper = _proc.parent_of(supervisor) if _proc.is_ancestor(supervisor) else None
         try:
             if keeper is not None and os.getpgid(keeper) == group:
-                return True
+                return _a_job(keeper, group)
         except OSError:
             continue
     return False
