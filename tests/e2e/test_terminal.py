@@ -802,21 +802,28 @@ def _end_the_run_of(command: int, lock_dir: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc for process states")
+@pytest.mark.parametrize("shell", ["the terminal's", "started by another as a job"])
 def test_a_background_run_of_a_shell_without_job_control_leaves_it_the_terminal(
-    lock_dir: Path, tmp_path: Path
+    lock_dir: Path, tmp_path: Path, shell: str
 ) -> None:
     """``set +m``, then ``local-mutex NAME CMD &`` (stdin /dev/null, as such a shell gives
     a command in the background), whose command reads the terminal: our caller's group is
     the shell's own, and it has the terminal -- to read its next command line. Handed to
     the command, that line was the command's, and the shell's next read failed: it exited.
-    The command stays stopped at its read; the shell keeps its terminal."""
-    pgid = tmp_path / "pgid"
+    Also a bash another started (as a job: a group of its own). The command stays stopped
+    at its read; the shell, running on, keeps its terminal."""
+    pgid, inner = tmp_path / "pgid", tmp_path / "inner"
     run = " ".join(shlex.quote(a) for a in [*CLI, "-q", "tty", _reading_job(pgid), str(lock_dir)])
     with _interactive_bash() as (proc, master):
+        if shell != "the terminal's":
+            os.write(master, f"bash --norc --noprofile -i\necho $$ > {inner}\n".encode())
+            wait_for(lambda: inner.exists() and inner.read_text().strip() != "", 20, "bash")
         os.write(master, f"set +m; {run} &\n".encode())
         command = _stopped_at_its_read(pgid)
         os.write(master, b"echo shell-$((40+2))\n")
         assert b"got:" not in _read_until(master, b"shell-42")
+        shells = [proc.pid] + ([int(inner.read_text())] if inner.exists() else [])
+        assert all(pw.state(pid) in ("R", "S") for pid in shells), "a shell stopped or exited"
         assert proc.poll() is None, "the shell exited"
         _end_the_run_of(command, lock_dir)
 

@@ -268,7 +268,9 @@ def _wait_command(sup: _Supervisor, pid: int, tty: int | None, home: int) -> int
             continue
         if got != pid:
             continue  # an adopted orphan ended: reaped, so it never lingers as a zombie
-        if os.WIFSTOPPED(status) and terminal.its_own_stop(tty, pid, home, sup.keeper, status):
+        if os.WIFSTOPPED(status) and terminal.its_own_stop(
+            tty, pid, home, sup.keeper, status, asks=given is None
+        ):
             continue
         if os.WIFSTOPPED(status):
             # Ctrl-Z: our caller stops with the command; we stay awake (``stop_caller``).

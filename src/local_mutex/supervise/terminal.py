@@ -119,15 +119,22 @@ def back_in_the_foreground(tty: int | None, command: int, home: int) -> None:
     give_terminal(tty, command, resume=False, taking_from=home.__eq__)
 
 
-def its_own_stop(tty: int | None, command: int, home: int, keeper: int, status: int) -> bool:
+def its_own_stop(
+    tty: int | None, command: int, home: int, keeper: int, status: int, asks: bool
+) -> bool:
     """Is this stop of the command one its job does not share (taken care of here)? A read
     of a terminal that is the job's (``read_in_the_foreground``), or any stop when our
     caller's group is not a job (``_a_job``): the terminal's Ctrl-Z would have been dropped
     for the command too, had it been in that group -- it goes on. (Not from a read of a
-    terminal that is not its to take: it would only stop again, and again.)"""
+    terminal that is not its to take: it would only stop again, and again.) ``asks``: the
+    command gets the terminal only when it asks (our stdin is not the terminal) -- and
+    only from a group a shell made for our run (``_made_for``)."""
     job = _a_job(keeper, home)  # first: a shell's `fg` may come meanwhile (ours to see)
-    if read_in_the_foreground(tty, command, home if job else None, status):
+    ours = _made_for(keeper, home) if asks else job
+    if read_in_the_foreground(tty, command, home if ours else None, status):
         return True
+    if asks and not ours and os.WSTOPSIG(status) in (signal.SIGTTIN, signal.SIGTTOU):
+        return True  # it stays at its read: our caller's group may be a shell's own
     if job:
         return False
     if os.WSTOPSIG(status) not in (signal.SIGSTOP, signal.SIGTTIN, signal.SIGTTOU):
@@ -158,6 +165,25 @@ def _a_job(keeper: int, home: int) -> bool:
             return False
         pid = parent
     return False
+
+
+def _made_for(keeper: int, home: int) -> bool:
+    """Did a shell with job control make our caller's group for our run's pipeline (the
+    keeper's parent is outside it, in our session)? Not a group a shell itself runs in --
+    an interactive one with job control off (``set +m``, also one a shell started as a
+    job), a script --, which may be reading its next line from the terminal meanwhile."""
+    from .. import _proc  # loaded already (``reaper``)
+
+    parent = _proc.parent_of(keeper)
+    try:
+        return (
+            parent is not None
+            and parent > 1
+            and os.getpgid(parent) != home
+            and (os.getsid(parent) == os.getsid(0))
+        )
+    except OSError:
+        return False
 
 
 def read_in_the_foreground(tty: int | None, command: int, home: int | None, status: int) -> bool:
@@ -191,7 +217,7 @@ def _an_enclosing_runs_caller(group: int) -> bool:
         keeper = _proc.parent_of(supervisor) if _proc.is_ancestor(supervisor) else None
         try:
             if keeper is not None and os.getpgid(keeper) == group:
-                return _a_job(keeper, group)
+                return _made_for(keeper, group)
         except OSError:
             continue
     return False
