@@ -707,6 +707,26 @@ def test_a_command_that_reads_the_moment_it_is_brought_back_gets_the_terminal(
         _shell_has_its_prompt_and_the_lock_is_free(proc, master, lock_dir)
 
 
+def _answered(
+    proc: subprocess.Popen[bytes],
+    master: int,
+    typed: str,
+    pgid: Path,
+    shown: bytes,
+    lock_dir: Path,
+    then: bytes = b"",
+) -> None:
+    """Type ``typed`` at the prompt; once its command (its group's id in ``pgid``) has the
+    terminal, type ``hey``: ``shown`` shows, ``then`` is typed, and the shell has its
+    prompt back, the lock free."""
+    os.write(master, f"{typed}\n".encode())
+    _in_the_foreground(master, pgid)
+    os.write(master, b"hey\n")
+    _read_until(master, shown)
+    os.write(master, then)
+    _shell_has_its_prompt_and_the_lock_is_free(proc, master, lock_dir)
+
+
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_a_pager_inside_the_command_has_the_terminal(lock_dir: Path, tmp_path: Path) -> None:
     """What the README says to do instead of ``local-mutex NAME CMD | less`` (where the
@@ -718,12 +738,7 @@ def test_a_pager_inside_the_command_has_the_terminal(lock_dir: Path, tmp_path: P
     job = f"(echo $$ > {pgid}; exec sleep 600) | {pager}"
     run = " ".join(shlex.quote(a) for a in [*CLI, "-q", "tty", job, str(lock_dir)])
     with _interactive_bash() as (proc, master):
-        os.write(master, f"{run}\n".encode())
-        _in_the_foreground(master, pgid)
-        os.write(master, b"hey\n")
-        _read_until(master, b"pager:hey")
-        os.write(master, b"\x03")  # Ctrl-C
-        _shell_has_its_prompt_and_the_lock_is_free(proc, master, lock_dir)
+        _answered(proc, master, run, pgid, b"pager:hey", lock_dir, then=b"\x03")  # Ctrl-C
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
@@ -741,11 +756,8 @@ def test_a_command_whose_stdin_is_piped_gets_the_terminal_when_it_reads_it(
     if how == "nested":
         run = [*CLI, "-q", "outer", " ".join(shlex.quote(a) for a in run), str(lock_dir)]
     with _interactive_bash() as (proc, master):
-        os.write(master, f"printf x | {' '.join(shlex.quote(a) for a in run)}\n".encode())
-        _in_the_foreground(master, pgid)
-        os.write(master, b"hey\n")
-        _read_until(master, b"got:hey")
-        _shell_has_its_prompt_and_the_lock_is_free(proc, master, lock_dir)
+        typed = f"printf x | {' '.join(shlex.quote(a) for a in run)}"
+        _answered(proc, master, typed, pgid, b"got:hey", lock_dir)
         assert how == "plain" or lock_is_free(lock_file(lock_dir, "outer"))
 
 
