@@ -190,9 +190,9 @@ def read_in_the_foreground(tty: int | None, command: int, home: int | None, stat
     """The command stopped at the terminal (SIGTTIN, SIGTTOU) that our caller's group has
     -- `fg` after `bg`, not passed on yet; a command whose stdin is not the terminal asks
     for it so --: it is the command's now, and it goes on. (Or the command's already:
-    passed on as the stop was on its way to us.) ``home``: None where our caller's group is
-    no job -- that of a shell without job control, reading its next command line from the
-    terminal we would take (an interactive bash then exits)."""
+    passed on as the stop was on its way to us.) ``home``: None where our caller's group's
+    terminal is not ours to take (``its_own_stop``): a shell's own group, whose shell may
+    be reading its next command line from it (an interactive bash then exits)."""
     if tty is None or os.WSTOPSIG(status) not in (signal.SIGTTIN, signal.SIGTTOU):
         return False
     try:
